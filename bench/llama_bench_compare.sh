@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# llama-bench natively, through apir and through ggml-rpc, side by side on the
+# same generated model, printing the ratios.  Each configuration is run in
+# turn, repeatedly interleaved, so machine noise hits all three alike.
+#
+# usage: bench/llama_bench_compare.sh [options]
+#   --build DIR       apir build folder (default build)
+#   --deps-bin DIR    llama.cpp tools (default .deps/bin)
+#   --model FILE      use this model instead of generating one
+#   --size S --type T model to generate (default 1b q4_0), cached in ~/.cache/apir/models
+#   --backend B       host backend (default CPU; CUDA on a GPU machine)
+#   -p N -n N -r N -t N  llama-bench prompt/gen/repetitions/threads (64 32 3 2)
+#   --ngl N --fa 0|1  layers to offload, flash attention (99, 0)
+#   --rounds N        interleaved rounds (default 1)
+#   --no-rpc          skip ggml-rpc
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
+P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) BUILD=$2; shift;; --deps-bin) DEPS_BIN=$2; shift;; --model) MODEL=$2; shift;;
+    --size) SIZE=$2; shift;; --type) TYPE=$2; shift;; --backend) BACKEND=$2; shift;;
+    -p) P=$2; shift;; -n) N=$2; shift;; -r) R=$2; shift;; -t) T=$2; shift;;
+    --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;;
+    *) echo "unknown option $1"; exit 2;;
+  esac
+  shift
+done
+if [ -z "$MODEL" ]; then
+  mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/apir/models"
+  MODEL="${XDG_CACHE_HOME:-$HOME/.cache}/apir/models/llama-$SIZE-$TYPE.gguf"
+  [ -f "$MODEL" ] || "$BUILD/apir-gguf-gen" -o "$MODEL" --size "$SIZE" --type "$TYPE"
+fi
+work=$(mktemp -d)
+host_pid= rpc_pid=
+cleanup() { [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null; [ -n "$rpc_pid" ] && kill "$rpc_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+"$BUILD/apir-host" --listen "unix:$work/apir.sock" --backend "$BACKEND" --threads "$T" --log-level warn >"$work/host.log" 2>&1 &
+host_pid=$!
+if [ "$RPC" = 1 ]; then
+  port=$(( 20000 + RANDOM % 20000 ))
+  (cd "$DEPS_BIN" && exec ./ggml-rpc-server -H 127.0.0.1 -p "$port" -t "$T" -d "$( [ "$BACKEND" = CPU ] && echo CPU || echo "${BACKEND}0")" >"$work/rpc.log" 2>&1) &
+  rpc_pid=$!
+fi
+for _ in $(seq 1 300); do [ -S "$work/apir.sock" ] && break; sleep 0.02; done
+sleep 0.5
+
+common=(-m "$MODEL" -p "$P" -n "$N" -r "$R" -t "$T" -fa "$FA" -o csv)
+run() { # name, extra args...; appends "name test ts" lines
+  local name=$1; shift
+  (cd "$DEPS_BIN" && "$@") 2>>"$work/$name.err" | awk -v name="$name" '
+    { gsub(/"/, ""); n = split($0, f, ",") }
+    NR == 1 { for (i = 1; i <= n; i++) col[f[i]] = i; next }
+    { test = (f[col["n_prompt"]] > 0) ? "pp" f[col["n_prompt"]] : "tg" f[col["n_gen"]];
+      print name, test, f[col["avg_ts"]] }' >>"$work/results"
+}
+if [ "$BACKEND" = CPU ]; then native=(-ngl 0 -dev none); else native=(-ngl "$NGL"); fi
+for round in $(seq 1 "$ROUNDS"); do
+  run native ./llama-bench "${common[@]}" "${native[@]}"
+  run apir env GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
+    ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
+  [ "$RPC" = 1 ] && run rpc ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
+done
+echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND, llama-bench ${common[*]}"
+awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
+     END {
+       printf "%-8s %12s %12s %12s %10s %10s\n", "test", "native t/s", "apir t/s", "rpc t/s", "apir/nat", "rpc/nat";
+       for (t in tests) {
+         n = (cnt["native " t] ? sum["native " t] / cnt["native " t] : 0);
+         a = (cnt["apir " t] ? sum["apir " t] / cnt["apir " t] : 0);
+         r = (cnt["rpc " t] ? sum["rpc " t] / cnt["rpc " t] : 0);
+         printf "%-8s %12.2f %12.2f %12.2f %10.3f %10.3f\n", t, n, a, r, (n ? a / n : 0), (n ? r / n : 0);
+       }
+     }' "$work/results" | sort
+if [ ! -s "$work/results" ] || ! grep -q '^apir' "$work/results"; then
+  echo "no apir results; errors:"; tail -5 "$work"/*.err "$work/host.log"; exit 1
+fi

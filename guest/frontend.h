@@ -1,0 +1,93 @@
+/*
+ * libggml-apir.so internals: the ggml backend objects of the frontend.
+ *
+ * Per-device state lives in struct apir_device (the ggml device's context):
+ * its connection, cached properties, its buffer type, its op caches and its
+ * graph serialization scratch.  Nothing per-device is static.
+ */
+#ifndef APIR_FRONTEND_H
+#define APIR_FRONTEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ggml-backend-impl.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "remote.h"
+
+#define APIR_REG_NAME "APIR"
+#define APIR_MAX_DEVICES 16
+
+/* Answers the host gave for an op signature (supports_op, offload_op,
+ * alloc size), kept so ggml's scheduler can ask per node and per graph
+ * without a round trip.  Direct-mapped by a 128-bit hash of the op's
+ * normalized records. */
+#define APIR_OP_CACHE_SIZE 4096
+struct apir_op_cache_entry {
+    uint64_t h1, h2;    /* 0,0: empty */
+    uint64_t value;
+};
+
+/* Reusable scratch for serializing graphs: grows, never shrinks. */
+struct apir_graph_scratch {
+    const struct ggml_tensor **list;  /* tensors in record order */
+    uint32_t list_cap;
+    const struct ggml_tensor **set;   /* open-addressed pointer set */
+    uint32_t set_cap;
+};
+
+struct apir_buft_ctx {
+    uint64_t handle;
+    size_t alignment;
+    size_t max_size;
+    char name[64];
+};
+
+struct apir_device {
+    struct apir_remote remote;
+    uint32_t index;
+    char name[16];                    /* APIR0, APIR1 ... */
+    char description[256];
+    enum ggml_backend_dev_type type;
+    struct ggml_backend_device dev;
+    struct ggml_backend_buffer_type buft;
+    struct apir_buft_ctx buft_ctx;
+    pthread_mutex_t cache_lock;
+    struct apir_op_cache_entry cache[APIR_OP_CACHE_SIZE];
+    struct apir_graph_scratch graph;
+};
+
+/* A buffer's context: its handle and the opaque base the host gave. */
+struct apir_buffer_ctx {
+    struct apir_device *device;
+    uint64_t handle;
+    uint64_t base;
+};
+
+/* frontend_buffer.c */
+void apir_buft_setup(struct apir_device *d);
+bool apir_buffer_is_ours(ggml_backend_buffer_t buffer);
+
+/* frontend_device.c */
+void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg);
+
+/* frontend_backend.c */
+ggml_backend_t apir_backend_new(struct apir_device *d);
+
+/* serialize.c: records of tensors.  False when a tensor cannot be sent
+ * (a shape beyond 32 bits; with placement, a buffer that is not ours). */
+bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec, bool placement);
+/* The op and its srcs as a tensor list, normalized (no ids of the guest's
+ * memory, no buffers), for supports_op/offload_op/alloc size and the cache
+ * key.  Returns the number of records (<= 1 + GGML_MAX_SRC), 0 on failure. */
+uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *recs);
+/* Serializes a graph into the device's data area; returns its size, 0 on
+ * failure.  Lock held. */
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph);
+
+/* Cached op queries (frontend_device.c); kind: which question. */
+enum apir_op_query { APIR_Q_SUPPORTS = 1, APIR_Q_OFFLOAD = 2, APIR_Q_ALLOC_SIZE = 3 };
+bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct ggml_tensor *op, uint64_t *value);
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * The ggml backend (stream) of an APIR device.
+ */
+#include "frontend.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+
+#include <stdlib.h>
+
+static ggml_guid_t apir_guid(void)
+{
+    static ggml_guid guid = { 0x61, 0x70, 0x69, 0x72, 0x2d, 0x67, 0x67, 0x6d, 0x6c, 0x2d, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65 };
+    return &guid;
+}
+
+static const char *backend_get_name(ggml_backend_t backend)
+{
+    return ((struct apir_device *)backend->context)->name;
+}
+
+static void backend_free(ggml_backend_t backend)
+{
+    free(backend);
+}
+
+static void backend_synchronize(ggml_backend_t backend)
+{
+    /* Every command completes before its reply: nothing is in flight. */
+    (void)backend;
+}
+
+static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph *cgraph)
+{
+    struct apir_device *d = backend->context;
+    struct apir_remote *r = &d->remote;
+    uint32_t status = GGML_STATUS_FAILED;
+    pthread_mutex_lock(&r->lock);
+    size_t size = apir_graph_serialize(d, cgraph);
+    if (!size) {
+        APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
+    } else if (apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_COMPUTE, r->data_res_id, (uint64_t)size, &status) !=
+               APIR_HANDLER_OK) {
+        status = GGML_STATUS_FAILED;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return (enum ggml_status)status;
+}
+
+static const struct ggml_backend_i apir_backend_iface = {
+    .get_name = backend_get_name,
+    .free = backend_free,
+    .set_tensor_async = NULL,
+    .get_tensor_async = NULL,
+    .set_tensor_2d_async = NULL,
+    .get_tensor_2d_async = NULL,
+    .cpy_tensor_async = NULL,
+    .synchronize = backend_synchronize,
+    .graph_plan_create = NULL,
+    .graph_plan_free = NULL,
+    .graph_plan_update = NULL,
+    .graph_plan_compute = NULL,
+    .graph_compute = backend_graph_compute,
+    .event_record = NULL,
+    .event_wait = NULL,
+    .graph_optimize = NULL,
+};
+
+ggml_backend_t apir_backend_new(struct apir_device *d)
+{
+    ggml_backend_t backend = calloc(1, sizeof(*backend));
+    if (!backend)
+        return NULL;
+    backend->guid = apir_guid();
+    backend->iface = apir_backend_iface;
+    backend->device = &d->dev;
+    backend->context = d;
+    return backend;
+}

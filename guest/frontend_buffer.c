@@ -1,0 +1,231 @@
+/*
+ * Buffer type and buffers of an APIR device: every operation is a command;
+ * tensor data travels through the connection's data area in chunks.
+ */
+#include "frontend.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *buft_get_name(ggml_backend_buffer_type_t buft)
+{
+    return ((struct apir_buft_ctx *)buft->context)->name;
+}
+
+static size_t buft_get_alignment(ggml_backend_buffer_type_t buft)
+{
+    return ((struct apir_buft_ctx *)buft->context)->alignment;
+}
+
+static size_t buft_get_max_size(ggml_backend_buffer_type_t buft)
+{
+    return ((struct apir_buft_ctx *)buft->context)->max_size;
+}
+
+static struct apir_device *buft_device(ggml_backend_buffer_type_t buft)
+{
+    return buft->device->context;
+}
+
+static size_t buft_get_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *tensor)
+{
+    uint64_t size;
+    if (apir_op_query(buft_device(buft), APIR_Q_ALLOC_SIZE, tensor, &size) && size >= ggml_nbytes(tensor))
+        return (size_t)size;
+    return ggml_nbytes(tensor);
+}
+
+static bool buft_is_host(ggml_backend_buffer_type_t buft)
+{
+    (void)buft;
+    return false;
+}
+
+/* ---- buffers ---- */
+
+static void buffer_free(ggml_backend_buffer_t buffer)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    apir_call(&bc->device->remote, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
+    free(bc);
+}
+
+static void *buffer_get_base(ggml_backend_buffer_t buffer)
+{
+    return (void *)(uintptr_t)((struct apir_buffer_ctx *)buffer->context)->base;
+}
+
+static enum ggml_status buffer_init_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    /* Only quantized weights may need their padding initialized (CUDA does). */
+    if (tensor->view_src || !ggml_is_quantized(tensor->type) ||
+        ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE || bc->device->remote.minor < 2)
+        return GGML_STATUS_SUCCESS;
+    struct apir_tensor_rec rec;
+    if (!apir_tensor_to_rec(tensor, &rec, true))
+        return GGML_STATUS_FAILED;
+    uint32_t status = GGML_STATUS_FAILED;
+    if (apir_call(&bc->device->remote, APIR_CMD_BUFFER_INIT_TENSOR, bc->handle, &rec, &status) != APIR_HANDLER_OK)
+        return GGML_STATUS_FAILED;
+    return (enum ggml_status)status;
+}
+
+/* Copies in chunks of the data area: SET or GET, data guest-side. */
+static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data, size_t offset,
+                      size_t size)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    struct apir_remote *r = &bc->device->remote;
+    struct apir_tensor_rec rec;
+    if (!apir_tensor_to_rec(tensor, &rec, true))
+        return;
+    pthread_mutex_lock(&r->lock);
+    size_t done = 0;
+    while (done < size) {
+        size_t chunk = size - done < r->data_size ? size - done : r->data_size;
+        if (set)
+            memcpy(r->data, (const uint8_t *)data + done, chunk);
+        int rc = apir_call_locked(r, set ? APIR_CMD_BUFFER_SET_TENSOR : APIR_CMD_BUFFER_GET_TENSOR, bc->handle, &rec,
+                                  r->data_res_id, (uint64_t)(offset + done), (uint64_t)chunk);
+        if (rc != APIR_HANDLER_OK) {
+            APIR_ERROR("guest", "%s of tensor '%s' failed", set ? "set_tensor" : "get_tensor", tensor->name);
+            if (!set)
+                memset((uint8_t *)data + done, 0, size - done);
+            break;
+        }
+        if (!set)
+            memcpy((uint8_t *)data + done, r->data, chunk);
+        done += chunk;
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void buffer_set_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor, const void *data, size_t offset,
+                              size_t size)
+{
+    tensor_io(buffer, tensor, true, (void *)data, offset, size);
+}
+
+static void buffer_get_tensor(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, void *data, size_t offset,
+                              size_t size)
+{
+    tensor_io(buffer, tensor, false, data, offset, size);
+}
+
+static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor, uint8_t value, size_t offset,
+                                 size_t size)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    struct apir_tensor_rec rec;
+    if (!apir_tensor_to_rec(tensor, &rec, true))
+        return;
+    if (bc->device->remote.minor >= 2) {
+        apir_call(&bc->device->remote, APIR_CMD_BUFFER_MEMSET_TENSOR, bc->handle, &rec, (unsigned)value, (uint64_t)offset,
+                  (uint64_t)size);
+        return;
+    }
+    /* 0.1 host: write the bytes. */
+    uint8_t *tmp = malloc(size);
+    if (!tmp)
+        return;
+    memset(tmp, value, size);
+    tensor_io(buffer, tensor, true, tmp, offset, size);
+    free(tmp);
+}
+
+static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_tensor *src, struct ggml_tensor *dst)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    /* Only within one remote device; ggml falls back to get + set. */
+    if (!src->buffer || !apir_buffer_is_ours(src->buffer) ||
+        ((struct apir_buffer_ctx *)src->buffer->context)->device != bc->device)
+        return false;
+    struct apir_tensor_rec src_rec, dst_rec;
+    if (!apir_tensor_to_rec(src, &src_rec, true) || !apir_tensor_to_rec(dst, &dst_rec, true))
+        return false;
+    bool ok = false;
+    if (apir_call(&bc->device->remote, APIR_CMD_BUFFER_CPY_TENSOR, bc->handle, &src_rec, &dst_rec, &ok) != APIR_HANDLER_OK)
+        return false;
+    return ok;
+}
+
+static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    apir_call(&bc->device->remote, APIR_CMD_BUFFER_CLEAR, bc->handle, (unsigned)value);
+}
+
+static const struct ggml_backend_buffer_i apir_buffer_iface = {
+    .free_buffer = buffer_free,
+    .get_base = buffer_get_base,
+    .init_tensor = buffer_init_tensor,
+    .memset_tensor = buffer_memset_tensor,
+    .set_tensor = buffer_set_tensor,
+    .get_tensor = buffer_get_tensor,
+    .set_tensor_2d = NULL,
+    .get_tensor_2d = NULL,
+    .cpy_tensor = buffer_cpy_tensor,
+    .clear = buffer_clear,
+    .reset = NULL,
+};
+
+bool apir_buffer_is_ours(ggml_backend_buffer_t buffer)
+{
+    return buffer->iface.free_buffer == buffer_free;
+}
+
+static ggml_backend_buffer_t buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size)
+{
+    struct apir_device *d = buft_device(buft);
+    struct apir_buft_ctx *bctx = buft->context;
+    uint64_t handle = 0, base = 0;
+    if (apir_call(&d->remote, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, bctx->handle, (uint64_t)size, &handle) != APIR_HANDLER_OK ||
+        !handle) {
+        APIR_ERROR("guest", "%s: allocating a %zu-byte buffer failed on the host", d->name, size);
+        return NULL;
+    }
+    if (apir_call(&d->remote, APIR_CMD_BUFFER_GET_BASE, handle, &base) != APIR_HANDLER_OK) {
+        apir_call(&d->remote, APIR_CMD_BUFFER_FREE_BUFFER, handle);
+        return NULL;
+    }
+    struct apir_buffer_ctx *bc = calloc(1, sizeof(*bc));
+    if (!bc) {
+        apir_call(&d->remote, APIR_CMD_BUFFER_FREE_BUFFER, handle);
+        return NULL;
+    }
+    bc->device = d;
+    bc->handle = handle;
+    bc->base = base;
+    return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
+}
+
+static const struct ggml_backend_buffer_type_i apir_buft_iface = {
+    .get_name = buft_get_name,
+    .alloc_buffer = buft_alloc_buffer,
+    .get_alignment = buft_get_alignment,
+    .get_max_size = buft_get_max_size,
+    .get_alloc_size = buft_get_alloc_size,
+    .is_host = buft_is_host,
+};
+
+void apir_buft_setup(struct apir_device *d)
+{
+    struct apir_buft_ctx *c = &d->buft_ctx;
+    struct apir_remote *r = &d->remote;
+    char remote_name[48] = "";
+    uint64_t alignment = 32, max_size = SIZE_MAX;
+    apir_call(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &c->handle);
+    apir_call(r, APIR_CMD_BUFFER_TYPE_GET_NAME, c->handle, remote_name, sizeof(remote_name));
+    apir_call(r, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, c->handle, &alignment);
+    apir_call(r, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, c->handle, &max_size);
+    c->alignment = alignment ? (size_t)alignment : 32;
+    c->max_size = (size_t)max_size;
+    snprintf(c->name, sizeof(c->name), "%s(%s)", d->name, remote_name);
+    d->buft.iface = apir_buft_iface;
+    d->buft.device = &d->dev;
+    d->buft.context = c;
+}

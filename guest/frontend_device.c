@@ -1,0 +1,165 @@
+/*
+ * The ggml device of one remote device.
+ */
+#include "frontend.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static struct apir_device *dev_ctx(ggml_backend_dev_t dev) { return dev->context; }
+
+static const char *dev_get_name(ggml_backend_dev_t dev) { return dev_ctx(dev)->name; }
+static const char *dev_get_description(ggml_backend_dev_t dev) { return dev_ctx(dev)->description; }
+
+static void dev_get_memory(ggml_backend_dev_t dev, size_t *free_mem, size_t *total)
+{
+    uint64_t f = 0, t = 0;
+    apir_call(&dev_ctx(dev)->remote, APIR_CMD_DEVICE_GET_MEMORY, &f, &t);
+    *free_mem = (size_t)f;
+    *total = (size_t)t;
+}
+
+static enum ggml_backend_dev_type dev_get_type(ggml_backend_dev_t dev) { return dev_ctx(dev)->type; }
+
+static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props *props)
+{
+    props->name = dev_get_name(dev);
+    props->description = dev_get_description(dev);
+    props->type = dev_get_type(dev);
+    props->device_id = NULL;
+    dev_get_memory(dev, &props->memory_free, &props->memory_total);
+    props->caps.async = false;
+    props->caps.host_buffer = false;
+    props->caps.buffer_from_host_ptr = false;
+    props->caps.events = false;
+}
+
+static ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char *params)
+{
+    (void)params;
+    return apir_backend_new(dev_ctx(dev));
+}
+
+static ggml_backend_buffer_type_t dev_get_buffer_type(ggml_backend_dev_t dev) { return &dev_ctx(dev)->buft; }
+
+/* Two independent 64-bit FNV-1a-style hashes: a false cache hit would
+ * need both to collide. */
+static void hash_bytes(const void *p, size_t n, uint64_t *h1, uint64_t *h2)
+{
+    const uint8_t *b = p;
+    uint64_t a = 0xcbf29ce484222325ull, c = 0x84222325cbf29ce4ull;
+    for (size_t i = 0; i < n; i++) {
+        a = (a ^ b[i]) * 0x100000001b3ull;
+        c = (c ^ b[i]) * 0x100000001b3ull + (c >> 29);
+    }
+    *h1 = a;
+    *h2 = c | 1;  /* never 0: (0,0) marks an empty entry */
+}
+
+bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct ggml_tensor *op, uint64_t *value)
+{
+    struct apir_tensor_rec recs[1 + GGML_MAX_SRC];
+    uint32_t n = apir_op_records(op, recs);
+    if (!n)
+        return false;
+    uint64_t h1, h2;
+    /* The question is part of the key. */
+    recs[0].pad1 = (uint32_t)kind;
+    hash_bytes(recs, n * sizeof(recs[0]), &h1, &h2);
+    recs[0].pad1 = 0;
+    struct apir_op_cache_entry *e = &d->cache[h1 % APIR_OP_CACHE_SIZE];
+    pthread_mutex_lock(&d->cache_lock);
+    if (e->h1 == h1 && e->h2 == h2) {
+        *value = e->value;
+        pthread_mutex_unlock(&d->cache_lock);
+        return true;
+    }
+    pthread_mutex_unlock(&d->cache_lock);
+
+    int rc;
+    bool b = false;
+    uint64_t v = 0;
+    struct apir_remote *r = &d->remote;
+    if (r->minor < 2)
+        return false;  /* 0.1 has only the raw inline format: we do not send our memory */
+    switch (kind) {
+    case APIR_Q_SUPPORTS:
+        rc = apir_call(r, APIR_CMD_DEVICE_SUPPORTS_OP_L, n, recs, &b);
+        v = b;
+        break;
+    case APIR_Q_OFFLOAD:
+        rc = apir_call(r, APIR_CMD_DEVICE_OFFLOAD_OP_L, n, recs, &b);
+        v = b;
+        break;
+    case APIR_Q_ALLOC_SIZE:
+        rc = apir_call(r, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, d->buft_ctx.handle, n, recs, &v);
+        break;
+    default:
+        return false;
+    }
+    if (rc != APIR_HANDLER_OK)
+        return false;
+    pthread_mutex_lock(&d->cache_lock);
+    e->h1 = h1;
+    e->h2 = h2;
+    e->value = v;
+    pthread_mutex_unlock(&d->cache_lock);
+    *value = v;
+    return true;
+}
+
+static bool dev_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor *op)
+{
+    uint64_t v = 0;
+    return apir_op_query(dev_ctx(dev), APIR_Q_SUPPORTS, op, &v) && v;
+}
+
+static bool dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft)
+{
+    return buft == &dev_ctx(dev)->buft;
+}
+
+static bool dev_offload_op(ggml_backend_dev_t dev, const struct ggml_tensor *op)
+{
+    uint64_t v = 0;
+    return apir_op_query(dev_ctx(dev), APIR_Q_OFFLOAD, op, &v) && v;
+}
+
+static const struct ggml_backend_device_i apir_device_iface = {
+    .get_name = dev_get_name,
+    .get_description = dev_get_description,
+    .get_memory = dev_get_memory,
+    .get_type = dev_get_type,
+    .get_props = dev_get_props,
+    .init_backend = dev_init_backend,
+    .get_buffer_type = dev_get_buffer_type,
+    .get_host_buffer_type = NULL,
+    .buffer_from_host_ptr = NULL,
+    .supports_op = dev_supports_op,
+    .supports_buft = dev_supports_buft,
+    .offload_op = dev_offload_op,
+    .event_new = NULL,
+    .event_free = NULL,
+    .event_synchronize = NULL,
+};
+
+void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
+{
+    char remote_desc[192] = "?";
+    uint32_t type = GGML_BACKEND_DEVICE_TYPE_GPU;
+    snprintf(d->name, sizeof(d->name), "APIR%u", d->index);
+    apir_call(&d->remote, APIR_CMD_DEVICE_GET_DESCRIPTION, remote_desc, sizeof(remote_desc));
+    apir_call(&d->remote, APIR_CMD_DEVICE_GET_TYPE, &type);
+    /* A remote CPU is still offered as an accelerator: the point is to run
+     * there, not on the guest's CPU backend. */
+    d->type = type == GGML_BACKEND_DEVICE_TYPE_CPU ? GGML_BACKEND_DEVICE_TYPE_GPU : (enum ggml_backend_dev_type)type;
+    snprintf(d->description, sizeof(d->description), "%s via %s", remote_desc, d->remote.t->endpoint);
+    pthread_mutex_init(&d->cache_lock, NULL);
+    d->dev.iface = apir_device_iface;
+    d->dev.reg = reg;
+    d->dev.context = d;
+    apir_buft_setup(d);
+}

@@ -1,0 +1,112 @@
+/*
+ * The APIR backend registry: the entry point ggml loads from
+ * GGML_BACKEND_PATH.  At first use it connects to the host named by
+ * APIR_HOST (default: the daemon's default socket) and exposes one device
+ * per remote device.  If the host cannot be reached it logs one warning and
+ * offers no device: the program goes on with its other backends.
+ */
+#include "frontend.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The registry is one per process by ggml's design; its devices are not
+ * statics but heap objects it points to. */
+struct apir_reg_ctx {
+    pthread_once_t once;
+    uint32_t n_devices;
+    struct apir_device *devices[APIR_MAX_DEVICES];
+};
+
+static struct apir_reg_ctx reg_ctx = { .once = PTHREAD_ONCE_INIT };
+static struct ggml_backend_reg apir_reg;
+
+static const char *reg_get_name(ggml_backend_reg_t reg)
+{
+    (void)reg;
+    return APIR_REG_NAME;
+}
+
+static size_t reg_get_device_count(ggml_backend_reg_t reg)
+{
+    return ((struct apir_reg_ctx *)reg->context)->n_devices;
+}
+
+static ggml_backend_dev_t reg_get_device(ggml_backend_reg_t reg, size_t index)
+{
+    struct apir_reg_ctx *c = reg->context;
+    return index < c->n_devices ? &c->devices[index]->dev : NULL;
+}
+
+static void *reg_get_proc_address(ggml_backend_reg_t reg, const char *name)
+{
+    (void)reg;
+    (void)name;
+    return NULL;
+}
+
+static const struct ggml_backend_reg_i apir_reg_iface = {
+    .get_name = reg_get_name,
+    .get_device_count = reg_get_device_count,
+    .get_device = reg_get_device,
+    .get_proc_address = reg_get_proc_address,
+};
+
+static void connect_devices(void)
+{
+    struct apir_reg_ctx *c = &reg_ctx;
+    const char *endpoint = getenv("APIR_HOST");
+    char err[256];
+    struct apir_device *first = calloc(1, sizeof(*first));
+    if (!first)
+        return;
+    if (!apir_remote_open(&first->remote, endpoint, 0, err, sizeof(err))) {
+        APIR_WARN("guest", "no APIR device: %s", err);
+        free(first);
+        return;
+    }
+    int32_t count = 0;
+    if (apir_call(&first->remote, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &count) != APIR_HANDLER_OK || count <= 0) {
+        APIR_WARN("guest", "no APIR device: the host at %s reports none", first->remote.t->endpoint);
+        apir_remote_close(&first->remote);
+        free(first);
+        return;
+    }
+    if (count > APIR_MAX_DEVICES)
+        count = APIR_MAX_DEVICES;
+    c->devices[0] = first;
+    c->n_devices = 1;
+    apir_device_setup(first, &apir_reg);
+    for (int32_t i = 1; i < count; i++) {
+        struct apir_device *d = calloc(1, sizeof(*d));
+        if (!d || !apir_remote_open(&d->remote, endpoint, (uint32_t)i, err, sizeof(err))) {
+            APIR_WARN("guest", "remote device %d unavailable: %s", i, d ? err : "out of memory");
+            free(d);
+            break;
+        }
+        d->index = (uint32_t)i;
+        apir_device_setup(d, &apir_reg);
+        c->devices[c->n_devices++] = d;
+    }
+    APIR_INFO("guest", "%u APIR device(s) via %s", c->n_devices, first->remote.t->endpoint);
+}
+
+static ggml_backend_reg_t apir_backend_reg(void)
+{
+    apir_reg.api_version = GGML_BACKEND_API_VERSION;
+    apir_reg.iface = apir_reg_iface;
+    apir_reg.context = &reg_ctx;
+    pthread_once(&reg_ctx.once, connect_devices);
+    return &apir_reg;
+}
+
+GGML_BACKEND_API ggml_backend_reg_t ggml_backend_init(void);
+GGML_BACKEND_API int ggml_backend_score(void);
+
+ggml_backend_reg_t ggml_backend_init(void) { return apir_backend_reg(); }
+
+/* Reachability is only known once connected; ggml asks this first. */
+int ggml_backend_score(void) { return 1; }

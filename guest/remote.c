@@ -1,0 +1,148 @@
+#include "remote.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HANDSHAKE_TIMEOUT_NS (2ull * 1000 * 1000 * 1000)
+
+size_t apir_remote_data_default(void)
+{
+    const char *s = getenv("APIR_DATA_MB");
+    if (s && *s) {
+        long mb = strtol(s, NULL, 10);
+        if (mb >= 1 && mb <= 4096)
+            return (size_t)mb << 20;
+    }
+    return APIR_DATA_BLOB_SIZE;
+}
+
+static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
+{
+    const struct apir_command_info *info = &apir_command_table[cmd];
+    if (cmd >= APIR_CMD_COUNT_0_1 && r->minor < 2)
+        return APIR_HANDLER_INVALID_INDEX;
+    struct apir_encoder *enc = r->t->ops->begin(r->t);
+    if (!apir_vmarshal(enc, info->request, ap)) {
+        APIR_ERROR("guest", "%s: request does not fit", info->name);
+        return -1;
+    }
+    uint32_t ret;
+    struct apir_decoder reply;
+    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply) != 0)
+        return -1;
+    if (ret < APIR_FORWARD_BASE) {
+        APIR_ERROR("guest", "%s: transport error %u", info->name, ret);
+        return -1;
+    }
+    uint32_t result = ret - APIR_FORWARD_BASE;
+    if (result != APIR_HANDLER_OK) {
+        APIR_WARN("guest", "%s failed on the host (code %u)", info->name, result);
+        return (int)result;
+    }
+    if (!apir_vdemarshal(&reply, info->reply, ap)) {
+        APIR_ERROR("guest", "%s: malformed reply", info->name);
+        return APIR_HANDLER_BAD_REQUEST;
+    }
+    return APIR_HANDLER_OK;
+}
+
+int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    int rc = vcall(r, cmd, &ap);
+    va_end(ap);
+    return rc;
+}
+
+int apir_call(struct apir_remote *r, enum apir_command cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    pthread_mutex_lock(&r->lock);
+    int rc = vcall(r, cmd, &ap);
+    pthread_mutex_unlock(&r->lock);
+    va_end(ap);
+    return rc;
+}
+
+bool apir_remote_data_reserve(struct apir_remote *r, size_t size)
+{
+    if (size <= r->data_size)
+        return true;
+    size_t want = r->data_size ? r->data_size : apir_remote_data_default();
+    while (want < size)
+        want *= 2;
+    uint32_t res_id;
+    void *ptr;
+    if (r->t->ops->blob_create(r->t, want, &res_id, &ptr) != 0)
+        return false;
+    if (r->data)
+        r->t->ops->blob_destroy(r->t, r->data_res_id, r->data, r->data_size);
+    r->data = ptr;
+    r->data_size = want;
+    r->data_res_id = res_id;
+    return true;
+}
+
+bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t device, char *err, size_t err_len)
+{
+    memset(r, 0, sizeof(*r));
+    r->t = apir_transport_open(endpoint, err, err_len);
+    if (!r->t)
+        return false;
+    pthread_mutex_init(&r->lock, NULL);
+
+    struct apir_encoder *enc = r->t->ops->begin(r->t);
+    apir_encode_u32(enc, APIR_VERSION_MAJOR);
+    apir_encode_u32(enc, APIR_VERSION_MINOR);
+    uint32_t ret, major = 0, minor = 0;
+    struct apir_decoder reply;
+    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_HANDSHAKE, 0, HANDSHAKE_TIMEOUT_NS, &ret, &reply) != 0) {
+        snprintf(err, err_len, "no handshake answer from %s", r->t->endpoint);
+        goto fail;
+    }
+    major = apir_decode_u32(&reply);
+    minor = apir_decode_u32(&reply);
+    if (ret != APIR_HANDSHAKE_MAGIC || reply.fatal || major != APIR_VERSION_MAJOR) {
+        snprintf(err, err_len, "protocol mismatch with %s: host speaks APIR %u.%u, guest %u.%u", r->t->endpoint, major,
+                 minor, APIR_VERSION_MAJOR, APIR_VERSION_MINOR);
+        goto fail;
+    }
+    r->minor = minor;
+    if (minor < 2 && device != 0) {
+        snprintf(err, err_len, "host speaks APIR 0.%u: only device 0 is reachable", minor);
+        goto fail;
+    }
+    if (minor >= 2 && apir_call(r, APIR_CMD_DEVICE_SELECT, device) != APIR_HANDLER_OK) {
+        snprintf(err, err_len, "host refused device %u", device);
+        goto fail;
+    }
+    r->device = device;
+    if (!apir_remote_data_reserve(r, apir_remote_data_default())) {
+        snprintf(err, err_len, "cannot share a data area with the host");
+        goto fail;
+    }
+    return true;
+fail:
+    r->t->ops->close(r->t);
+    r->t = NULL;
+    pthread_mutex_destroy(&r->lock);
+    return false;
+}
+
+void apir_remote_close(struct apir_remote *r)
+{
+    if (!r->t)
+        return;
+    /* Closing the socket frees everything on the host; no need to unmap the
+     * data area there first. */
+    r->t->ops->close(r->t);
+    r->t = NULL;
+    pthread_mutex_destroy(&r->lock);
+}

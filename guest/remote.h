@@ -1,0 +1,50 @@
+/*
+ * One connection to one remote device, and the guest's call stubs.
+ *
+ * Every guest device has its own connection (and so its own host session
+ * stream), selected with DEVICE_SELECT after the handshake.  A connection is
+ * used under its mutex; the data area (a shared blob) carries tensor data and
+ * graphs.
+ */
+#ifndef APIR_REMOTE_H
+#define APIR_REMOTE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apir_commands.h"
+#include "transport.h"
+
+struct apir_remote {
+    struct apir_transport *t;
+    pthread_mutex_t lock;
+    uint32_t minor;               /* negotiated protocol minor */
+    uint32_t device;              /* host device index */
+    uint8_t *data;                /* data area blob */
+    size_t data_size;
+    uint32_t data_res_id;
+};
+
+/* Connects, handshakes and selects a host device.  False with err set. */
+bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t device, char *err, size_t err_len);
+void apir_remote_close(struct apir_remote *r);
+
+/*
+ * A backend command: the request values in the order of the command's
+ * request signature (apir_commands.h), then pointers for the reply items.
+ * Returns APIR_HANDLER_OK (0), another apir_handler_result, or -1 if the
+ * transport failed; failures are logged.  apir_call takes the lock;
+ * apir_call_locked expects it held.
+ */
+int apir_call(struct apir_remote *r, enum apir_command cmd, ...);
+int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...);
+
+/* Makes the data area at least size bytes (lock held). */
+bool apir_remote_data_reserve(struct apir_remote *r, size_t size);
+
+/* Default size of the data area; APIR_DATA_MB overrides. */
+size_t apir_remote_data_default(void);
+
+#endif

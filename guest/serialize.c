@@ -1,0 +1,173 @@
+/*
+ * Guest-side serialization of tensors and graphs into APIR records.
+ */
+#include "frontend.h"
+
+#include "apir_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t tensor_id(const struct ggml_tensor *t) { return (uint64_t)(uintptr_t)t; }
+
+bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec, bool placement)
+{
+    memset(rec, 0, sizeof(*rec));
+    rec->id = tensor_id(t);
+    rec->type = (uint32_t)t->type;
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (t->ne[i] < 0 || (uint64_t)t->ne[i] > UINT32_MAX || t->nb[i] > UINT32_MAX) {
+            APIR_WARN("guest", "tensor '%s' has a dimension or stride beyond 32 bits: not sendable", t->name);
+            return false;
+        }
+        rec->ne[i] = (uint32_t)t->ne[i];
+        rec->nb[i] = (uint32_t)t->nb[i];
+    }
+    rec->op = (uint32_t)t->op;
+    memcpy(rec->op_params, t->op_params, sizeof(rec->op_params));
+    rec->flags = t->flags;
+    for (int i = 0; i < GGML_MAX_SRC; i++)
+        rec->src[i] = t->src[i] ? tensor_id(t->src[i]) : 0;
+    rec->view_src = t->view_src ? tensor_id(t->view_src) : 0;
+    rec->view_offs = t->view_offs;
+    memcpy(rec->name, t->name, sizeof(rec->name));
+    rec->name[sizeof(rec->name) - 1] = '\0';
+    ggml_backend_buffer_t buf = t->buffer;
+    if (placement && buf && t->data) {
+        if (!apir_buffer_is_ours(buf)) {
+            APIR_WARN("guest", "tensor '%s' is in buffer %s, not an APIR buffer", t->name, ggml_backend_buffer_name(buf));
+            return false;
+        }
+        const struct apir_buffer_ctx *bc = buf->context;
+        rec->buffer = bc->handle;
+        rec->data = (uint64_t)((uintptr_t)t->data - (uintptr_t)bc->base);
+    }
+    return true;
+}
+
+uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *recs)
+{
+    uint32_t n = 0;
+    if (!apir_tensor_to_rec(op, &recs[n], false))
+        return 0;
+    recs[n].id = 1;
+    n++;
+    for (int i = 0; i < GGML_MAX_SRC; i++) {
+        if (!op->src[i]) {
+            recs[0].src[i] = 0;
+            continue;
+        }
+        if (!apir_tensor_to_rec(op->src[i], &recs[n], false))
+            return 0;
+        recs[n].id = 2 + (uint64_t)i;
+        recs[0].src[i] = recs[n].id;
+        n++;
+    }
+    /* Placement does not change the answer; leaving it out keeps the
+     * questions cacheable and the guest's addresses private. */
+    for (uint32_t i = 0; i < n; i++) {
+        recs[i].buffer = 0;
+        recs[i].data = 0;
+        recs[i].view_src = 0;
+        recs[i].view_offs = 0;
+        memset(recs[i].name, 0, sizeof(recs[i].name));
+        if (i > 0)
+            memset(recs[i].src, 0, sizeof(recs[i].src));
+    }
+    return n;
+}
+
+static uint32_t ptr_hash(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+static bool scratch_reserve(struct apir_graph_scratch *g, uint32_t n)
+{
+    if (n > g->list_cap) {
+        uint32_t cap = g->list_cap ? g->list_cap : 1024;
+        while (cap < n)
+            cap *= 2;
+        const struct ggml_tensor **l = realloc(g->list, cap * sizeof(*l));
+        if (!l)
+            return false;
+        g->list = l;
+        g->list_cap = cap;
+    }
+    if (2 * n > g->set_cap) {
+        uint32_t cap = g->set_cap ? g->set_cap : 2048;
+        while (cap < 2 * n)
+            cap *= 2;
+        free(g->set);
+        g->set = malloc(cap * sizeof(*g->set));
+        if (!g->set) {
+            g->set_cap = 0;
+            return false;
+        }
+        g->set_cap = cap;
+    }
+    memset(g->set, 0, g->set_cap * sizeof(*g->set));
+    return true;
+}
+
+/* Adds t if new; returns false when the scratch is full. */
+static bool visit_add(struct apir_graph_scratch *g, uint32_t *n, const struct ggml_tensor *t)
+{
+    uint32_t mask = g->set_cap - 1;
+    for (uint32_t i = ptr_hash(t) & mask;; i = (i + 1) & mask) {
+        if (g->set[i] == t)
+            return true;
+        if (!g->set[i]) {
+            if (*n >= g->list_cap || 2 * (*n + 1) > g->set_cap)
+                return false;
+            g->set[i] = t;
+            g->list[(*n)++] = t;
+            return true;
+        }
+    }
+}
+
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph)
+{
+    struct apir_graph_scratch *g = &d->graph;
+    const int n_nodes = ggml_graph_n_nodes((struct ggml_cgraph *)graph);
+    /* Every tensor reachable from a node: nodes, srcs, view sources.  The
+     * worst case is bounded by nodes * (1 + srcs + view); grow to it. */
+    uint32_t bound = (uint32_t)n_nodes * (GGML_MAX_SRC + 2) + 16;
+    if (!scratch_reserve(g, bound))
+        return 0;
+    uint32_t n = 0;
+    for (int i = 0; i < n_nodes; i++) {
+        const struct ggml_tensor *node = ggml_graph_node((struct ggml_cgraph *)graph, i);
+        if (!visit_add(g, &n, node))
+            return 0;
+    }
+    /* Walk the list as it grows: srcs and view sources of every entry. */
+    for (uint32_t k = 0; k < n; k++) {
+        const struct ggml_tensor *t = g->list[k];
+        for (int s = 0; s < GGML_MAX_SRC; s++)
+            if (t->src[s] && !visit_add(g, &n, t->src[s]))
+                return 0;
+        if (t->view_src && !visit_add(g, &n, t->view_src))
+            return 0;
+    }
+    size_t size = 4 + (size_t)n_nodes * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
+    if (!apir_remote_data_reserve(&d->remote, size))
+        return 0;
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, d->remote.data, d->remote.data_size);
+    apir_encode_u32(&enc, (uint32_t)n_nodes);
+    for (int i = 0; i < n_nodes; i++)
+        apir_encode_u64(&enc, tensor_id(ggml_graph_node((struct ggml_cgraph *)graph, i)));
+    apir_encode_u32(&enc, n);
+    for (uint32_t k = 0; k < n; k++) {
+        struct apir_tensor_rec *rec = apir_encode_reserve(&enc, APIR_TENSOR_REC_SIZE);
+        if (!rec || !apir_tensor_to_rec(g->list[k], rec, true))
+            return 0;
+    }
+    return enc.fatal ? 0 : apir_encoder_used(&enc);
+}

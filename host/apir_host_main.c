@@ -1,0 +1,159 @@
+/*
+ * apir-host: serves a real ggml backend to guests over the shm transport.
+ */
+#include "apir_log.h"
+#include "host.h"
+#include "shm_server.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct apir_shm_server *g_server;  /* for the signal handler only */
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (g_server)
+        apir_shm_server_stop(g_server);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: apir-host [options]\n"
+            "  --listen unix:PATH     socket to serve (default $XDG_RUNTIME_DIR/apir/host.sock, else /run/apir/host.sock)\n"
+            "  --backend NAME         ggml backend (CPU, CUDA, Vulkan...; default: first GPU, else CPU)\n"
+            "  --device N             serve only device N of the backend (default: all)\n"
+            "  --threads N            CPU backend threads\n"
+            "  --backend-dir DIR      where ggml's backend libraries are (default: %s)\n"
+            "  --list-devices         list the backends and devices found, then exit\n"
+            "  --log-level LEVEL      error|warn|info|debug (default info)\n"
+            "limits per guest (over a limit the call fails; other guests go on):\n"
+            "  --max-clients N        concurrent guests (64)\n"
+            "  --max-buffers N        live buffers (4096)\n"
+            "  --max-alloc-mib N      MiB in live buffers (unlimited)\n"
+            "  --max-graph-nodes N    nodes per graph (65536)\n"
+            "  --max-graph-tensors N  tensors per graph (262144)\n"
+            "  --max-blobs N          shared-memory blobs (1024)\n"
+            "  --max-blob-mib N       MiB of shared memory mapped (65536)\n",
+            APIR_GGML_BIN);
+}
+
+static int parse_u64(const char *s, unsigned long long *out)
+{
+    char *end;
+    if (!s || !*s)
+        return -1;
+    *out = strtoull(s, &end, 10);
+    return *end ? -1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct apir_host_config cfg = { .device = -1, .backend_dir = APIR_GGML_BIN };
+    apir_limits_default(&cfg.limits);
+    char path[108];
+    apir_shm_default_path(path, sizeof(path));
+    bool list = false;
+    apir_log_set_level(APIR_LOG_INFO);
+    if (getenv("APIR_LOG_LEVEL")) {
+        enum apir_log_level l;
+        if (apir_log_level_from_string(getenv("APIR_LOG_LEVEL"), &l) == 0)
+            apir_log_set_level(l);
+    }
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        unsigned long long n = 0;
+#define NEED_NUM() do { if (parse_u64(v, &n)) { fprintf(stderr, "apir-host: %s needs a number\n", a); return 2; } i++; } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--listen") && v) {
+            const char *p = strncmp(v, "unix:", 5) == 0 ? v + 5 : v;
+            if (strlen(p) >= sizeof(path)) {
+                fprintf(stderr, "apir-host: socket path too long\n");
+                return 2;
+            }
+            snprintf(path, sizeof(path), "%s", p);
+            i++;
+        } else if (!strcmp(a, "--backend") && v) {
+            cfg.backend_name = v;
+            i++;
+        } else if (!strcmp(a, "--device")) {
+            NEED_NUM();
+            cfg.device = (int)n;
+        } else if (!strcmp(a, "--threads")) {
+            NEED_NUM();
+            cfg.n_threads = (int)n;
+        } else if (!strcmp(a, "--backend-dir") && v) {
+            cfg.backend_dir = v;
+            i++;
+        } else if (!strcmp(a, "--list-devices")) {
+            list = true;
+        } else if (!strcmp(a, "--log-level") && v) {
+            enum apir_log_level l;
+            if (apir_log_level_from_string(v, &l) != 0) {
+                fprintf(stderr, "apir-host: unknown log level %s\n", v);
+                return 2;
+            }
+            apir_log_set_level(l);
+            i++;
+        } else if (!strcmp(a, "--max-clients")) {
+            NEED_NUM();
+            cfg.limits.max_clients = (uint32_t)n;
+        } else if (!strcmp(a, "--max-buffers")) {
+            NEED_NUM();
+            cfg.limits.max_buffers = (uint32_t)n;
+        } else if (!strcmp(a, "--max-alloc-mib")) {
+            NEED_NUM();
+            cfg.limits.max_alloc_bytes = (uint64_t)n << 20;
+        } else if (!strcmp(a, "--max-graph-nodes")) {
+            NEED_NUM();
+            cfg.limits.max_graph_nodes = (uint32_t)n;
+        } else if (!strcmp(a, "--max-graph-tensors")) {
+            NEED_NUM();
+            cfg.limits.max_graph_tensors = (uint32_t)n;
+        } else if (!strcmp(a, "--max-blobs")) {
+            NEED_NUM();
+            cfg.limits.max_blobs = (uint32_t)n;
+        } else if (!strcmp(a, "--max-blob-mib")) {
+            NEED_NUM();
+            cfg.limits.max_blob_bytes = (uint64_t)n << 20;
+        } else {
+            fprintf(stderr, "apir-host: unknown or incomplete option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef NEED_NUM
+    }
+    if (list) {
+        apir_host_print_devices(cfg.backend_dir, stdout);
+        return 0;
+    }
+    char err[256];
+    struct apir_host host;
+    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
+        fprintf(stderr, "apir-host: %s\n", err);
+        return 1;
+    }
+    g_server = apir_shm_server_new(&host, path, err, sizeof(err));
+    if (!g_server) {
+        fprintf(stderr, "apir-host: %s\n", err);
+        return 1;
+    }
+    struct sigaction sa = { .sa_handler = on_signal };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    APIR_INFO("host", "serving %s (%u device(s)) on unix:%s", ggml_backend_reg_name(host.reg), host.n_devices, path);
+    int rc = apir_shm_server_run(g_server);
+    APIR_INFO("host", "shutting down");
+    apir_shm_server_free(g_server);
+    g_server = NULL;
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,54 @@
+/*
+ * The host: one real ggml backend (CPU, CUDA, Vulkan...) chosen at start, and
+ * the limits every guest session runs under.  Shared by the apir-host daemon
+ * and libapir-virgl.so; sessions (session.h) hold all per-guest state.
+ */
+#ifndef APIR_HOST_H
+#define APIR_HOST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ggml-backend.h"
+
+#define APIR_HOST_MAX_DEVICES 16
+
+/* Per-session limits.  Over a limit the call fails; other sessions go on. */
+struct apir_limits {
+    uint32_t max_buffers;        /* live buffers per session */
+    uint64_t max_alloc_bytes;    /* bytes in live buffers per session */
+    uint32_t max_graph_nodes;
+    uint32_t max_graph_tensors;
+    uint32_t max_blobs;          /* shared-memory blobs per session */
+    uint64_t max_blob_bytes;     /* bytes of blobs mapped per session */
+    uint32_t max_clients;        /* concurrent sessions (daemon) */
+};
+
+void apir_limits_default(struct apir_limits *l);
+
+struct apir_host_config {
+    const char *backend_name;    /* registry name; NULL: first GPU, else CPU */
+    int device;                  /* -1: every device of the backend */
+    int n_threads;               /* CPU backend threads; 0: ggml's default */
+    const char *backend_dir;     /* where ggml's backend libraries are; NULL: ggml's search */
+    struct apir_limits limits;
+};
+
+struct apir_host {
+    struct apir_host_config cfg;
+    ggml_backend_reg_t reg;
+    uint32_t n_devices;
+    ggml_backend_dev_t devices[APIR_HOST_MAX_DEVICES];
+};
+
+/* Loads ggml's backends and picks the devices; false with a message in err. */
+bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, char *err, size_t err_len);
+
+/* Lists every device of every backend ggml found (for --list-devices). */
+void apir_host_print_devices(const char *backend_dir, void *out_file);
+
+/* Loads ggml's backends once per process. */
+void apir_host_load_backends(const char *backend_dir);
+
+#endif

@@ -1,0 +1,395 @@
+#include "import.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The record mirrors ggml's limits; if ggml changes them the wire format
+ * would silently stop describing its tensors. */
+_Static_assert(GGML_MAX_DIMS == APIR_TENSOR_MAX_DIMS, "ggml dims");
+_Static_assert(GGML_MAX_SRC == APIR_TENSOR_MAX_SRC, "ggml srcs");
+_Static_assert(GGML_MAX_OP_PARAMS == APIR_TENSOR_MAX_OP_PARAMS * 4, "ggml op params");
+_Static_assert(GGML_MAX_NAME == APIR_TENSOR_MAX_NAME, "ggml name");
+
+/* Per-thread: the failing check, for the log line of the caller. */
+static _Thread_local const char *import_error = "";
+
+const char *apir_import_error(void) { return import_error; }
+
+static void *fail(const char *why)
+{
+    import_error = why;
+    return NULL;
+}
+
+#define KNOWN_FLAGS (GGML_TENSOR_FLAG_INPUT | GGML_TENSOR_FLAG_OUTPUT | GGML_TENSOR_FLAG_PARAM | \
+                     GGML_TENSOR_FLAG_LOSS | GGML_TENSOR_FLAG_COMPUTE)
+
+/* Ops whose op_params carry host function pointers: a guest could make the
+ * host call anything (ggml-rpc #25289).  Never accepted. */
+/* Ops that only reinterpret memory; backends skip them. */
+static bool op_is_view(enum ggml_op op)
+{
+    return op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+
+static bool op_is_refused(uint32_t op)
+{
+    switch (op) {
+    case GGML_OP_MAP_CUSTOM1:
+    case GGML_OP_MAP_CUSTOM2:
+    case GGML_OP_MAP_CUSTOM3:
+    case GGML_OP_CUSTOM:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ggml_nbytes of the record's shape, with every step overflow-checked.
+ * Returns false when the shape is inconsistent or does not fit 64 bits. */
+static bool record_nbytes(const struct apir_tensor_rec *rec, uint64_t *out)
+{
+    const uint64_t blck = (uint64_t)ggml_blck_size((enum ggml_type)rec->type);
+    const uint64_t tsize = (uint64_t)ggml_type_size((enum ggml_type)rec->type);
+    for (int i = 0; i < APIR_TENSOR_MAX_DIMS; i++) {
+        if (rec->ne[i] == 0) {
+            *out = 0;
+            return true;
+        }
+    }
+    uint64_t nbytes;
+    if (blck == 1) {
+        nbytes = tsize;
+        for (int i = 0; i < APIR_TENSOR_MAX_DIMS; i++) {
+            uint64_t term;
+            if (__builtin_mul_overflow((uint64_t)(rec->ne[i] - 1), (uint64_t)rec->nb[i], &term) ||
+                __builtin_add_overflow(nbytes, term, &nbytes))
+                return false;
+        }
+    } else {
+        /* Quantized rows are whole blocks laid out contiguously. */
+        if (rec->ne[0] % blck != 0 || rec->nb[0] != tsize)
+            return false;
+        if (__builtin_mul_overflow((uint64_t)(rec->ne[0] / blck), tsize, &nbytes))
+            return false;
+        for (int i = 1; i < APIR_TENSOR_MAX_DIMS; i++) {
+            uint64_t term;
+            if (__builtin_mul_overflow((uint64_t)(rec->ne[i] - 1), (uint64_t)rec->nb[i], &term) ||
+                __builtin_add_overflow(nbytes, term, &nbytes))
+                return false;
+        }
+    }
+    *out = nbytes;
+    return true;
+}
+
+/* Checks that need no other record.  *buf is the record's buffer or NULL. */
+static const char *check_record(struct apir_session *s, const struct apir_tensor_rec *rec, bool need_buffer,
+                                struct apir_host_buffer **buf)
+{
+    *buf = NULL;
+    if (rec->type >= GGML_TYPE_COUNT || ggml_blck_size((enum ggml_type)rec->type) <= 0 ||
+        ggml_type_size((enum ggml_type)rec->type) == 0)
+        return "tensor type out of range";
+    if (rec->op >= GGML_OP_COUNT)
+        return "tensor op out of range";
+    if (op_is_refused(rec->op))
+        return "custom ops (host function pointers) are refused";
+    if ((uint32_t)rec->flags & ~(uint32_t)KNOWN_FLAGS)
+        return "unknown tensor flags";
+    uint64_t nbytes;
+    if (!record_nbytes(rec, &nbytes))
+        return "tensor shape or strides inconsistent (ne/nb/block size)";
+    if (rec->buffer == 0) {
+        if (need_buffer)
+            return "tensor without a buffer";
+        return NULL;
+    }
+    struct apir_handle_slot *slot = apir_handle_get(&s->handles, rec->buffer, APIR_HANDLE_BUFFER);
+    if (!slot)
+        return "tensor names an unknown buffer handle";
+    struct apir_host_buffer *hb = slot->object;
+    uint64_t end;
+    if (__builtin_add_overflow(rec->data, nbytes, &end) || end > hb->size)
+        return "tensor data outside its buffer";
+    *buf = hb;
+    return NULL;
+}
+
+/* Makes the ggml tensor of a checked record; srcs are filled in later. */
+static struct ggml_tensor *make_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, struct apir_host_buffer *hb)
+{
+    int64_t ne[4] = { rec->ne[0], rec->ne[1], rec->ne[2], rec->ne[3] };
+    struct ggml_tensor *t = ggml_new_tensor(s->scratch.ctx, (enum ggml_type)rec->type, 4, ne);
+    if (!t)
+        return NULL;
+    for (int i = 0; i < 4; i++)
+        t->nb[i] = rec->nb[i];
+    t->op = (enum ggml_op)rec->op;
+    memcpy(t->op_params, rec->op_params, sizeof(t->op_params));
+    t->flags = rec->flags;
+    memcpy(t->name, rec->name, sizeof(t->name));
+    t->name[sizeof(t->name) - 1] = '\0';
+    if (hb) {
+        t->buffer = hb->buffer;
+        t->data = hb->base + rec->data;
+    }
+    return t;
+}
+
+static bool scratch_grow_tensors(struct apir_import_scratch *sc, uint32_t n)
+{
+    if (n <= sc->tensors_cap)
+        return true;
+    uint32_t cap = sc->tensors_cap ? sc->tensors_cap : 256;
+    while (cap < n)
+        cap *= 2;
+    void *a = realloc(sc->tensors, (size_t)cap * sizeof(*sc->tensors));
+    if (a) sc->tensors = a;
+    void *b = realloc(sc->src_ids, (size_t)cap * (APIR_TENSOR_MAX_SRC + 1) * sizeof(*sc->src_ids));
+    if (b) sc->src_ids = b;
+    void *c = realloc(sc->state, (size_t)cap);
+    if (c) sc->state = c;
+    void *d = realloc(sc->stack, (size_t)cap * sizeof(*sc->stack));
+    if (d) sc->stack = d;
+    if (!a || !b || !c || !d)
+        return false;
+    sc->tensors_cap = cap;
+    /* The map stays under half full. */
+    uint32_t map_cap = cap * 2;
+    free(sc->keys);
+    free(sc->vals);
+    sc->keys = malloc((size_t)map_cap * sizeof(*sc->keys));
+    sc->vals = malloc((size_t)map_cap * sizeof(*sc->vals));
+    if (!sc->keys || !sc->vals) {
+        sc->tensors_cap = 0;
+        return false;
+    }
+    sc->map_cap = map_cap;
+    return true;
+}
+
+bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_nodes)
+{
+    struct apir_import_scratch *sc = &s->scratch;
+    size_t need = (size_t)n_tensors * ggml_tensor_overhead() + 1024;
+    if (n_nodes)
+        need += ggml_graph_overhead_custom(n_nodes, false);
+    if (!scratch_grow_tensors(sc, n_tensors ? n_tensors : 1))
+        return fail("out of memory for the tensor map");
+    if (sc->ctx && need <= sc->ctx_size) {
+        ggml_reset(sc->ctx);
+        return true;
+    }
+    if (sc->ctx)
+        ggml_free(sc->ctx);
+    free(sc->ctx_mem);
+    size_t size = sc->ctx_size ? sc->ctx_size : 64 * 1024;
+    while (size < need)
+        size *= 2;
+    sc->ctx_mem = malloc(size);
+    struct ggml_init_params params = { .mem_size = size, .mem_buffer = sc->ctx_mem, .no_alloc = true };
+    sc->ctx = sc->ctx_mem ? ggml_init(params) : NULL;
+    if (!sc->ctx) {
+        free(sc->ctx_mem);
+        sc->ctx_mem = NULL;
+        sc->ctx_size = 0;
+        return fail("out of memory for the scratch context");
+    }
+    sc->ctx_size = size;
+    return true;
+}
+
+struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, bool need_buffer,
+                                       struct apir_host_buffer **buf)
+{
+    struct apir_host_buffer *hb;
+    const char *why = check_record(s, rec, need_buffer, &hb);
+    if (why)
+        return fail(why);
+    struct ggml_tensor *t = make_tensor(s, rec, hb);
+    if (!t)
+        return fail("scratch context full");
+    if (buf)
+        *buf = hb;
+    return t;
+}
+
+static uint64_t hash_id(uint64_t id)
+{
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdull;
+    id ^= id >> 33;
+    return id;
+}
+
+/* id -> index; ids are unique and non-zero. */
+static bool map_put(struct apir_import_scratch *sc, uint64_t id, uint32_t index)
+{
+    uint32_t mask = sc->map_cap - 1;  /* map_cap is a power of two */
+    for (uint32_t i = (uint32_t)hash_id(id) & mask;; i = (i + 1) & mask) {
+        if (sc->keys[i] == 0) {
+            sc->keys[i] = id;
+            sc->vals[i] = index;
+            return true;
+        }
+        if (sc->keys[i] == id)
+            return false;
+    }
+}
+
+static bool map_get(const struct apir_import_scratch *sc, uint64_t id, uint32_t *index)
+{
+    uint32_t mask = sc->map_cap - 1;
+    for (uint32_t i = (uint32_t)hash_id(id) & mask;; i = (i + 1) & mask) {
+        if (sc->keys[i] == 0)
+            return false;
+        if (sc->keys[i] == id) {
+            *index = sc->vals[i];
+            return true;
+        }
+    }
+}
+
+/* Depth-first walk over src/view_src edges with an explicit stack (a guest
+ * can make chains as long as the tensor limit): a grey node reached again is
+ * a cycle. */
+static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
+{
+    enum { WHITE = 0, GREY = 1, BLACK = 2 };
+    const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
+    memset(sc->state, WHITE, n);
+    for (uint32_t root = 0; root < n; root++) {
+        if (sc->state[root] != WHITE)
+            continue;
+        uint32_t top = 0;
+        sc->stack[top++] = root;
+        sc->state[root] = GREY;
+        while (top) {
+            uint32_t v = sc->stack[top - 1];
+            bool pushed = false;
+            for (uint32_t k = 0; k < per; k++) {
+                uint64_t id = sc->src_ids[(size_t)v * per + k];
+                uint32_t w;
+                if (!id || !map_get(sc, id, &w))
+                    continue;
+                if (sc->state[w] == GREY)
+                    return false;
+                if (sc->state[w] == WHITE) {
+                    sc->state[w] = GREY;
+                    sc->stack[top++] = w;  /* each node is pushed once: top <= n */
+                    pushed = true;
+                    break;
+                }
+            }
+            if (!pushed) {
+                sc->state[v] = BLACK;
+                top--;
+            }
+        }
+    }
+    return true;
+}
+
+struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer)
+{
+    struct apir_import_scratch *sc = &s->scratch;
+    const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
+    if (n == 0 || n > sc->tensors_cap)
+        return fail("tensor count out of range");
+    memset(sc->keys, 0, (size_t)sc->map_cap * sizeof(*sc->keys));
+
+    /* Pass 1: read each record once, check it, make its tensor. */
+    struct apir_tensor_rec rec;
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(&rec, records + (size_t)i * APIR_TENSOR_REC_SIZE, sizeof(rec));
+        if (rec.id == 0)
+            return fail("tensor id 0");
+        if (!map_put(sc, rec.id, i))
+            return fail("duplicate tensor id");
+        struct ggml_tensor *t = apir_import_tensor(s, &rec, need_buffer, NULL);
+        if (!t)
+            return NULL;
+        sc->tensors[i] = t;
+        memcpy(&sc->src_ids[(size_t)i * per], rec.src, sizeof(rec.src));
+        sc->src_ids[(size_t)i * per + APIR_TENSOR_MAX_SRC] = rec.view_src;
+        /* view_offs is kept with the tensor; checked against view_src below. */
+        t->view_offs = (size_t)rec.view_offs;
+    }
+
+    /* Pass 2: resolve references; every id must name a record of this list. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct ggml_tensor *t = sc->tensors[i];
+        for (uint32_t k = 0; k < per; k++) {
+            uint64_t id = sc->src_ids[(size_t)i * per + k];
+            uint32_t j;
+            if (!id)
+                continue;
+            if (!map_get(sc, id, &j))
+                return fail("src or view_src id not in the message");
+            if (k < APIR_TENSOR_MAX_SRC)
+                t->src[k] = sc->tensors[j];
+            else
+                t->view_src = sc->tensors[j];
+        }
+        if (t->view_src) {
+            /* A view shares its source's buffer and starts view_offs into it. */
+            const struct ggml_tensor *v = t->view_src;
+            if (v->buffer != t->buffer)
+                return fail("view in another buffer than its source");
+            if (t->buffer && (uint8_t *)t->data != (uint8_t *)v->data + t->view_offs)
+                return fail("view data does not match view_src + view_offs");
+        } else if (t->view_offs != 0) {
+            return fail("view_offs without view_src");
+        }
+    }
+    if (!refs_are_acyclic(sc, n))
+        return fail("cyclic src/view_src references");
+    return sc->tensors;
+}
+
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size)
+{
+    const struct apir_limits *lim = &s->host->cfg.limits;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, blob, (size_t)size);
+    uint32_t n_nodes = apir_decode_u32(&dec);
+    if (dec.fatal || n_nodes == 0 || n_nodes > lim->max_graph_nodes)
+        return fail("graph node count out of range");
+    const uint8_t *node_ids = apir_decode_inplace(&dec, (size_t)n_nodes * 8);
+    uint32_t n_tensors = apir_decode_u32(&dec);
+    if (dec.fatal || n_tensors == 0 || n_tensors > lim->max_graph_tensors)
+        return fail("graph tensor count out of range");
+    const uint8_t *records = apir_decode_inplace(&dec, (size_t)n_tensors * APIR_TENSOR_REC_SIZE);
+    if (dec.fatal || !node_ids || !records)
+        return fail("graph blob shorter than its counts");
+
+    if (!apir_import_begin(s, n_tensors, n_nodes))
+        return NULL;
+    struct ggml_tensor **tensors = apir_import_list(s, n_tensors, records, true);
+    if (!tensors)
+        return NULL;
+    struct ggml_cgraph *graph = ggml_new_graph_custom(s->scratch.ctx, n_nodes, false);
+    if (!graph)
+        return fail("scratch context full");
+    ggml_backend_dev_t dev = s->host->devices[s->device];
+    for (uint32_t i = 0; i < n_nodes; i++) {
+        uint64_t id;
+        memcpy(&id, node_ids + (size_t)i * 8, 8);
+        uint32_t j;
+        if (!map_get(&s->scratch, id, &j))
+            return fail("graph node id not in the tensor list");
+        struct ggml_tensor *node = tensors[j];
+        /* Never hand a backend an op it does not support: some abort. */
+        if (!op_is_view(node->op) && !ggml_backend_dev_supports_op(dev, node))
+            return fail("graph has an op the host backend does not support");
+        ggml_graph_add_node(graph, node);
+    }
+    return graph;
+}

@@ -1,0 +1,37 @@
+/*
+ * Turning guest tensor records into host ggml tensors, after validation.
+ *
+ * Everything the host computes on comes through here: a record is checked
+ * field by field (type, op, shape, strides, buffer handle, bounds), only then
+ * is a tensor made, in the session's scratch context, with pointer fields the
+ * host fills in itself.  Lists and graphs also check that every src/view id
+ * resolves inside the message and that the references form no cycle.
+ */
+#ifndef APIR_IMPORT_H
+#define APIR_IMPORT_H
+
+#include "session.h"
+
+/* Resets the scratch context for up to n_tensors tensors and a graph of
+ * n_nodes nodes (0: none).  False if memory cannot be had. */
+bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_nodes);
+
+/* One tensor without srcs (set/get/cpy/memset).  need_buffer: the record
+ * must name a live buffer of this session and lie inside it.  On success the
+ * tensor's buffer slot is stored in *buf if buf is non-NULL. */
+struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, bool need_buffer,
+                                       struct apir_host_buffer **buf);
+
+/* A list of n records (in place in shared memory: each is read once) whose
+ * src/view_src ids refer to each other.  Returns the tensors in order, or
+ * NULL.  need_buffer as above, applied to every record. */
+struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer);
+
+/* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
+ * records.  Every tensor must live in one of the session's buffers. */
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size);
+
+/* Why the last import failed (static text; for log lines). */
+const char *apir_import_error(void);
+
+#endif

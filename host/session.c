@@ -1,0 +1,182 @@
+#include "session.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct apir_session *apir_session_new(struct apir_host *host, const char *name)
+{
+    struct apir_session *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->host = host;
+    s->minor = APIR_VERSION_MINOR_REFERENCE;
+    snprintf(s->name, sizeof(s->name), "%s", name ? name : "session");
+    /* buffers + one buffer type per device */
+    apir_handles_init(&s->handles, host->cfg.limits.max_buffers + APIR_HOST_MAX_DEVICES);
+    for (uint32_t i = 0; i < host->n_devices; i++) {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(host->devices[i]);
+        s->buft_handles[i] = apir_handle_new(&s->handles, APIR_HANDLE_BUFT, buft, i);
+    }
+    return s;
+}
+
+static void blob_unmap(struct apir_blob *b)
+{
+    if (b->release)
+        b->release(b->ptr, b->size, b->release_user);
+    b->release = NULL;
+}
+
+void apir_session_free(struct apir_session *s)
+{
+    if (!s)
+        return;
+    /* Buffers first: some wrap blobs. */
+    for (uint32_t i = 0; i < s->handles.capacity; i++) {
+        struct apir_handle_slot *slot = &s->handles.slots[i];
+        if (slot->kind == APIR_HANDLE_BUFFER) {
+            struct apir_host_buffer *hb = slot->object;
+            ggml_backend_buffer_free(hb->buffer);
+            free(hb);
+        }
+    }
+    apir_handles_destroy(&s->handles);
+    for (uint32_t i = 0; i < s->n_blobs; i++)
+        blob_unmap(&s->blobs[i]);
+    free(s->blobs);
+    for (uint32_t i = 0; i < APIR_HOST_MAX_DEVICES; i++)
+        if (s->backends[i])
+            ggml_backend_free(s->backends[i]);
+    struct apir_import_scratch *sc = &s->scratch;
+    if (sc->ctx)
+        ggml_free(sc->ctx);
+    free(sc->ctx_mem);
+    free(sc->keys);
+    free(sc->vals);
+    free(sc->tensors);
+    free(sc->src_ids);
+    free(sc->state);
+    free(sc->stack);
+    free(s);
+}
+
+struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id)
+{
+    for (uint32_t i = 0; i < s->n_blobs; i++)
+        if (s->blobs[i].res_id == res_id && !s->blobs[i].closing)
+            return &s->blobs[i];
+    return NULL;
+}
+
+bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, size_t size,
+                           void (*release)(void *, size_t, void *), void *user)
+{
+    const struct apir_limits *lim = &s->host->cfg.limits;
+    if (res_id == 0 || apir_session_blob_find(s, res_id)) {
+        APIR_WARN("host", "%s: blob res_id %u is 0 or already in use", s->name, res_id);
+        return false;
+    }
+    if (s->n_blobs >= lim->max_blobs || size > lim->max_blob_bytes - s->blob_bytes) {
+        APIR_WARN("host", "%s: blob limit reached (%u blobs, %llu bytes)", s->name, s->n_blobs,
+                  (unsigned long long)s->blob_bytes);
+        return false;
+    }
+    if (s->n_blobs == s->blobs_cap) {
+        uint32_t cap = s->blobs_cap ? s->blobs_cap * 2 : 8;
+        struct apir_blob *b = realloc(s->blobs, cap * sizeof(*b));
+        if (!b)
+            return false;
+        s->blobs = b;
+        s->blobs_cap = cap;
+    }
+    s->blobs[s->n_blobs++] = (struct apir_blob){
+        .res_id = res_id, .ptr = ptr, .size = size, .release = release, .release_user = user,
+    };
+    s->blob_bytes += size;
+    return true;
+}
+
+static void blob_drop(struct apir_session *s, uint32_t index)
+{
+    struct apir_blob *b = &s->blobs[index];
+    s->blob_bytes -= b->size;
+    blob_unmap(b);
+    s->blobs[index] = s->blobs[--s->n_blobs];
+}
+
+bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id)
+{
+    for (uint32_t i = 0; i < s->n_blobs; i++) {
+        struct apir_blob *b = &s->blobs[i];
+        if (b->res_id != res_id || b->closing)
+            continue;
+        /* A buffer still wraps it: unmap when that buffer is freed. */
+        if (b->pins)
+            b->closing = true;
+        else
+            blob_drop(s, i);
+        return true;
+    }
+    return false;
+}
+
+/* Called when a buffer that wrapped a blob goes away. */
+void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
+void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id)
+{
+    for (uint32_t i = 0; i < s->n_blobs; i++) {
+        struct apir_blob *b = &s->blobs[i];
+        if (b->res_id != res_id || !b->pins)
+            continue;
+        if (--b->pins == 0 && b->closing)
+            blob_drop(s, i);
+        return;
+    }
+}
+
+uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64_t offset, uint64_t size)
+{
+    struct apir_blob *b = apir_session_blob_find(s, res_id);
+    if (b) {
+        uint64_t end;
+        if (__builtin_add_overflow(offset, size, &end) || end > b->size)
+            return NULL;
+        return b->ptr + offset;
+    }
+    /* virgl: the hypervisor knows the blob, we only get its address. */
+    if (s->shmem_lookup) {
+        uint8_t *p = s->shmem_lookup(s->shmem_user, res_id);
+        if (p && offset <= SIZE_MAX - size)
+            return p + offset;
+    }
+    return NULL;
+}
+
+ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
+{
+    if (device >= s->host->n_devices)
+        return NULL;
+    if (s->backends[device])
+        return s->backends[device];
+    ggml_backend_dev_t dev = s->host->devices[device];
+    ggml_backend_t be = ggml_backend_dev_init(dev, NULL);
+    if (!be) {
+        APIR_ERROR("host", "%s: cannot start a backend stream on %s", s->name, ggml_backend_dev_name(dev));
+        return NULL;
+    }
+    if (s->host->cfg.n_threads > 0) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        typedef void (*set_threads_fn)(ggml_backend_t, int);
+        set_threads_fn set_threads = (set_threads_fn)ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+        if (set_threads)
+            set_threads(be, s->host->cfg.n_threads);
+    }
+    s->backends[device] = be;
+    return be;
+}

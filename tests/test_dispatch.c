@@ -1,0 +1,579 @@
+/*
+ * Host handler tests: every command of the table through
+ * apir_session_forward, in-process, on the real CPU backend, plus the
+ * malformed and hostile requests each handler must refuse.
+ */
+#include "apir_commands.h"
+#include "apir_proto.h"
+#include "ggml.h"
+#include "host.h"
+#include "session.h"
+#include "test_util.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#define DATA_RES 10u
+#define DATA_SIZE (1u << 20)
+
+static struct apir_host host;
+static uint8_t data_blob[DATA_SIZE] __attribute__((aligned(64)));
+static uint8_t reply_buf[APIR_REPLY_BLOB_SIZE];
+
+static struct apir_session *new_session(void)
+{
+    struct apir_session *s = apir_session_new(&host, "test");
+    s->minor = APIR_VERSION_MINOR;
+    apir_session_blob_add(s, DATA_RES, data_blob, DATA_SIZE, NULL, NULL);
+    return s;
+}
+
+/* Marshals the request from the varargs per the command's signature, runs
+ * it, and leaves a decoder over the reply. */
+static uint32_t fwd(struct apir_session *s, uint32_t cmd, struct apir_decoder *reply, ...)
+{
+    uint8_t req_buf[8192];
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, req_buf, sizeof(req_buf));
+    va_list ap;
+    va_start(ap, reply);
+    if (cmd < APIR_CMD_COUNT)
+        apir_vmarshal(&enc, apir_command_table[cmd].request, &ap);
+    va_end(ap);
+    struct apir_decoder req;
+    apir_decoder_init(&req, req_buf, apir_encoder_used(&enc));
+    struct apir_encoder out;
+    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
+    uint32_t r = apir_session_forward(s, cmd, &req, &out);
+    apir_decoder_init(reply, reply_buf, apir_encoder_used(&out));
+    return r;
+}
+
+/* Raw bytes as the request. */
+static uint32_t fwd_raw(struct apir_session *s, uint32_t cmd, const void *bytes, size_t len)
+{
+    struct apir_decoder req;
+    apir_decoder_init(&req, bytes, len);
+    struct apir_encoder out;
+    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
+    return apir_session_forward(s, cmd, &req, &out);
+}
+
+static uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
+{
+    struct apir_decoder r;
+    uint64_t buft = 0, buf = 0;
+    fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r);
+    apir_demarshal(&r, "h", &buft);
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, &r, buft, size) == APIR_HANDLER_OK);
+    apir_demarshal(&r, "h", &buf);
+    return buf;
+}
+
+static struct apir_tensor_rec f32_rec(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t n)
+{
+    struct apir_tensor_rec t;
+    memset(&t, 0, sizeof(t));
+    t.id = id;
+    t.type = GGML_TYPE_F32;
+    t.buffer = buffer;
+    t.ne[0] = n; t.ne[1] = 1; t.ne[2] = 1; t.ne[3] = 1;
+    t.nb[0] = 4; t.nb[1] = 4 * n; t.nb[2] = 4 * n; t.nb[3] = 4 * n;
+    t.data = offset;
+    return t;
+}
+
+static void test_handshake(void)
+{
+    struct apir_session *s = apir_session_new(&host, "hs");
+    uint8_t buf[64], out[64];
+    struct apir_encoder e, o;
+    struct apir_decoder d;
+
+    apir_encoder_init(&e, buf, sizeof(buf));
+    apir_marshal(&e, "uu", (uint32_t)0, (uint32_t)2);
+    apir_decoder_init(&d, buf, apir_encoder_used(&e));
+    apir_encoder_init(&o, out, sizeof(out));
+    CHECK(apir_session_handshake(s, &d, &o) == APIR_HANDSHAKE_MAGIC);
+    uint32_t major = 9, minor = 9;
+    apir_decoder_init(&d, out, apir_encoder_used(&o));
+    apir_demarshal(&d, "uu", &major, &minor);
+    CHECK(major == 0 && minor == 2);
+
+    /* A 0.1 guest is answered 0.1 and cannot send 0.2 commands. */
+    apir_encoder_init(&e, buf, sizeof(buf));
+    apir_marshal(&e, "uu", (uint32_t)0, (uint32_t)1);
+    apir_decoder_init(&d, buf, apir_encoder_used(&e));
+    apir_encoder_init(&o, out, sizeof(out));
+    CHECK(apir_session_handshake(s, &d, &o) == APIR_HANDSHAKE_MAGIC);
+    apir_decoder_init(&d, out, apir_encoder_used(&o));
+    apir_demarshal(&d, "uu", &major, &minor);
+    CHECK(minor == 1);
+    struct apir_decoder r;
+    CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)0) == APIR_HANDLER_INVALID_INDEX);
+
+    /* Another major is refused; a truncated handshake too. */
+    apir_encoder_init(&e, buf, sizeof(buf));
+    apir_marshal(&e, "uu", (uint32_t)1, (uint32_t)0);
+    apir_decoder_init(&d, buf, apir_encoder_used(&e));
+    apir_encoder_init(&o, out, sizeof(out));
+    CHECK(apir_session_handshake(s, &d, &o) == 0);
+    apir_decoder_init(&d, buf, 4);
+    apir_encoder_init(&o, out, sizeof(out));
+    CHECK(apir_session_handshake(s, &d, &o) == 0);
+    apir_session_free(s);
+}
+
+static void test_device_commands(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    int32_t count = 0;
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "i", &count) && count == 1);
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_COUNT, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "i", &count) && count == 1);
+    char name[64];
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_NAME, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "s", name, sizeof(name)) && strcmp(name, "CPU") == 0);
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_DESCRIPTION, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "s", name, sizeof(name)) && name[0]);
+    uint32_t type = 99;
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_TYPE, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "e", &type) && type == GGML_BACKEND_DEVICE_TYPE_CPU);
+    uint64_t free_mem = 0, total = 0;
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_MEMORY, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "qq", &free_mem, &total) && total > 0 && free_mem <= total);
+    bool a = true, hb = true, fp = false, ev = true;
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_PROPS, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "bbbb", &a, &hb, &fp, &ev) && !a && !hb && fp && !ev);
+    CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)0) == APIR_HANDLER_OK);
+    CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)1) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd(s, APIR_CMD_BACKEND_SYNCHRONIZE, &r) == APIR_HANDLER_OK);
+    apir_session_free(s);
+}
+
+static void test_buffer_type_commands(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buft = 0, v = 0;
+    char name[64];
+    bool is_host = true;
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "h", &buft) && buft != 0);
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, buft) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "s", name, sizeof(name)) && strcmp(name, "CPU") == 0);
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, &r, buft) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "q", &v) && v >= 1 && (v & (v - 1)) == 0);
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, &r, buft) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "q", &v) && v > (1u << 30));
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_IS_HOST, &r, buft) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &is_host) && !is_host);
+    /* A buffer type handle that is not one. */
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, buft ^ 1) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, (uint64_t)0) == APIR_HANDLER_BAD_HANDLE);
+
+    struct apir_tensor_rec t = f32_rec(1, 0, 0, 100);
+    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, &r, buft, (uint32_t)1, &t) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "q", &v) && v >= 400);
+    apir_session_free(s);
+}
+
+static void test_buffer_data_commands(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    CHECK(buf != 0);
+    uint64_t base = 0;
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_BASE, &r, buf) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "q", &base) && base != 0 && (base & 0xfff) == 0);
+
+    /* set then get through the blob, at two blob offsets */
+    struct apir_tensor_rec t = f32_rec(1, buf, 256, 1024);
+    float *in = (float *)data_blob;
+    for (int i = 0; i < 1024; i++)
+        in[i] = (float)i * 0.5f;
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4096) == APIR_HANDLER_OK);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR_AT, &r, buf, &t, DATA_RES, (uint64_t)65536, (uint64_t)0, (uint64_t)4096) ==
+          APIR_HANDLER_OK);
+    CHECK(memcmp(data_blob, data_blob + 65536, 4096) == 0);
+    /* partial get with an offset inside the tensor */
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)8, (uint64_t)8) == APIR_HANDLER_OK);
+    CHECK(((float *)data_blob)[0] == 1.0f && ((float *)data_blob)[1] == 1.5f);
+
+    /* memset, then cpy into a second tensor, then read back */
+    CHECK(fwd(s, APIR_CMD_BUFFER_MEMSET_TENSOR, &r, buf, &t, 0x3fu, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_OK);
+    struct apir_tensor_rec t2 = f32_rec(2, buf, 8192, 1024);
+    bool ok = false;
+    CHECK(fwd(s, APIR_CMD_BUFFER_CPY_TENSOR, &r, buf, &t, &t2) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &ok) && ok);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t2, DATA_RES, (uint64_t)0, (uint64_t)4096) == APIR_HANDLER_OK);
+    CHECK(data_blob[0] == 0x3f && data_blob[15] == 0x3f && ((float *)data_blob)[4] == 2.0f);
+
+    /* clear */
+    CHECK(fwd(s, APIR_CMD_BUFFER_CLEAR, &r, buf, 0u) == APIR_HANDLER_OK);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t2, DATA_RES, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_OK);
+    CHECK(data_blob[0] == 0 && data_blob[15] == 0);
+
+    /* init_tensor answers a status */
+    uint32_t st = 99;
+    CHECK(fwd(s, APIR_CMD_BUFFER_INIT_TENSOR, &r, buf, &t) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "e", &st) && st == GGML_STATUS_SUCCESS);
+
+    /* free; the handle is stale afterwards */
+    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_OK);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_BASE, &r, buf) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(s->n_buffers == 0 && s->bytes_allocated == 0);
+    apir_session_free(s);
+}
+
+static void test_buffer_from_ptr(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = 0, buft = 0;
+    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, DATA_RES, (uint64_t)65536, (uint64_t)65536) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "hh", &buf, &buft) && buf && buft);
+    /* the buffer is the blob: a set lands in the blob itself */
+    struct apir_tensor_rec t = f32_rec(1, buf, 0, 4);
+    memset(data_blob + 131072, 0x11, 16);
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR_AT, &r, buf, &t, DATA_RES, (uint64_t)131072, (uint64_t)0, (uint64_t)16) ==
+          APIR_HANDLER_OK);
+    CHECK(data_blob[0] == 0x11 && data_blob[15] == 0x11);
+    /* bigger than the blob, or an unknown blob: refused */
+    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, DATA_RES, (uint64_t)DATA_SIZE + 4096, (uint64_t)0) ==
+          APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, 77u, (uint64_t)4096, (uint64_t)0) == APIR_HANDLER_BAD_REQUEST);
+    /* a pinned blob outlives its removal until the buffer goes */
+    CHECK(apir_session_blob_remove(s, DATA_RES));
+    CHECK(apir_session_blob_find(s, DATA_RES) == NULL);
+    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_OK);
+    CHECK(s->n_blobs == 0);
+    apir_session_free(s);
+}
+
+/* Writes a graph blob: n_nodes, node ids, n_tensors, records. */
+static size_t graph_blob(uint8_t *dst, size_t cap, const uint64_t *nodes, uint32_t n_nodes, const struct apir_tensor_rec *t,
+                         uint32_t n)
+{
+    struct apir_encoder e;
+    apir_encoder_init(&e, dst, cap);
+    apir_encode_u32(&e, n_nodes);
+    for (uint32_t i = 0; i < n_nodes; i++)
+        apir_encode_u64(&e, nodes[i]);
+    apir_encode_tensor_list(&e, n, t);
+    return apir_encoder_used(&e);
+}
+
+static uint32_t compute(struct apir_session *s, size_t size, uint32_t *status)
+{
+    struct apir_decoder r;
+    uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, DATA_RES, (uint64_t)size);
+    *status = 99;
+    apir_demarshal(&r, "e", status);
+    return res;
+}
+
+static void test_graph_compute(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[3] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64) };
+    t[2].op = GGML_OP_ADD;
+    t[2].src[0] = 11;
+    t[2].src[1] = 12;
+    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    float *f = (float *)data_blob;
+    for (int i = 0; i < 64; i++)
+        f[i] = (float)i;
+    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)256);
+    for (int i = 0; i < 64; i++)
+        f[i] = 100.0f;
+    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)256);
+
+    uint64_t node = 13;
+    size_t size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    uint32_t status;
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)256);
+    CHECK(f[0] == 100.0f && f[63] == 163.0f);
+
+    /* the same graph at a blob offset */
+    size = graph_blob(data_blob + 4096, DATA_SIZE - 4096, &node, 1, t, 3);
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)4096, (uint64_t)size) == APIR_HANDLER_OK);
+
+    /* cyclic references */
+    struct apir_tensor_rec c[3] = { t[0], t[1], t[2] };
+    c[0].src[0] = 13;
+    c[0].op = GGML_OP_ADD;
+    c[0].src[1] = 12;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
+
+    /* a src id not in the message */
+    memcpy(c, t, sizeof(c));
+    c[2].src[1] = 999;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a node id not in the message */
+    uint64_t bad_node = 14;
+    size = graph_blob(data_blob, DATA_SIZE, &bad_node, 1, t, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a tensor whose buffer is 0 (CVE-2026-34159 in ggml-rpc) */
+    memcpy(c, t, sizeof(c));
+    c[1].buffer = 0;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a node outside its buffer */
+    memcpy(c, t, sizeof(c));
+    c[2].data = (1 << 16) - 128;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* huge counts: node count beyond the limit, tensor count beyond the blob */
+    uint8_t *p = data_blob;
+    uint32_t huge = 0xffffffffu;
+    memcpy(p, &huge, 4);
+    CHECK(compute(s, 64, &status) == APIR_HANDLER_BAD_REQUEST);
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    uint32_t many = 1000;
+    memcpy(data_blob + 4 + 8, &many, 4);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+    /* graph size beyond the blob */
+    CHECK(compute(s, DATA_SIZE + 1, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a custom op carrying a function pointer (ggml-rpc #25289) */
+    memcpy(c, t, sizeof(c));
+    c[2].op = GGML_OP_MAP_CUSTOM1;
+    memset(c[2].op_params, 0x41, sizeof(c[2].op_params));
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* duplicate ids */
+    memcpy(c, t, sizeof(c));
+    c[1].id = 11;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a view whose data is not view_src + view_offs */
+    memcpy(c, t, sizeof(c));
+    c[1].view_src = 11;
+    c[1].view_offs = 0;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+    apir_session_free(s);
+}
+
+static void test_tensor_checks(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 4096);
+    struct apir_tensor_rec t = f32_rec(1, buf, 0, 256);
+    /* inside: ok; one byte too far: refused (write-what-where, CVE-2024-42479) */
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_OK);
+    t.data = 4096 - 1020;
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    t.data = UINT64_MAX - 100;  /* offset + nbytes overflows */
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    /* arbitrary read through get_tensor (GHSA-5vm9-p64x-gqw9): offset+size past the tensor */
+    t.data = 0;
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)1000, (uint64_t)100) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, UINT64_MAX, (uint64_t)2) == APIR_HANDLER_BAD_REQUEST);
+    /* blob range outside the blob */
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR_AT, &r, buf, &t, DATA_RES, (uint64_t)DATA_SIZE - 8, (uint64_t)0, (uint64_t)16) ==
+          APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, 4242u, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_BAD_REQUEST);
+    /* type out of range (CVE-2024-42477) */
+    t.type = GGML_TYPE_COUNT + 5;
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    /* a removed type (block size 0) */
+    t.type = 4;  /* GGML_TYPE_Q4_2, removed */
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    /* ne[0] not a multiple of the block size (#25288) */
+    t = f32_rec(1, buf, 0, 33);
+    t.type = GGML_TYPE_Q4_0;
+    t.nb[0] = (uint32_t)ggml_type_size(GGML_TYPE_Q4_0);
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    /* tensor in another buffer than the command names */
+    uint64_t buf2 = alloc_buffer(s, 4096);
+    t = f32_rec(1, buf2, 0, 16);
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    /* cpy with a destination larger copy than it holds (ggml#1103) */
+    struct apir_tensor_rec src = f32_rec(1, buf, 0, 512), dst = f32_rec(2, buf2, 4096 - 64, 16);
+    CHECK(fwd(s, APIR_CMD_BUFFER_CPY_TENSOR, &r, buf2, &src, &dst) == APIR_HANDLER_BAD_REQUEST);
+    /* strides whose products overflow 64 bits */
+    t = f32_rec(1, buf, 0, 16);
+    t.ne[1] = t.ne[2] = t.ne[3] = 0xffffffffu;
+    t.nb[1] = t.nb[2] = t.nb[3] = 0xffffffffu;
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    apir_session_free(s);
+}
+
+static void test_malformed(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    CHECK(fwd(s, 999, &r) == APIR_HANDLER_INVALID_INDEX);
+    CHECK(fwd(s, APIR_CMD_COUNT, &r) == APIR_HANDLER_INVALID_INDEX);
+    /* every command that takes items, with none */
+    for (uint32_t cmd = 0; cmd < APIR_CMD_COUNT; cmd++) {
+        if (!apir_command_table[cmd].request[0])
+            continue;
+        uint32_t res = fwd_raw(s, cmd, "", 0);
+        CHECK_MSG(res == APIR_HANDLER_BAD_REQUEST || res == APIR_HANDLER_BAD_HANDLE, "%s -> %u", apir_command_name(cmd), res);
+    }
+    /* a bool item whose byte is not 0/1 in a request is still only a bool:
+     * list counts out of range */
+    uint8_t raw[16] = { 0 };
+    uint32_t n = 1000;
+    memcpy(raw, &n, 4);
+    CHECK(fwd_raw(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, raw, sizeof(raw)) == APIR_HANDLER_BAD_REQUEST);
+    /* a reply that does not fit: a tiny reply window */
+    uint8_t out[4];
+    struct apir_encoder o;
+    apir_encoder_init(&o, out, sizeof(out));
+    struct apir_decoder d;
+    apir_decoder_init(&d, "", 0);
+    CHECK(apir_session_forward(s, APIR_CMD_DEVICE_GET_DESCRIPTION, &d, &o) == APIR_HANDLER_REPLY_FULL);
+    apir_session_free(s);
+}
+
+static void test_supports_op(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    bool yes = false;
+    struct apir_tensor_rec t[3] = { f32_rec(1, 0, 0, 64), f32_rec(2, 0, 0, 64), f32_rec(3, 0, 0, 64) };
+    t[0].op = GGML_OP_ADD;
+    t[0].src[0] = 2;
+    t[0].src[1] = 3;
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && yes);
+    CHECK(fwd(s, APIR_CMD_DEVICE_OFFLOAD_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
+    /* refused ops and broken tensors answer false, not an error */
+    t[0].op = GGML_OP_CUSTOM;
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    t[0].op = GGML_OP_ADD;
+    t[0].type = 1000;
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+
+    /* APIR 0.1 inline tensor: raw struct with garbage pointers that must
+     * never be followed, a bogus trailing buffer handle, and srcs. */
+    struct ggml_tensor raw[3];
+    memset(raw, 0, sizeof(raw));
+    for (int i = 0; i < 3; i++) {
+        raw[i].type = GGML_TYPE_F32;
+        raw[i].ne[0] = 64; raw[i].ne[1] = raw[i].ne[2] = raw[i].ne[3] = 1;
+        raw[i].nb[0] = 4; raw[i].nb[1] = raw[i].nb[2] = raw[i].nb[3] = 256;
+        raw[i].data = (void *)(uintptr_t)0xdead0000;
+        raw[i].extra = (void *)(uintptr_t)0xbad0;
+    }
+    raw[0].op = GGML_OP_ADD;
+    raw[0].buffer = (void *)(uintptr_t)0x1234;
+    raw[0].src[0] = (void *)(uintptr_t)0x4000;
+    raw[0].src[1] = (void *)(uintptr_t)0x5000;
+    uint8_t msg[4096];
+    struct apir_encoder e;
+    apir_encoder_init(&e, msg, sizeof(msg));
+    apir_encode_bytes(&e, &raw[0], sizeof(raw[0]));
+    apir_encode_u64(&e, 0x7ffc12345678ull);  /* the reference sends a stack address */
+    apir_encode_bytes(&e, &raw[1], sizeof(raw[1]));
+    apir_encode_bytes(&e, &raw[2], sizeof(raw[2]));
+    struct apir_decoder req;
+    apir_decoder_init(&req, msg, apir_encoder_used(&e));
+    struct apir_encoder out;
+    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
+    CHECK(apir_session_forward(s, APIR_CMD_DEVICE_SUPPORTS_OP, &req, &out) == APIR_HANDLER_OK);
+    apir_decoder_init(&r, reply_buf, apir_encoder_used(&out));
+    CHECK(apir_demarshal(&r, "b", &yes) && yes);
+    /* every truncation of it is refused */
+    int refused = 0;
+    size_t len = apir_encoder_used(&e);
+    for (size_t cut = 0; cut < len; cut += 4) {
+        apir_decoder_init(&req, msg, cut);
+        apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
+        refused += apir_session_forward(s, APIR_CMD_DEVICE_SUPPORTS_OP, &req, &out) == APIR_HANDLER_BAD_REQUEST;
+    }
+    CHECK(refused == (int)(len / 4));
+
+    /* GET_ALLOC_SIZE with the inline format */
+    uint64_t buft = 0, size = 0;
+    fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r);
+    apir_demarshal(&r, "h", &buft);
+    apir_encoder_init(&e, msg, sizeof(msg));
+    apir_encode_u64(&e, buft);
+    raw[1].buffer = NULL;
+    apir_encode_bytes(&e, &raw[1], sizeof(raw[1]));
+    apir_decoder_init(&req, msg, apir_encoder_used(&e));
+    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
+    CHECK(apir_session_forward(s, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE, &req, &out) == APIR_HANDLER_OK);
+    apir_decoder_init(&r, reply_buf, apir_encoder_used(&out));
+    CHECK(apir_demarshal(&r, "q", &size) && size == 256);
+    apir_session_free(s);
+}
+
+static void test_isolation_and_limits(void)
+{
+    struct apir_session *a = new_session(), *b = new_session();
+    struct apir_decoder r;
+    uint64_t buf_a = alloc_buffer(a, 4096);
+    CHECK(buf_a != 0);
+    /* b cannot name a's buffer, nor a's buffer type */
+    CHECK(fwd(b, APIR_CMD_BUFFER_GET_BASE, &r, buf_a) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd(b, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf_a) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd(b, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, a->buft_handles[0]) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd(a, APIR_CMD_BUFFER_GET_BASE, &r, buf_a) == APIR_HANDLER_OK);
+
+    /* quotas: a buffer beyond max_alloc_bytes answers handle 0 */
+    uint64_t saved = host.cfg.limits.max_alloc_bytes;
+    host.cfg.limits.max_alloc_bytes = 1 << 20;
+    CHECK(alloc_buffer(b, 2 << 20) == 0);
+    CHECK(alloc_buffer(b, 512 << 10) != 0);
+    CHECK(alloc_buffer(b, 600 << 10) == 0);
+    host.cfg.limits.max_alloc_bytes = saved;
+    uint32_t saved_n = host.cfg.limits.max_buffers;
+    host.cfg.limits.max_buffers = b->n_buffers;
+    CHECK(alloc_buffer(b, 64) == 0);
+    host.cfg.limits.max_buffers = saved_n;
+    /* a buffer beyond 1 TiB is refused without trying */
+    CHECK(alloc_buffer(b, 1ull << 41) == 0);
+    apir_session_free(a);
+    apir_session_free(b);
+}
+
+static void setup(void)
+{
+    struct apir_host_config cfg = { .backend_name = "CPU", .device = -1, .n_threads = 1, .backend_dir = APIR_GGML_BIN };
+    apir_limits_default(&cfg.limits);
+    char err[256];
+    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
+        fprintf(stderr, "host init: %s\n", err);
+        exit(1);
+    }
+}
+
+static void run_setup(void) { setup(); CHECK(host.n_devices == 1); }
+
+TEST_MAIN("dispatch",
+          TEST(run_setup),
+          TEST(test_handshake),
+          TEST(test_device_commands),
+          TEST(test_buffer_type_commands),
+          TEST(test_buffer_data_commands),
+          TEST(test_buffer_from_ptr),
+          TEST(test_graph_compute),
+          TEST(test_tensor_checks),
+          TEST(test_malformed),
+          TEST(test_supports_op),
+          TEST(test_isolation_and_limits))

@@ -1,0 +1,329 @@
+/*
+ * End-to-end tests with real processes: an apir-host on the CPU backend,
+ * guests connecting over the shm transport.
+ *
+ * usage: test_e2e PATH/TO/apir-host
+ */
+#include "apir_commands.h"
+#include "apir_proto.h"
+#include "remote.h"
+#include "shm_proto.h"
+#include "test_util.h"
+#include "transport.h"
+#include "wait.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *host_bin;
+static char sock_dir[64];
+static char endpoint[128];
+static pid_t host_pid;
+
+static void start_host(void)
+{
+    char sock[128];
+    snprintf(sock, sizeof(sock), "%s/h.sock", sock_dir);
+    unlink(sock);
+    host_pid = fork();
+    if (host_pid == 0) {
+        execl(host_bin, host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--max-clients", "8",
+              (char *)NULL);
+        _exit(127);
+    }
+    struct stat st;
+    for (int i = 0; i < 500 && stat(sock, &st) != 0; i++)
+        usleep(10000);
+    CHECK(stat(sock, &st) == 0);
+}
+
+static void stop_host(int sig)
+{
+    int status = 0;
+    kill(host_pid, sig);
+    waitpid(host_pid, &status, 0);
+    if (sig == SIGTERM)
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "host exit status %d", status);
+}
+
+static long host_rss_kib(void)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)host_pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+static bool open_remote(struct apir_remote *r)
+{
+    char err[256];
+    bool ok = apir_remote_open(r, endpoint, 0, err, sizeof(err));
+    if (!ok)
+        fprintf(stderr, "connect: %s\n", err);
+    return ok;
+}
+
+static uint64_t alloc(struct apir_remote *r, uint64_t size)
+{
+    uint64_t buft = 0, buf = 0;
+    apir_call(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &buft);
+    apir_call(r, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, buft, size, &buf);
+    return buf;
+}
+
+static struct apir_tensor_rec rec_f32(uint64_t buffer, uint64_t offset, uint32_t n)
+{
+    struct apir_tensor_rec t;
+    memset(&t, 0, sizeof(t));
+    t.id = 1;
+    t.type = 0; /* F32 */
+    t.buffer = buffer;
+    t.ne[0] = n; t.ne[1] = t.ne[2] = t.ne[3] = 1;
+    t.nb[0] = 4; t.nb[1] = t.nb[2] = t.nb[3] = 4 * n;
+    t.data = offset;
+    return t;
+}
+
+/* Handshake, and every command a client tool uses. */
+static void test_handshake_and_commands(void)
+{
+    struct apir_remote r;
+    CHECK(open_remote(&r));
+    CHECK(r.minor == APIR_VERSION_MINOR);
+    int32_t n = 0;
+    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    char name[64];
+    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_NAME, name, sizeof(name)) == APIR_HANDLER_OK && !strcmp(name, "CPU"));
+    uint64_t buf = alloc(&r, 1 << 20);
+    CHECK(buf != 0);
+    struct apir_tensor_rec t = rec_f32(buf, 4096, 1000);
+    for (int i = 0; i < 4000; i++)
+        r.data[i] = (uint8_t)i;
+    CHECK(apir_call(&r, APIR_CMD_BUFFER_SET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
+    memset(r.data, 0, 4000);
+    CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
+    CHECK(r.data[0] == 0 && r.data[1] == 1 && r.data[3999] == (uint8_t)3999);
+    CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
+    apir_remote_close(&r);
+}
+
+static void test_isolation(void)
+{
+    struct apir_remote a, b;
+    CHECK(open_remote(&a) && open_remote(&b));
+    uint64_t buf = alloc(&a, 4096);
+    uint64_t base = 0;
+    CHECK(buf != 0);
+    CHECK(apir_call(&b, APIR_CMD_BUFFER_GET_BASE, buf, &base) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(apir_call(&b, APIR_CMD_BUFFER_CLEAR, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
+    struct apir_tensor_rec t = rec_f32(buf, 0, 16);
+    CHECK(apir_call(&b, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, b.data_res_id, (uint64_t)0, (uint64_t)64) != APIR_HANDLER_OK);
+    CHECK(apir_call(&a, APIR_CMD_BUFFER_GET_BASE, buf, &base) == APIR_HANDLER_OK && base != 0);
+    /* b's own buffer does not collide with a's handle */
+    uint64_t buf_b = alloc(&b, 4096);
+    CHECK(buf_b != 0 && buf_b != buf);
+    apir_remote_close(&a);
+    apir_remote_close(&b);
+}
+
+/* A client killed while holding memory: the host frees it. */
+static void test_killed_client_frees(void)
+{
+    struct apir_remote probe;
+    CHECK(open_remote(&probe));
+    long before = host_rss_kib();
+    int pipefd[2];
+    CHECK(pipe(pipefd) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        struct apir_remote r;
+        if (!open_remote(&r))
+            _exit(1);
+        uint64_t buf = alloc(&r, 256u << 20);
+        /* touch it so it is resident: clear the whole buffer */
+        apir_call(&r, APIR_CMD_BUFFER_CLEAR, buf, 7u);
+        char c = buf ? 'y' : 'n';
+        if (write(pipefd[1], &c, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c = 0;
+    CHECK(read(pipefd[0], &c, 1) == 1 && c == 'y');
+    long during = host_rss_kib();
+    CHECK_MSG(during - before > 200 * 1024, "host RSS %ld -> %ld KiB", before, during);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    long after = during;
+    uint64_t t0 = apir_now_ns();
+    while (apir_now_ns() - t0 < 1000000000ull && after - before > 32 * 1024) {
+        usleep(20000);
+        after = host_rss_kib();
+    }
+    CHECK_MSG(after - before < 32 * 1024, "host RSS before %ld, with client %ld, 1 s after SIGKILL %ld KiB", before,
+              during, after);
+    int32_t n = 0;
+    CHECK(apir_call(&probe, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    apir_remote_close(&probe);
+}
+
+/* Raw commands through the transport, bypassing the stubs. */
+static uint32_t raw_forward(struct apir_remote *r, uint32_t cmd, const void *bytes, size_t len)
+{
+    struct apir_encoder *e = r->t->ops->begin(r->t);
+    apir_encode_bytes(e, bytes, len);
+    uint32_t ret = 0;
+    struct apir_decoder reply;
+    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 2000000000ull, &ret, &reply) != 0)
+        return 0xffffffffu;
+    return ret;
+}
+
+static void test_malformed_messages(void)
+{
+    struct apir_remote bad, good;
+    CHECK(open_remote(&bad) && open_remote(&good));
+    uint8_t junk[64];
+    memset(junk, 0xff, sizeof(junk));
+    /* truncated request, unknown command */
+    CHECK(raw_forward(&bad, APIR_CMD_BUFFER_SET_TENSOR, junk, 8) == APIR_FORWARD_BASE + APIR_HANDLER_BAD_REQUEST);
+    CHECK(raw_forward(&bad, 4242, junk, 0) == APIR_FORWARD_BASE + APIR_HANDLER_INVALID_INDEX);
+    /* stale handle */
+    uint64_t buf = alloc(&bad, 4096);
+    CHECK(apir_call(&bad, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
+    CHECK(apir_call(&bad, APIR_CMD_BUFFER_CLEAR, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
+    /* tensor outside its buffer */
+    buf = alloc(&bad, 4096);
+    struct apir_tensor_rec t = rec_f32(buf, 4000, 100);
+    CHECK(apir_call(&bad, APIR_CMD_BUFFER_SET_TENSOR, buf, &t, bad.data_res_id, (uint64_t)0, (uint64_t)4) ==
+          APIR_HANDLER_BAD_REQUEST);
+    /* huge counts in a graph, and a cyclic graph */
+    uint32_t huge[4] = { 0xffffffffu, 0, 0, 0 };
+    memcpy(bad.data, huge, sizeof(huge));
+    uint32_t status = 0;
+    CHECK(apir_call(&bad, APIR_CMD_BACKEND_GRAPH_COMPUTE, bad.data_res_id, (uint64_t)16, &status) ==
+          APIR_HANDLER_BAD_REQUEST);
+    struct apir_tensor_rec g[2] = { rec_f32(buf, 0, 16), rec_f32(buf, 64, 16) };
+    g[0].id = 1; g[1].id = 2;
+    g[0].op = g[1].op = 2; /* ADD */
+    g[0].src[0] = 2; g[1].src[0] = 1;
+    struct apir_encoder e;
+    apir_encoder_init(&e, bad.data, bad.data_size);
+    apir_encode_u32(&e, 1);
+    apir_encode_u64(&e, 1);
+    apir_encode_tensor_list(&e, 2, g);
+    CHECK(apir_call(&bad, APIR_CMD_BACKEND_GRAPH_COMPUTE, bad.data_res_id, (uint64_t)apir_encoder_used(&e), &status) ==
+          APIR_HANDLER_BAD_REQUEST);
+    /* the other client was never disturbed */
+    int32_t n = 0;
+    CHECK(apir_call(&good, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    /* a framing error (command length beyond the area) hangs up on that
+     * client alone */
+    struct shm_hack { struct apir_transport base; int sock; struct apir_shm_ctrl *ctrl; } *h = (void *)bad.t;
+    struct apir_encoder *ee = bad.t->ops->begin(bad.t);
+    (void)ee;
+    atomic_store(&h->ctrl->cmd_len, APIR_SHM_CMD_AREA + 100);
+    atomic_fetch_add(&h->ctrl->cmd_seq, 1);
+    apir_futex_wake(&h->ctrl->cmd_seq);
+    usleep(200000);
+    CHECK(apir_call(&bad, APIR_CMD_DEVICE_GET_COUNT, &n) == -1);
+    CHECK(apir_call(&good, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK);
+    apir_remote_close(&bad);
+    apir_remote_close(&good);
+}
+
+/* The host dies: calls fail within a bounded time; a new host serves. */
+static void test_host_killed(void)
+{
+    struct apir_remote r;
+    if (!open_remote(&r)) {
+        CHECK(false);
+        return;
+    }
+    stop_host(SIGKILL);
+    int32_t n;
+    uint64_t t0 = apir_now_ns();
+    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &n) == -1);
+    CHECK_MSG(apir_now_ns() - t0 < 1000000000ull, "failure took %llu ms",
+              (unsigned long long)((apir_now_ns() - t0) / 1000000));
+    apir_remote_close(&r);
+    start_host();
+    if (!open_remote(&r)) {
+        CHECK(false);
+        return;
+    }
+    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK);
+    apir_remote_close(&r);
+}
+
+static void test_too_many_clients(void)
+{
+    struct apir_remote r[9];
+    int opened = 0;
+    char err[256];
+    for (int i = 0; i < 9; i++)
+        opened += apir_remote_open(&r[i], endpoint, 0, err, sizeof(err));
+    CHECK(opened == 8);
+    CHECK(strstr(err, "too many clients") != NULL);
+    for (int i = 0; i < opened; i++)
+        apir_remote_close(&r[i]);
+    /* The host frees them asynchronously; within a second a slot is back. */
+    struct apir_remote again;
+    bool ok = false;
+    for (int i = 0; i < 100 && !ok; i++) {
+        ok = apir_remote_open(&again, endpoint, 0, err, sizeof(err));
+        if (!ok)
+            usleep(10000);
+    }
+    CHECK(ok);
+    if (ok)
+        apir_remote_close(&again);
+}
+
+static void test_sigterm_clean(void)
+{
+    stop_host(SIGTERM);
+    char sock[128];
+    snprintf(sock, sizeof(sock), "%s/h.sock", sock_dir);
+    CHECK(access(sock, F_OK) != 0); /* socket file removed */
+}
+
+static void run_start(void) { start_host(); }
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s APIR_HOST_BINARY\n", argv[0]);
+        return 2;
+    }
+    host_bin = argv[1];
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(sock_dir, sizeof(sock_dir), "/tmp/apir-e2e-XXXXXX");
+    if (!mkdtemp(sock_dir))
+        return 1;
+    snprintf(endpoint, sizeof(endpoint), "unix:%s/h.sock", sock_dir);
+    static const struct test_case cases[] = {
+        TEST(run_start),
+        TEST(test_handshake_and_commands),
+        TEST(test_isolation),
+        TEST(test_killed_client_frees),
+        TEST(test_malformed_messages),
+        TEST(test_too_many_clients),
+        TEST(test_host_killed),
+        TEST(test_sigterm_clean),
+    };
+    int rc = test_run("e2e", cases, (int)(sizeof(cases) / sizeof(cases[0])));
+    rmdir(sock_dir);
+    return rc;
+}

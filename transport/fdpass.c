@@ -1,0 +1,127 @@
+#include "fdpass.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_FDS 4
+
+ssize_t apir_send_fds(int sock, const void *buf, size_t len, const int *fds, int n_fds)
+{
+    if (n_fds < 0 || n_fds > MAX_FDS)
+        return -1;
+    struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (n_fds) {
+        memset(&ctl, 0, sizeof(ctl));
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n_fds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n_fds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)n_fds);
+    }
+    ssize_t r;
+    do
+        r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+ssize_t apir_recv_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds, int timeout_ms)
+{
+    *n_fds = 0;
+    struct pollfd p = { .fd = sock, .events = POLLIN };
+    int pr;
+    do
+        pr = poll(&p, 1, timeout_ms);
+    while (pr < 0 && errno == EINTR);
+    if (pr <= 0 || !(p.revents & POLLIN))
+        return -1;
+    struct iovec iov = { .iov_base = buf, .iov_len = len };
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
+    ssize_t r;
+    do
+        r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int got[MAX_FDS * 2];
+        if (n > (int)(sizeof(got) / sizeof(got[0])))
+            n = (int)(sizeof(got) / sizeof(got[0]));
+        memcpy(got, CMSG_DATA(c), sizeof(int) * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            if (*n_fds < max_fds)
+                fds[(*n_fds)++] = got[i];
+            else
+                close(got[i]);
+        }
+    }
+    if (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
+        for (int i = 0; i < *n_fds; i++)
+            close(fds[i]);
+        *n_fds = 0;
+        return -1;
+    }
+    return r;
+}
+
+int apir_memfd_create(const char *name, size_t size, void **map)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    *map = p;
+    return fd;
+}
+
+void *apir_memfd_map_checked(int fd, size_t size, const char **why)
+{
+    /* Without F_SEAL_SHRINK the guest could truncate the file under our
+     * mapping and every host access would fault (SIGBUS). */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        *why = "blob is not a memfd sealed against shrinking";
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size < (uint64_t)size || size == 0) {
+        *why = "blob is smaller than announced";
+        return NULL;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        *why = "cannot map blob";
+        return NULL;
+    }
+    return p;
+}

@@ -1,0 +1,423 @@
+/*
+ * apir-host's transport: accepts guests on a Unix socket and runs one worker
+ * thread per guest.  See shm_proto.h for the wire rules.
+ *
+ * Threads: the main thread polls the listening socket and every guest socket
+ * for hang-up only (it never reads a guest socket after the hello); each
+ * worker owns its guest's session and socket reads.  A client is freed by
+ * whichever of the two lets go last (a reference count), so a guest that dies
+ * mid-graph is freed when the graph returns, and the main loop never blocks
+ * on a worker.
+ */
+#include "shm_server.h"
+
+#include "apir_codec.h"
+#include "apir_log.h"
+#include "apir_proto.h"
+#include "fdpass.h"
+#include "session.h"
+#include "shm_proto.h"
+#include "wait.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+struct shm_client {
+    struct apir_shm_server *srv;
+    int fd;
+    int pid;
+    atomic_int refs;
+    atomic_bool dead;
+    struct apir_shm_ctrl *ctrl;
+    struct apir_session *session;
+    struct shm_client *next;
+};
+
+struct apir_shm_server {
+    struct apir_host *host;
+    int listen_fd;
+    int stop_pipe[2];
+    char path[108];
+    struct shm_client *clients;
+    atomic_uint n_clients;
+    uint64_t next_id;
+};
+
+static void unmap_release(void *ptr, size_t size, void *user)
+{
+    (void)user;
+    munmap(ptr, size);
+}
+
+static void client_put(struct shm_client *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    if (c->session)
+        APIR_INFO("host", "%s: disconnected after %llu commands (%llu graphs, %llu refused); freeing %u buffers",
+                  c->session->name, (unsigned long long)c->session->n_commands, (unsigned long long)c->session->n_graphs,
+                  (unsigned long long)c->session->n_refused, c->session->n_buffers);
+    apir_session_free(c->session);
+    if (c->ctrl)
+        munmap(c->ctrl, sizeof(*c->ctrl));
+    close(c->fd);
+    atomic_fetch_sub(&c->srv->n_clients, 1);
+    free(c);
+}
+
+/* Transport commands: blobs arrive in order with the backend commands. */
+static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
+{
+    uint32_t res_id = apir_decode_u32(req);
+    uint64_t size = apir_decode_u64(req);
+    int fd = -1, n_fds = 0;
+    uint8_t tag = 0;
+    if (req->fatal)
+        return 1;
+    /* The guest sent the fd just before this command. */
+    if (apir_recv_fds(c->fd, &tag, 1, &fd, 1, &n_fds, 2000) != 1 || n_fds != 1 || tag != APIR_SHM_FD_MSG) {
+        if (n_fds)
+            close(fd);
+        APIR_WARN("host", "%s: SHM_BLOB_CREATE without its file descriptor", c->session->name);
+        atomic_store(&c->dead, true);
+        return 1;
+    }
+    const char *why = "size out of range";
+    void *p = size && size <= SIZE_MAX ? apir_memfd_map_checked(fd, (size_t)size, &why) : NULL;
+    close(fd);
+    if (!p) {
+        APIR_WARN("host", "%s: blob %u refused: %s", c->session->name, res_id, why);
+        return 1;
+    }
+    if (res_id < APIR_SHM_FIRST_RES_ID ||
+        !apir_session_blob_add(c->session, res_id, p, (size_t)size, unmap_release, NULL)) {
+        munmap(p, (size_t)size);
+        return 1;
+    }
+    return 0;
+}
+
+static uint32_t blob_destroy(struct shm_client *c, struct apir_decoder *req)
+{
+    uint32_t res_id = apir_decode_u32(req);
+    if (req->fatal || res_id < APIR_SHM_FIRST_RES_ID)
+        return 1;
+    return apir_session_blob_remove(c->session, res_id) ? 0 : 1;
+}
+
+/* Runs one command from the command area; false: hang up on this guest. */
+static bool serve_one(struct shm_client *c)
+{
+    struct apir_shm_ctrl *ctrl = c->ctrl;
+    uint32_t len = atomic_load_explicit(&ctrl->cmd_len, memory_order_acquire);
+    if (len < APIR_CMD_HEADER_SIZE || len > APIR_SHM_CMD_AREA) {
+        APIR_WARN("host", "%s: command length %u out of range", c->session->name, len);
+        return false;
+    }
+    struct apir_decoder req;
+    apir_decoder_init(&req, ctrl->cmd, len);
+    struct apir_cmd_header hdr;
+    apir_decode_header(&req, &hdr);
+
+    struct apir_blob *rb = apir_session_blob_find(c->session, hdr.reply_res_id);
+    if (!rb || rb->size < 8 || rb->size == SIZE_MAX) {
+        APIR_WARN("host", "%s: reply blob %u unknown", c->session->name, hdr.reply_res_id);
+        return false;
+    }
+    _Atomic uint32_t *reply_word = (_Atomic uint32_t *)rb->ptr;
+    struct apir_encoder reply;
+    apir_encoder_init(&reply, rb->ptr + 4, rb->size - 4);
+
+    uint32_t ret;
+    switch (hdr.cmd_type) {
+    case APIR_CMD_TYPE_HANDSHAKE:
+        ret = apir_session_handshake(c->session, &req, &reply);
+        break;
+    case APIR_CMD_TYPE_LOADLIBRARY:
+        ret = APIR_LOAD_SUCCESS;  /* the daemon loaded its backend at start */
+        break;
+    case APIR_CMD_TYPE_FORWARD:
+        ret = APIR_FORWARD_BASE + apir_session_forward(c->session, (uint32_t)hdr.cmd_flags, &req, &reply);
+        break;
+    case APIR_CMD_TYPE_SHM_BLOB_CREATE:
+        ret = blob_create(c, &req);
+        break;
+    case APIR_CMD_TYPE_SHM_BLOB_DESTROY:
+        ret = blob_destroy(c, &req);
+        break;
+    default:
+        APIR_WARN("host", "%s: unknown command type %d", c->session->name, hdr.cmd_type);
+        ret = APIR_FORWARD_NO_DISPATCH;
+        break;
+    }
+    /* The reply blob may have been destroyed by this very command. */
+    if (apir_session_blob_find(c->session, hdr.reply_res_id) != rb)
+        return false;
+    atomic_store(reply_word, ret + 1);
+    if (atomic_load(&ctrl->guest_waiting))
+        apir_futex_wake(reply_word);
+    return !atomic_load(&c->dead);
+}
+
+static void *client_worker(void *arg)
+{
+    struct shm_client *c = arg;
+    struct apir_shm_ctrl *ctrl = c->ctrl;
+    const uint64_t spin_ns = (uint64_t)apir_host_spin_us() * 1000;
+    /* A fresh control blob starts at 0; the guest may ring before we run. */
+    uint32_t seen = 0;
+
+    while (!atomic_load(&c->dead)) {
+        uint32_t seq = apir_spin_while_equal(&ctrl->cmd_seq, seen, spin_ns);
+        if (seq == seen) {
+            /* Idle: sleep until the guest rings or the main thread sees it hang up. */
+            atomic_store(&ctrl->host_waiting, 1);
+            if (atomic_load(&ctrl->cmd_seq) == seen && !atomic_load(&c->dead))
+                apir_futex_wait(&ctrl->cmd_seq, seen, 0);
+            atomic_store(&ctrl->host_waiting, 0);
+            continue;
+        }
+        seen = seq;
+        if (!serve_one(c))
+            break;
+    }
+    /* Make the main loop notice (it polls for hang-up), then let go. */
+    shutdown(c->fd, SHUT_RDWR);
+    client_put(c);
+    return NULL;
+}
+
+static void refuse(int fd, const char *message)
+{
+    struct apir_shm_hello_reply r = { .magic = APIR_SHM_MAGIC, .status = 1 };
+    snprintf(r.message, sizeof(r.message), "%s", message);
+    apir_send_fds(fd, &r, sizeof(r), NULL, 0);
+    APIR_WARN("host", "guest refused: %s", message);
+}
+
+static void accept_client(struct apir_shm_server *srv)
+{
+    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct apir_shm_hello hello;
+    int fds[2], n_fds = 0;
+    ssize_t n = apir_recv_fds(fd, &hello, sizeof(hello), fds, 2, &n_fds, 2000);
+    struct shm_client *c = NULL;
+    void *ctrl = NULL, *reply = NULL;
+    const char *why = NULL;
+
+    if (n != (ssize_t)sizeof(hello) || n_fds != 2 || hello.magic != APIR_SHM_MAGIC) {
+        why = "malformed hello";
+    } else if (hello.version != APIR_SHM_VERSION) {
+        why = "unsupported shm transport version";
+    } else if (atomic_load(&srv->n_clients) >= srv->host->cfg.limits.max_clients) {
+        why = "too many clients";
+    } else if (hello.ctrl_size != APIR_SHM_CTRL_SIZE || hello.reply_size < 8 || hello.reply_size > (1u << 20)) {
+        why = "bad blob sizes";
+    } else if (!(ctrl = apir_memfd_map_checked(fds[0], APIR_SHM_CTRL_SIZE, &why))) {
+    } else if (!(reply = apir_memfd_map_checked(fds[1], (size_t)hello.reply_size, &why))) {
+    }
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]);
+    if (!why) {
+        c = calloc(1, sizeof(*c));
+        char name[48];
+        snprintf(name, sizeof(name), "guest#%llu(pid %d)", (unsigned long long)++srv->next_id, hello.pid);
+        if (c)
+            c->session = apir_session_new(srv->host, name);
+        if (!c || !c->session ||
+            !apir_session_blob_add(c->session, APIR_SHM_REPLY_RES_ID, reply, (size_t)hello.reply_size, unmap_release, NULL))
+            why = "out of memory";
+        else
+            reply = NULL;  /* owned by the session now */
+    }
+    if (why) {
+        refuse(fd, why);
+        if (ctrl)
+            munmap(ctrl, APIR_SHM_CTRL_SIZE);
+        if (reply)
+            munmap(reply, (size_t)hello.reply_size);
+        if (c) {
+            apir_session_free(c->session);
+            free(c);
+        }
+        close(fd);
+        return;
+    }
+    c->srv = srv;
+    c->fd = fd;
+    c->pid = hello.pid;
+    c->ctrl = ctrl;
+    atomic_init(&c->refs, 2);  /* the main loop's and the worker's */
+    atomic_fetch_add(&srv->n_clients, 1);
+
+    struct apir_shm_hello_reply r = { .magic = APIR_SHM_MAGIC, .status = 0 };
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (apir_send_fds(fd, &r, sizeof(r), NULL, 0) != (ssize_t)sizeof(r) || pthread_create(&th, &attr, client_worker, c) != 0) {
+        pthread_attr_destroy(&attr);
+        atomic_store(&c->refs, 1);
+        client_put(c);
+        return;
+    }
+    pthread_attr_destroy(&attr);
+    c->next = srv->clients;
+    srv->clients = c;
+    APIR_INFO("host", "%s connected", c->session->name);
+}
+
+static void drop_client(struct apir_shm_server *srv, struct shm_client *c)
+{
+    struct shm_client **pp = &srv->clients;
+    while (*pp != c)
+        pp = &(*pp)->next;
+    *pp = c->next;
+    atomic_store(&c->dead, true);
+    shutdown(c->fd, SHUT_RDWR);            /* unblocks a worker in recvmsg */
+    apir_futex_wake(&c->ctrl->cmd_seq);     /* and one asleep on the doorbell */
+    client_put(c);
+}
+
+struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *path, char *err, size_t err_len)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        snprintf(err, err_len, "socket path too long: %s", path);
+        return NULL;
+    }
+    /* Create the socket's directory (e.g. $XDG_RUNTIME_DIR/apir), private. */
+    char dir[sizeof(addr.sun_path)];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
+            return NULL;
+        }
+    }
+    struct apir_shm_server *srv = calloc(1, sizeof(*srv));
+    if (!srv) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    srv->host = host;
+    srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
+    snprintf(srv->path, sizeof(srv->path), "%s", path);
+    srv->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    strcpy(addr.sun_path, path);
+    if (srv->listen_fd < 0 || pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(err, err_len, "socket: %s", strerror(errno));
+        goto fail;
+    }
+    /* A socket file left by a host that died: replace it, unless a live host
+     * still answers there. */
+    int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+        close(probe);
+        snprintf(err, err_len, "another apir-host is serving %s", path);
+        goto fail;
+    }
+    if (probe >= 0)
+        close(probe);
+    unlink(path);
+    if (bind(srv->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 || listen(srv->listen_fd, 64) != 0) {
+        snprintf(err, err_len, "cannot listen on %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    return srv;
+fail:
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    if (srv->stop_pipe[0] >= 0) {
+        close(srv->stop_pipe[0]);
+        close(srv->stop_pipe[1]);
+    }
+    free(srv);
+    return NULL;
+}
+
+void apir_shm_server_stop(struct apir_shm_server *srv)
+{
+    char b = 1;
+    ssize_t r = write(srv->stop_pipe[1], &b, 1);
+    (void)r;
+}
+
+int apir_shm_server_run(struct apir_shm_server *srv)
+{
+    struct pollfd *pfds = NULL;
+    size_t pcap = 0;
+    for (;;) {
+        size_t n = 2;
+        for (struct shm_client *c = srv->clients; c; c = c->next)
+            n++;
+        if (n > pcap) {
+            struct pollfd *p = realloc(pfds, n * 2 * sizeof(*p));
+            if (!p) {
+                free(pfds);
+                return -1;
+            }
+            pfds = p;
+            pcap = n * 2;
+        }
+        pfds[0] = (struct pollfd){ .fd = srv->listen_fd, .events = POLLIN };
+        pfds[1] = (struct pollfd){ .fd = srv->stop_pipe[0], .events = POLLIN };
+        size_t i = 2;
+        for (struct shm_client *c = srv->clients; c; c = c->next)
+            pfds[i++] = (struct pollfd){ .fd = c->fd, .events = 0 };  /* hang-up only */
+        int r = poll(pfds, n, -1);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            free(pfds);
+            return -1;
+        }
+        if (pfds[1].revents) {
+            free(pfds);
+            return 0;
+        }
+        /* Collect hung-up clients first: the list changes as we drop. */
+        i = 2;
+        struct shm_client *c = srv->clients;
+        while (c) {
+            struct shm_client *next = c->next;
+            if (pfds[i++].revents & (POLLHUP | POLLERR | POLLNVAL))
+                drop_client(srv, c);
+            c = next;
+        }
+        if (pfds[0].revents & POLLIN)
+            accept_client(srv);
+    }
+}
+
+void apir_shm_server_free(struct apir_shm_server *srv)
+{
+    if (!srv)
+        return;
+    while (srv->clients)
+        drop_client(srv, srv->clients);
+    /* Workers free their guests when their current command returns; give
+     * them a bounded time (this is shutdown, not a hot path). */
+    for (int i = 0; i < 500 && atomic_load(&srv->n_clients) > 0; i++)
+        usleep(10000);
+    close(srv->listen_fd);
+    close(srv->stop_pipe[0]);
+    close(srv->stop_pipe[1]);
+    unlink(srv->path);
+    free(srv);
+}

@@ -1,0 +1,21 @@
+/* The host side of the shm transport: accept loop and one worker per guest. */
+#ifndef APIR_SHM_SERVER_H
+#define APIR_SHM_SERVER_H
+
+#include <stddef.h>
+
+#include "host.h"
+#include "transport.h"
+
+struct apir_shm_server;
+
+/* Listens on the Unix socket at path (replacing a stale socket file). */
+struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *path, char *err, size_t err_len);
+/* Serves until apir_shm_server_stop; returns 0, or -1 on a fatal error. */
+int apir_shm_server_run(struct apir_shm_server *srv);
+/* Async-signal-safe. */
+void apir_shm_server_stop(struct apir_shm_server *srv);
+/* Disconnects every guest, frees everything, removes the socket file. */
+void apir_shm_server_free(struct apir_shm_server *srv);
+
+#endif

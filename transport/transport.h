@@ -1,0 +1,49 @@
+/*
+ * The guest's view of a transport: a place to write one command, a way to
+ * submit it and read the reply, and shared-memory blobs named by res_id.
+ *
+ * Implementations: shm (same host, shm_client.c) and virtgpu (VM guests).
+ * A transport is used by one thread at a time (the caller serializes).
+ */
+#ifndef APIR_TRANSPORT_H
+#define APIR_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apir_codec.h"
+
+struct apir_transport;
+
+struct apir_transport_ops {
+    /* Starts a command: returns the encoder for its items (after the header). */
+    struct apir_encoder *(*begin)(struct apir_transport *t);
+    /* Sends it and waits for the reply.  On success (0) *ret holds the
+     * command's return value and *reply decodes the reply items.  -1: the
+     * transport failed (host gone, timeout); the message is logged. */
+    int (*submit)(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags, uint64_t timeout_ns, uint32_t *ret,
+                  struct apir_decoder *reply);
+    /* A shared blob of at least size bytes, mapped at *ptr. */
+    int (*blob_create)(struct apir_transport *t, size_t size, uint32_t *res_id, void **ptr);
+    void (*blob_destroy)(struct apir_transport *t, uint32_t res_id, void *ptr, size_t size);
+    void (*close)(struct apir_transport *t);
+};
+
+struct apir_transport {
+    const struct apir_transport_ops *ops;
+    char endpoint[128];
+    bool broken;          /* a failure made the connection unusable */
+};
+
+/* "unix:PATH" (or a bare path): the shm transport. */
+struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_len);
+
+/* The daemon's default socket: $XDG_RUNTIME_DIR/apir/host.sock, else
+ * /run/apir/host.sock. */
+void apir_shm_default_path(char *out, size_t len);
+
+/* Opens an endpoint string: unix:PATH, virtgpu[:/dev/dri/renderD*]. */
+struct apir_transport *apir_transport_open(const char *endpoint, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,76 @@
+#include "wait.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t apir_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t env_us(const char *name, uint32_t dflt)
+{
+    const char *s = getenv(name);
+    if (s && *s) {
+        long v = strtol(s, NULL, 10);
+        if (v >= 0 && v <= 100000)
+            return (uint32_t)v;
+    }
+    return dflt;
+}
+
+uint32_t apir_spin_us(void) { return env_us("APIR_SPIN_US", 100); }
+uint32_t apir_host_spin_us(void) { return env_us("APIR_HOST_SPIN_US", 200); }
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+uint32_t apir_spin_while_equal(_Atomic uint32_t *word, uint32_t old, uint64_t spin_ns)
+{
+    uint32_t v = atomic_load_explicit(word, memory_order_acquire);
+    if (v != old || spin_ns == 0)
+        return v;
+    uint64_t deadline = apir_now_ns() + spin_ns;
+    for (;;) {
+        /* Read the clock only every 64 polls: it costs more than a poll. */
+        for (int i = 0; i < 64; i++) {
+            cpu_relax();
+            v = atomic_load_explicit(word, memory_order_acquire);
+            if (v != old)
+                return v;
+        }
+        if (apir_now_ns() >= deadline)
+            return v;
+    }
+}
+
+bool apir_futex_wait(_Atomic uint32_t *word, uint32_t old, uint64_t timeout_ns)
+{
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
+        tsp = &ts;
+    }
+    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, old, tsp, NULL, 0);
+    if (r == -1 && errno == ETIMEDOUT)
+        return false;
+    return true;
+}
+
+void apir_futex_wake(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
