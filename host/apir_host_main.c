@@ -30,6 +30,8 @@ static void usage(FILE *out)
             "  --backend-dir DIR      where ggml's backend libraries are (default: %s)\n"
             "  --list-devices         list the backends and devices found, then exit\n"
             "  --log-level LEVEL      error|warn|info|debug (default info)\n"
+            "  --isolation MODE       process: each guest in its own worker process (default);\n"
+            "                         thread: all guests in this process\n"
             "limits per guest (over a limit the call fails; other guests go on):\n"
             "  --max-clients N        concurrent guests (64)\n"
             "  --max-buffers N        live buffers (4096)\n"
@@ -56,7 +58,9 @@ int main(int argc, char **argv)
     apir_limits_default(&cfg.limits);
     char path[108];
     apir_shm_default_path(path, sizeof(path));
-    bool list = false;
+    bool list = false, isolate = true;
+    int serve_fd = -1;
+    unsigned long long client_id = 0;
     apir_log_set_level(APIR_LOG_INFO);
     if (getenv("APIR_LOG_LEVEL")) {
         enum apir_log_level l;
@@ -92,6 +96,19 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--backend-dir") && v) {
             cfg.backend_dir = v;
             i++;
+        } else if (!strcmp(a, "--isolation") && v) {
+            if (strcmp(v, "process") && strcmp(v, "thread")) {
+                fprintf(stderr, "apir-host: --isolation process|thread\n");
+                return 2;
+            }
+            isolate = !strcmp(v, "process");
+            i++;
+        } else if (!strcmp(a, "--serve-fd")) {
+            NEED_NUM();
+            serve_fd = (int)n;
+        } else if (!strcmp(a, "--client-id")) {
+            NEED_NUM();
+            client_id = n;
         } else if (!strcmp(a, "--list-devices")) {
             list = true;
         } else if (!strcmp(a, "--log-level") && v) {
@@ -136,7 +153,23 @@ int main(int argc, char **argv)
     }
     char err[256];
     struct apir_host host;
-    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
+    signal(SIGPIPE, SIG_IGN);
+    if (serve_fd >= 0) {
+        /* A worker process: one guest, then exit. */
+        if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
+            fprintf(stderr, "apir-host worker: %s\n", err);
+            return 1;
+        }
+        return apir_shm_serve_fd(&host, serve_fd, client_id) == 0 ? 0 : 1;
+    }
+    if (isolate) {
+        /* The daemon itself never touches a backend: workers do.  Only
+         * check that the chosen backend exists. */
+        if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
+            fprintf(stderr, "apir-host: %s\n", err);
+            return 1;
+        }
+    } else if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
         fprintf(stderr, "apir-host: %s\n", err);
         return 1;
     }
@@ -145,12 +178,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "apir-host: %s\n", err);
         return 1;
     }
+    if (isolate && !apir_shm_server_isolate(g_server, argv)) {
+        fprintf(stderr, "apir-host: cannot set up worker processes\n");
+        return 1;
+    }
     struct sigaction sa = { .sa_handler = on_signal };
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    APIR_INFO("host", "serving %s (%u device(s)) on unix:%s", ggml_backend_reg_name(host.reg), host.n_devices, path);
+    APIR_INFO("host", "serving %s (%u device(s)) on unix:%s, %s per guest", ggml_backend_reg_name(host.reg), host.n_devices,
+              path, isolate ? "one process" : "one thread");
     int rc = apir_shm_server_run(g_server);
     APIR_INFO("host", "shutting down");
     apir_shm_server_free(g_server);

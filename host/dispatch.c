@@ -15,6 +15,7 @@
 #include "ggml-backend-impl.h"
 #include "import.h"
 #include "inline_tensor.h"
+#include "op_policy.h"
 #include "session.h"
 
 #include <stdlib.h>
@@ -493,12 +494,15 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
         result = bad(s, cmd, "graph range outside its blob");
     } else {
         struct ggml_cgraph *graph = apir_import_graph(s, blob, size);
+        const char *why = NULL;
         if (graph) {
-            status = ggml_backend_graph_compute(backend, graph);
+            status = apir_policy_compute(s, backend, graph, &why);
             s->n_graphs++;
-        }
-        else
+            if (why)
+                result = bad(s, cmd, why);
+        } else {
             result = bad(s, cmd, apir_import_error());
+        }
     }
     apir_encode_u32(reply, (uint32_t)status);
     return result;

@@ -179,8 +179,10 @@ bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_no
 {
     struct apir_import_scratch *sc = &s->scratch;
     size_t need = (size_t)n_tensors * ggml_tensor_overhead() + 1024;
+    /* The graph, and one more for computing it in segments (op_policy.c);
+     * ggml aborts when a context runs out, so reserve, never guess. */
     if (n_nodes)
-        need += ggml_graph_overhead_custom(n_nodes, false);
+        need += 2 * ggml_graph_overhead_custom(n_nodes, false);
     if (!scratch_grow_tensors(sc, n_tensors ? n_tensors : 1))
         return fail("out of memory for the tensor map");
     if (sc->ctx && need <= sc->ctx_size) {

@@ -63,6 +63,8 @@ void apir_session_free(struct apir_session *s)
     free(sc->src_ids);
     free(sc->state);
     free(sc->stack);
+    free(s->policy_scratch);
+    free(s->policy_uses);
     free(s);
 }
 

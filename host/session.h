@@ -78,6 +78,13 @@ struct apir_session {
     uint32_t minor;                        /* negotiated protocol minor */
     uint64_t n_commands, n_graphs, n_refused;  /* for the log line at exit */
     struct apir_import_scratch scratch;
+    /* op_policy.c: index copies of device memory, a graph for segments */
+    void *policy_scratch;
+    size_t policy_scratch_size;
+    struct ggml_cgraph *policy_graph;
+    int policy_graph_size;
+    void *policy_uses;                     /* struct index_use[] */
+    int policy_n_uses, policy_uses_cap;
     char name[48];                         /* for log lines */
 };
 

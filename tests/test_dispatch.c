@@ -552,6 +552,104 @@ static void test_isolation_and_limits(void)
     apir_session_free(b);
 }
 
+static struct apir_tensor_rec i32_rec(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t n)
+{
+    struct apir_tensor_rec t = f32_rec(id, buffer, offset, n);
+    t.type = GGML_TYPE_I32;
+    return t;
+}
+
+/* GET_ROWS / SET_ROWS row indices (ggml-rpc #26825, #26912): validated
+ * values, never a host abort or an out-of-bounds access. */
+static void test_index_policy(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    /* src0: 8 rows of 4 floats at 0; idx: 2 x I32 at 512; dst: 2 rows at 1024 */
+    struct apir_tensor_rec t[3] = { f32_rec(21, buf, 0, 4), i32_rec(22, buf, 512, 2), f32_rec(23, buf, 1024, 4) };
+    t[0].ne[1] = 8;
+    t[0].nb[2] = t[0].nb[3] = 8 * 16;
+    t[2].ne[1] = 2;
+    t[2].nb[2] = t[2].nb[3] = 2 * 16;
+    t[2].op = GGML_OP_GET_ROWS;
+    t[2].src[0] = 21;
+    t[2].src[1] = 22;
+    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    float *f = (float *)data_blob;
+    for (int i = 0; i < 32; i++)
+        f[i] = (float)i;
+    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)128);
+    int32_t ids[2] = { 7, 1 };
+    memcpy(data_blob, ids, 8);
+    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+    uint64_t node = 23;
+    size_t size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    uint32_t status;
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32);
+    CHECK(f[0] == 28.0f && f[4] == 4.0f);
+
+    /* out of range, and negative: refused before compute */
+    int32_t bad_ids[2][2] = { { 8, 0 }, { 0, -1 } };
+    for (int k = 0; k < 2; k++) {
+        memcpy(data_blob, bad_ids[k], 8);
+        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+        size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+        CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
+    }
+
+    /* indices computed in the graph (CPY f32 -> i32) are checked at the split */
+    struct apir_tensor_rec g[5] = { t[0], f32_rec(24, buf, 2048, 2), i32_rec(22, buf, 512, 2), t[2],
+                                    i32_rec(25, buf, 512, 2) };
+    g[4].op = GGML_OP_CPY;  /* a view of the index tensor, written from floats */
+    g[4].src[0] = 24;
+    g[4].src[1] = 22;
+    g[4].view_src = 22;
+    g[4].flags = GGML_TENSOR_FLAG_COMPUTE;
+    float fl[2][2] = { { 3.0f, 5.0f }, { 3.0f, 50.0f } };
+    uint64_t nodes[2] = { 25, 23 };
+    for (int k = 0; k < 2; k++) {
+        memcpy(data_blob, fl[k], 8);
+        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &g[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+        size = graph_blob(data_blob, DATA_SIZE, nodes, 2, g, 5);
+        uint32_t res = compute(s, size, &status);
+        if (k == 0) {
+            CHECK(res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+            fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &g[3], DATA_RES, (uint64_t)0, (uint64_t)32);
+            CHECK(f[0] == 12.0f && f[4] == 20.0f);
+        } else {
+            CHECK(res == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
+        }
+    }
+
+    /* SET_ROWS: dst 8 rows, 2 source rows, I64 indices */
+    struct apir_tensor_rec sr[4] = { f32_rec(31, buf, 4096, 4), f32_rec(32, buf, 8192, 4), i32_rec(33, buf, 9000, 2),
+                                     f32_rec(34, buf, 4096, 4) };
+    sr[0].ne[1] = sr[3].ne[1] = 8;
+    sr[0].nb[2] = sr[0].nb[3] = sr[3].nb[2] = sr[3].nb[3] = 128;
+    sr[1].ne[1] = 2;
+    sr[1].nb[2] = sr[1].nb[3] = 32;
+    sr[2].type = GGML_TYPE_I64;
+    sr[2].nb[0] = 8; sr[2].nb[1] = sr[2].nb[2] = sr[2].nb[3] = 16;
+    sr[3].op = GGML_OP_SET_ROWS;
+    sr[3].src[0] = 32;
+    sr[3].src[1] = 33;
+    sr[3].view_src = 31;
+    sr[3].flags = GGML_TENSOR_FLAG_COMPUTE;
+    int64_t rows[2][2] = { { 0, 7 }, { 0, 8 } };
+    for (int k = 0; k < 2; k++) {
+        memcpy(data_blob, rows[k], 16);
+        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &sr[2], DATA_RES, (uint64_t)0, (uint64_t)16);
+        uint64_t n = 34;
+        size = graph_blob(data_blob, DATA_SIZE, &n, 1, sr, 4);
+        uint32_t res = compute(s, size, &status);
+        CHECK(k == 0 ? (res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS)
+                     : (res == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED));
+    }
+    apir_session_free(s);
+}
+
 static void setup(void)
 {
     struct apir_host_config cfg = { .backend_name = "CPU", .device = -1, .n_threads = 1, .backend_dir = APIR_GGML_BIN };
@@ -576,4 +674,5 @@ TEST_MAIN("dispatch",
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),
-          TEST(test_isolation_and_limits))
+          TEST(test_isolation_and_limits),
+          TEST(test_index_policy))

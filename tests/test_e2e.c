@@ -12,6 +12,7 @@
 #include "transport.h"
 #include "wait.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 static const char *host_bin;
+static const char *isolation = "process";
 static char sock_dir[64];
 static char endpoint[128];
 static pid_t host_pid;
@@ -31,7 +33,7 @@ static void start_host(void)
     host_pid = fork();
     if (host_pid == 0) {
         execl(host_bin, host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--max-clients", "8",
-              (char *)NULL);
+              "--isolation", isolation, (char *)NULL);
         _exit(127);
     }
     struct stat st;
@@ -49,17 +51,39 @@ static void stop_host(int sig)
         CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "host exit status %d", status);
 }
 
-static long host_rss_kib(void)
+static long rss_of(int pid, int *ppid)
 {
     char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)host_pid);
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
     FILE *f = fopen(path, "r");
-    long kib = -1;
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
+    long kib = 0;
+    *ppid = -1;
+    while (f && fgets(line, sizeof(line), f)) {
+        sscanf(line, "VmRSS: %ld kB", &kib);
+        sscanf(line, "PPid: %d", ppid);
+    }
     if (f)
         fclose(f);
+    return kib;
+}
+
+/* The host's memory: the daemon and, with process isolation, its workers. */
+static long host_rss_kib(void)
+{
+    int ppid;
+    long kib = rss_of((int)host_pid, &ppid);
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0 || pid == (int)host_pid)
+            continue;
+        long k = rss_of(pid, &ppid);
+        if (ppid == (int)host_pid)
+            kib += k;
+    }
+    if (d)
+        closedir(d);
     return kib;
 }
 
@@ -304,10 +328,12 @@ static void run_start(void) { start_host(); }
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s APIR_HOST_BINARY\n", argv[0]);
+        fprintf(stderr, "usage: %s APIR_HOST_BINARY [process|thread]\n", argv[0]);
         return 2;
     }
     host_bin = argv[1];
+    if (argc > 2)
+        isolation = argv[2];
     signal(SIGPIPE, SIG_IGN);
     snprintf(sock_dir, sizeof(sock_dir), "/tmp/apir-e2e-XXXXXX");
     if (!mkdtemp(sock_dir))

@@ -200,8 +200,11 @@ struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_
     close(fds[1]);
     struct apir_shm_hello_reply r;
     int n_fds;
-    if (n != (ssize_t)sizeof(hello) ||
-        apir_recv_fds(s->sock, &r, sizeof(r), NULL, 0, &n_fds, 5000) != (ssize_t)sizeof(r) || r.magic != APIR_SHM_MAGIC) {
+    /* Read the answer even if the send failed: a host that refuses (too
+     * many clients) answers and closes without reading our hello.  The
+     * timeout covers a worker process starting its backend. */
+    (void)n;
+    if (apir_recv_fds(s->sock, &r, sizeof(r), NULL, 0, &n_fds, 30000) != (ssize_t)sizeof(r) || r.magic != APIR_SHM_MAGIC) {
         snprintf(err, err_len, "no hello from the host at %s", path);
         goto fail_mapped;
     }

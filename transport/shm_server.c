@@ -22,15 +22,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 struct shm_client {
@@ -46,13 +49,32 @@ struct shm_client {
 
 struct apir_shm_server {
     struct apir_host *host;
-    int listen_fd;
+    int listen_fd;                /* -1: serving one inherited connection */
     int stop_pipe[2];
     char path[108];
     struct shm_client *clients;
     atomic_uint n_clients;
     uint64_t next_id;
+    /* Process isolation: each guest is served by a fresh worker process
+     * (this program re-executed with --serve-fd), so a guest that makes a
+     * backend abort takes down only its own worker. */
+    char **worker_argv;
+    pid_t *children;
+    uint32_t n_children;
+    int child_pipe[2];
 };
+
+static int sigchld_fd = -1;
+
+static void on_sigchld(int sig)
+{
+    (void)sig;
+    char b = 1;
+    if (sigchld_fd >= 0) {
+        ssize_t r = write(sigchld_fd, &b, 1);
+        (void)r;
+    }
+}
 
 static void unmap_release(void *ptr, size_t size, void *user)
 {
@@ -206,11 +228,8 @@ static void refuse(int fd, const char *message)
     APIR_WARN("host", "guest refused: %s", message);
 }
 
-static void accept_client(struct apir_shm_server *srv)
+static void accept_client(struct apir_shm_server *srv, int fd)
 {
-    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
-        return;
     struct apir_shm_hello hello;
     int fds[2], n_fds = 0;
     ssize_t n = apir_recv_fds(fd, &hello, sizeof(hello), fds, 2, &n_fds, 2000);
@@ -234,7 +253,8 @@ static void accept_client(struct apir_shm_server *srv)
     if (!why) {
         c = calloc(1, sizeof(*c));
         char name[48];
-        snprintf(name, sizeof(name), "guest#%llu(pid %d)", (unsigned long long)++srv->next_id, hello.pid);
+        snprintf(name, sizeof(name), "guest#%llu(pid %d)", (unsigned long long)(srv->listen_fd < 0 ? srv->next_id : ++srv->next_id),
+                 hello.pid);
         if (c)
             c->session = apir_session_new(srv->host, name);
         if (!c || !c->session ||
@@ -280,6 +300,71 @@ static void accept_client(struct apir_shm_server *srv)
     APIR_INFO("host", "%s connected", c->session->name);
 }
 
+/* Process isolation: hand the connection to a new worker process. */
+static void spawn_worker(struct apir_shm_server *srv, int fd)
+{
+    if (srv->n_children >= srv->host->cfg.limits.max_clients) {
+        refuse(fd, "too many clients");
+        close(fd);
+        return;
+    }
+    uint64_t id = ++srv->next_id;
+    char fd_arg[16], id_arg[24];
+    snprintf(fd_arg, sizeof(fd_arg), "%d", fd);
+    snprintf(id_arg, sizeof(id_arg), "%llu", (unsigned long long)id);
+    int argc = 0;
+    while (srv->worker_argv[argc])
+        argc++;
+    char **argv = calloc((size_t)argc + 5, sizeof(char *));
+    if (!argv) {
+        refuse(fd, "out of memory");
+        close(fd);
+        return;
+    }
+    for (int i = 0; i < argc; i++)
+        argv[i] = srv->worker_argv[i];
+    argv[argc++] = "--serve-fd";
+    argv[argc++] = fd_arg;
+    argv[argc++] = "--client-id";
+    argv[argc++] = id_arg;
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Workers go with the daemon: a killed host is a dead host. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fcntl(fd, F_SETFD, 0);  /* the worker inherits this one fd */
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    free(argv);
+    close(fd);
+    if (pid < 0) {
+        APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
+        return;
+    }
+    srv->children[srv->n_children++] = pid;
+    APIR_INFO("host", "guest#%llu: worker process %d", (unsigned long long)id, (int)pid);
+}
+
+static void reap_children(struct apir_shm_server *srv)
+{
+    char buf[64];
+    while (read(srv->child_pipe[0], buf, sizeof(buf)) > 0)
+        ;
+    pid_t pid;
+    int status;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (uint32_t i = 0; i < srv->n_children; i++) {
+            if (srv->children[i] != pid)
+                continue;
+            srv->children[i] = srv->children[--srv->n_children];
+            if (WIFSIGNALED(status))
+                APIR_WARN("host", "worker process %d died of signal %d; its guest is disconnected, others go on",
+                          (int)pid, WTERMSIG(status));
+            break;
+        }
+    }
+}
+
 static void drop_client(struct apir_shm_server *srv, struct shm_client *c)
 {
     struct shm_client **pp = &srv->clients;
@@ -317,10 +402,12 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     }
     srv->host = host;
     srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
+    srv->child_pipe[0] = srv->child_pipe[1] = -1;
     snprintf(srv->path, sizeof(srv->path), "%s", path);
     srv->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     strcpy(addr.sun_path, path);
-    if (srv->listen_fd < 0 || pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    if (srv->listen_fd < 0 || pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
+        pipe2(srv->child_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         snprintf(err, err_len, "socket: %s", strerror(errno));
         goto fail;
     }
@@ -347,8 +434,43 @@ fail:
         close(srv->stop_pipe[0]);
         close(srv->stop_pipe[1]);
     }
+    if (srv->child_pipe[0] >= 0) {
+        close(srv->child_pipe[0]);
+        close(srv->child_pipe[1]);
+    }
     free(srv);
     return NULL;
+}
+
+bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv)
+{
+    srv->children = calloc(srv->host->cfg.limits.max_clients ? srv->host->cfg.limits.max_clients : 1, sizeof(pid_t));
+    if (!srv->children)
+        return false;
+    srv->worker_argv = worker_argv;
+    sigchld_fd = srv->child_pipe[1];
+    struct sigaction sa = { .sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP };
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGCHLD, &sa, NULL) == 0;
+}
+
+int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id)
+{
+    struct apir_shm_server *srv = calloc(1, sizeof(*srv));
+    if (!srv)
+        return -1;
+    srv->host = host;
+    srv->listen_fd = -1;
+    srv->next_id = client_id;
+    if (pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0 || pipe2(srv->child_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        free(srv);
+        return -1;
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    accept_client(srv, fd);
+    int rc = srv->clients ? apir_shm_server_run(srv) : -1;
+    apir_shm_server_free(srv);
+    return rc;
 }
 
 void apir_shm_server_stop(struct apir_shm_server *srv)
@@ -363,7 +485,12 @@ int apir_shm_server_run(struct apir_shm_server *srv)
     struct pollfd *pfds = NULL;
     size_t pcap = 0;
     for (;;) {
-        size_t n = 2;
+        /* A worker process serving one guest ends with it. */
+        if (srv->listen_fd < 0 && !srv->clients) {
+            free(pfds);
+            return 0;
+        }
+        size_t n = 3;
         for (struct shm_client *c = srv->clients; c; c = c->next)
             n++;
         if (n > pcap) {
@@ -377,7 +504,8 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         }
         pfds[0] = (struct pollfd){ .fd = srv->listen_fd, .events = POLLIN };
         pfds[1] = (struct pollfd){ .fd = srv->stop_pipe[0], .events = POLLIN };
-        size_t i = 2;
+        pfds[2] = (struct pollfd){ .fd = srv->child_pipe[0], .events = POLLIN };
+        size_t i = 3;
         for (struct shm_client *c = srv->clients; c; c = c->next)
             pfds[i++] = (struct pollfd){ .fd = c->fd, .events = 0 };  /* hang-up only */
         int r = poll(pfds, n, -1);
@@ -391,8 +519,10 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             free(pfds);
             return 0;
         }
+        if (pfds[2].revents & POLLIN)
+            reap_children(srv);
         /* Collect hung-up clients first: the list changes as we drop. */
-        i = 2;
+        i = 3;
         struct shm_client *c = srv->clients;
         while (c) {
             struct shm_client *next = c->next;
@@ -400,8 +530,15 @@ int apir_shm_server_run(struct apir_shm_server *srv)
                 drop_client(srv, c);
             c = next;
         }
-        if (pfds[0].revents & POLLIN)
-            accept_client(srv);
+        if (pfds[0].revents & POLLIN) {
+            int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0) {
+                if (srv->worker_argv)
+                    spawn_worker(srv, fd);
+                else
+                    accept_client(srv, fd);
+            }
+        }
     }
 }
 
@@ -411,13 +548,27 @@ void apir_shm_server_free(struct apir_shm_server *srv)
         return;
     while (srv->clients)
         drop_client(srv, srv->clients);
+    for (uint32_t i = 0; i < srv->n_children; i++)
+        kill(srv->children[i], SIGTERM);
+    for (int i = 0; i < 500 && srv->n_children > 0; i++) {
+        reap_children(srv);
+        if (srv->n_children)
+            usleep(10000);
+    }
+    for (uint32_t i = 0; i < srv->n_children; i++)
+        kill(srv->children[i], SIGKILL);
+    free(srv->children);
     /* Workers free their guests when their current command returns; give
      * them a bounded time (this is shutdown, not a hot path). */
     for (int i = 0; i < 500 && atomic_load(&srv->n_clients) > 0; i++)
         usleep(10000);
-    close(srv->listen_fd);
+    if (srv->listen_fd >= 0) {
+        close(srv->listen_fd);
+        unlink(srv->path);
+    }
     close(srv->stop_pipe[0]);
     close(srv->stop_pipe[1]);
-    unlink(srv->path);
+    close(srv->child_pipe[0]);
+    close(srv->child_pipe[1]);
     free(srv);
 }

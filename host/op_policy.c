@@ -1,0 +1,277 @@
+#include "op_policy.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A distinct index input of a graph (one (tensor, limit) pair; every
+ * layer's SET_ROWS shares the same k_idxs). */
+struct index_use {
+    const struct ggml_tensor *idx;
+    int64_t limit;                  /* values must be in [0, limit) */
+    int last;                       /* last node that reads it */
+    bool late;                      /* an earlier node writes its memory */
+};
+
+static bool is_view_op(enum ggml_op op)
+{
+    return op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+
+/* The index input of a node, if its op has one. */
+static bool index_input(const struct ggml_tensor *n, const struct ggml_tensor **idx, int64_t *limit)
+{
+    switch (n->op) {
+    case GGML_OP_GET_ROWS:
+        *idx = n->src[1];
+        *limit = n->src[0] ? n->src[0]->ne[1] : 0;
+        return true;
+    case GGML_OP_GET_ROWS_BACK:
+    case GGML_OP_SET_ROWS:
+        *idx = n->src[1];
+        *limit = n->ne[1];
+        return true;
+    case GGML_OP_MUL_MAT_ID:
+        *idx = n->src[2];
+        *limit = n->src[0] ? n->src[0]->ne[2] : 0;
+        return true;
+    case GGML_OP_ADD_ID:
+        *idx = n->src[2];
+        *limit = n->src[1] ? n->src[1]->ne[1] : 0;
+        return true;
+    case GGML_OP_SSM_SCAN:
+        *idx = n->src[6];
+        *limit = n->src[0] ? n->src[0]->ne[3] : 0;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* The view [offset, offset + extent of src1 with strides nb1..3) inside dst. */
+static bool set_view_fits(const struct ggml_tensor *n)
+{
+    const struct ggml_tensor *src1 = n->src[1];
+    if (!src1 || !n->src[0])
+        return false;
+    const int32_t *p = n->op_params;
+    if (p[0] < 0 || p[1] < 0 || p[2] < 0 || p[3] < 0)
+        return false;
+    uint64_t end = (uint64_t)p[3] + ggml_row_size(src1->type, src1->ne[0]);
+    const uint64_t nb[3] = { (uint64_t)p[0], (uint64_t)p[1], (uint64_t)p[2] };
+    for (int i = 1; i < 4; i++) {
+        uint64_t term;
+        if (src1->ne[i] <= 0)
+            return true;  /* empty */
+        if (__builtin_mul_overflow((uint64_t)(src1->ne[i] - 1), nb[i - 1], &term) || __builtin_add_overflow(end, term, &end))
+            return false;
+    }
+    return end <= ggml_nbytes(n) && end <= ggml_nbytes(n->src[0]);
+}
+
+static const char *check_params(const struct ggml_tensor *n)
+{
+    switch (n->op) {
+    case GGML_OP_SET:
+    case GGML_OP_ACC:
+        return set_view_fits(n) ? NULL : "SET/ACC view outside its destination";
+    case GGML_OP_CONCAT:
+        return (n->op_params[0] >= 0 && n->op_params[0] < GGML_MAX_DIMS) ? NULL : "CONCAT dimension out of range";
+    case GGML_OP_UNARY:
+        return (n->op_params[0] >= 0 && n->op_params[0] < GGML_UNARY_OP_COUNT) ? NULL : "unknown unary op";
+    case GGML_OP_GLU:
+        return (n->op_params[0] >= 0 && n->op_params[0] < GGML_GLU_OP_COUNT) ? NULL : "unknown GLU op";
+    default:
+        return NULL;
+    }
+}
+
+static bool ranges_overlap(const struct ggml_tensor *a, const struct ggml_tensor *b)
+{
+    if (a->buffer != b->buffer || !a->data || !b->data)
+        return false;
+    const uint8_t *a0 = a->data, *b0 = b->data;
+    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
+}
+
+/* Reads the index values (through a copy when the memory is not the host's)
+ * and checks each against [0, limit). */
+static const char *check_index_values(struct apir_session *s, const struct ggml_tensor *t, int64_t limit)
+{
+    if (t->type != GGML_TYPE_I32 && t->type != GGML_TYPE_I64)
+        return "index tensor is not I32/I64";
+    if (!t->buffer || !t->data)
+        return "index tensor without memory";
+    const uint8_t *base = t->data;
+    size_t nbytes = ggml_nbytes(t);
+    if (!ggml_backend_buffer_is_host(t->buffer)) {
+        if (nbytes > s->policy_scratch_size) {
+            void *p = realloc(s->policy_scratch, nbytes);
+            if (!p)
+                return "out of memory for index validation";
+            s->policy_scratch = p;
+            s->policy_scratch_size = nbytes;
+        }
+        ggml_backend_tensor_get((struct ggml_tensor *)t, s->policy_scratch, 0, nbytes);
+        base = s->policy_scratch;
+    }
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
+                const uint8_t *row = base + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+                for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                    int64_t v;
+                    if (t->type == GGML_TYPE_I32) {
+                        int32_t x;
+                        memcpy(&x, row + i0 * t->nb[0], 4);
+                        v = x;
+                    } else {
+                        memcpy(&v, row + i0 * t->nb[0], 8);
+                    }
+                    if (v < 0 || v >= limit)
+                        return "index value out of range";
+                }
+            }
+    return NULL;
+}
+
+static bool buffer_is_guest_shared(struct apir_session *s, ggml_backend_buffer_t buf)
+{
+    for (uint32_t i = 0; i < s->handles.capacity; i++) {
+        struct apir_handle_slot *slot = &s->handles.slots[i];
+        if (slot->kind == APIR_HANDLE_BUFFER && ((struct apir_host_buffer *)slot->object)->buffer == buf)
+            return ((struct apir_host_buffer *)slot->object)->pinned_blob != 0;
+    }
+    return true;  /* unknown: treat as the worst case */
+}
+
+/* Computes nodes [i0, i1) as one graph. */
+static enum ggml_status compute_range(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph, int i0,
+                                      int i1)
+{
+    if (i0 == 0 && i1 == ggml_graph_n_nodes(graph))
+        return ggml_backend_graph_compute(backend, graph);
+    if (!s->policy_graph || s->policy_graph_size < ggml_graph_n_nodes(graph)) {
+        s->policy_graph = ggml_new_graph_custom(s->scratch.ctx, (size_t)ggml_graph_n_nodes(graph), false);
+        if (!s->policy_graph)
+            return GGML_STATUS_ALLOC_FAILED;
+        s->policy_graph_size = ggml_graph_n_nodes(graph);
+    }
+    ggml_graph_clear(s->policy_graph);
+    for (int i = i0; i < i1; i++)
+        ggml_graph_add_node(s->policy_graph, ggml_graph_node(graph, i));
+    return ggml_backend_graph_compute(backend, s->policy_graph);
+}
+
+/* Indices computed by ARGSORT or TOP_K lie in [0, src->ne[0]) by
+ * construction: when that is the only writer and it covers the index tensor,
+ * no split is needed (MoE routing would otherwise split every layer). */
+static bool written_by_sort_only(struct ggml_cgraph *graph, const struct index_use *u)
+{
+    const struct ggml_tensor *sorter = NULL;
+    for (int j = 0; j < u->last; j++) {
+        const struct ggml_tensor *w = ggml_graph_node(graph, j);
+        if (is_view_op(w->op) || !ranges_overlap(w, u->idx))
+            continue;
+        if ((w->op != GGML_OP_ARGSORT && w->op != GGML_OP_TOP_K) || sorter)
+            return false;
+        sorter = w;
+    }
+    if (!sorter || !sorter->src[0] || sorter->src[0]->ne[0] > u->limit)
+        return false;
+    const uint8_t *w0 = sorter->data, *i0 = u->idx->data;
+    return i0 >= w0 && i0 + ggml_nbytes(u->idx) <= w0 + ggml_nbytes(sorter);
+}
+
+static struct index_use *find_use(struct apir_session *s, const struct ggml_tensor *idx, int64_t limit)
+{
+    struct index_use *uses = s->policy_uses;
+    for (int u = 0; u < s->policy_n_uses; u++)
+        if (uses[u].idx == idx && uses[u].limit == limit)
+            return &uses[u];
+    return NULL;
+}
+
+enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
+                                     const char **why)
+{
+    const int n = ggml_graph_n_nodes(graph);
+    s->policy_graph = NULL;  /* lives in the scratch context, reset per graph */
+    s->policy_graph_size = 0;
+    s->policy_n_uses = 0;
+    *why = NULL;
+
+    for (int i = 0; i < n; i++) {
+        const struct ggml_tensor *node = ggml_graph_node(graph, i);
+        if ((*why = check_params(node)))
+            return GGML_STATUS_ABORTED;
+        const struct ggml_tensor *idx;
+        int64_t limit;
+        if (!index_input(node, &idx, &limit))
+            continue;
+        if (!idx) {
+            *why = "index op without its index input";
+            return GGML_STATUS_ABORTED;
+        }
+        struct index_use *u = find_use(s, idx, limit);
+        if (u) {
+            u->last = i;
+            continue;
+        }
+        if (buffer_is_guest_shared(s, idx->buffer)) {
+            *why = "index tensor in guest-shared memory";
+            return GGML_STATUS_ABORTED;
+        }
+        if (s->policy_n_uses == s->policy_uses_cap) {
+            int cap = s->policy_uses_cap ? 2 * s->policy_uses_cap : 16;
+            void *p = realloc(s->policy_uses, (size_t)cap * sizeof(struct index_use));
+            if (!p) {
+                *why = "out of memory for index validation";
+                return GGML_STATUS_ABORTED;
+            }
+            s->policy_uses = p;
+            s->policy_uses_cap = cap;
+        }
+        ((struct index_use *)s->policy_uses)[s->policy_n_uses++] =
+            (struct index_use){ .idx = idx, .limit = limit, .last = i };
+    }
+
+    /* Which index inputs does a node before their last use write (aliasing
+     * included)?  Those are checked right before each use; the others once,
+     * now. */
+    struct index_use *uses = s->policy_uses;
+    for (int u = 0; u < s->policy_n_uses; u++) {
+        for (int j = 0; j < uses[u].last && !uses[u].late; j++) {
+            const struct ggml_tensor *w = ggml_graph_node(graph, j);
+            uses[u].late = !is_view_op(w->op) && ranges_overlap(w, uses[u].idx);
+        }
+        if (uses[u].late && written_by_sort_only(graph, &uses[u]))
+            uses[u].late = false;
+        else if (!uses[u].late && (*why = check_index_values(s, uses[u].idx, uses[u].limit)))
+            return GGML_STATUS_ABORTED;
+    }
+
+    int start = 0;
+    for (int i = 0; i < n; i++) {
+        const struct ggml_tensor *idx;
+        int64_t limit;
+        if (!index_input(ggml_graph_node(graph, i), &idx, &limit))
+            continue;
+        struct index_use *u = find_use(s, idx, limit);
+        if (!u->late)
+            continue;
+        if (i > start) {
+            enum ggml_status st = compute_range(s, backend, graph, start, i);
+            if (st != GGML_STATUS_SUCCESS)
+                return st;
+            ggml_backend_synchronize(backend);
+            start = i;
+        }
+        if ((*why = check_index_values(s, idx, limit)))
+            return GGML_STATUS_ABORTED;
+    }
+    return compute_range(s, backend, graph, start, n);
+}
