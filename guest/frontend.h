@@ -44,25 +44,36 @@ struct apir_buft_ctx {
     char name[64];
 };
 
+/* Graph uids the host keeps (BACKEND_GRAPH_COMPUTE_KEYED), as many as its
+ * slots; a miss only costs sending the graph again. */
+#define APIR_KEPT_GRAPHS 4
+
 struct apir_device {
     struct apir_remote remote;
     uint32_t index;
     char name[16];                    /* APIR0, APIR1 ... */
     char description[256];
     enum ggml_backend_dev_type type;
+    bool zero_copy;                   /* buffers are shared blobs the host wraps */
     struct ggml_backend_device dev;
     struct ggml_backend_buffer_type buft;
     struct apir_buft_ctx buft_ctx;
     pthread_mutex_t cache_lock;
     struct apir_op_cache_entry cache[APIR_OP_CACHE_SIZE];
     struct apir_graph_scratch graph;
+    uint64_t kept_uids[APIR_KEPT_GRAPHS];
+    uint32_t kept_next;
 };
 
-/* A buffer's context: its handle and the opaque base the host gave. */
+/* A buffer's context: its handle and the opaque base the host gave; or, for
+ * a zero-copy buffer, the shared blob that is its memory (base = mapping). */
 struct apir_buffer_ctx {
     struct apir_device *device;
     uint64_t handle;
     uint64_t base;
+    uint8_t *mapped;      /* zero copy: the buffer's memory, shared with the host */
+    size_t mapped_size;
+    uint32_t res_id;
 };
 
 /* frontend_buffer.c */

@@ -8,6 +8,9 @@
 
 #include <stdlib.h>
 
+/* struct ggml_cgraph: its uid marks a graph ggml's scheduler reuses as is. */
+#include "ggml-impl.h"
+
 static ggml_guid_t apir_guid(void)
 {
     static ggml_guid guid = { 0x61, 0x70, 0x69, 0x72, 0x2d, 0x67, 0x67, 0x6d, 0x6c, 0x2d, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65 };
@@ -30,18 +33,63 @@ static void backend_synchronize(ggml_backend_t backend)
     (void)backend;
 }
 
+static bool uid_is_kept(struct apir_device *d, uint64_t uid)
+{
+    for (int i = 0; i < APIR_KEPT_GRAPHS; i++)
+        if (d->kept_uids[i] == uid)
+            return true;
+    return false;
+}
+
+static void uid_forget(struct apir_device *d, uint64_t uid)
+{
+    for (int i = 0; i < APIR_KEPT_GRAPHS; i++)
+        if (d->kept_uids[i] == uid)
+            d->kept_uids[i] = 0;
+}
+
+/*
+ * A graph whose uid the host keeps is recomputed by uid: nothing is
+ * serialized, sent or decoded again (the token path).  ggml's scheduler gives
+ * a graph a new uid whenever it splits it anew, so an equal uid means the
+ * same nodes, tensors and placements; only tensor contents change, and those
+ * the host re-checks where they matter (index values).
+ */
 static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph *cgraph)
 {
     struct apir_device *d = backend->context;
     struct apir_remote *r = &d->remote;
     uint32_t status = GGML_STATUS_FAILED;
+    const uint64_t uid = cgraph->uid;
+    const bool keyed = uid != 0 && r->minor >= 2;
     pthread_mutex_lock(&r->lock);
-    size_t size = apir_graph_serialize(d, cgraph);
-    if (!size) {
-        APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
-    } else if (apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_COMPUTE, r->data_res_id, (uint64_t)size, &status) !=
-               APIR_HANDLER_OK) {
+    if (keyed && uid_is_kept(d, uid)) {
+        int rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, uid, &status);
+        if (rc == APIR_HANDLER_OK) {
+            pthread_mutex_unlock(&r->lock);
+            return (enum ggml_status)status;
+        }
+        uid_forget(d, uid);
         status = GGML_STATUS_FAILED;
+        if (rc != APIR_HANDLER_STALE) {
+            pthread_mutex_unlock(&r->lock);
+            return GGML_STATUS_FAILED;
+        }
+    }
+    size_t size = apir_graph_serialize(d, cgraph);
+    int rc = -1;
+    if (!size)
+        APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
+    else if (keyed)
+        rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, r->data_res_id, (uint64_t)0, (uint64_t)size, uid,
+                              &status);
+    else
+        rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_COMPUTE, r->data_res_id, (uint64_t)size, &status);
+    if (rc != APIR_HANDLER_OK)
+        status = GGML_STATUS_FAILED;
+    else if (keyed) {
+        d->kept_uids[d->kept_next] = uid;
+        d->kept_next = (d->kept_next + 1) % APIR_KEPT_GRAPHS;
     }
     pthread_mutex_unlock(&r->lock);
     return (enum ggml_status)status;

@@ -49,8 +49,20 @@ static bool buft_is_host(ggml_backend_buffer_type_t buft)
 static void buffer_free(ggml_backend_buffer_t buffer)
 {
     struct apir_buffer_ctx *bc = buffer->context;
-    apir_call(&bc->device->remote, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
+    struct apir_remote *r = &bc->device->remote;
+    apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
+    if (bc->mapped) {
+        pthread_mutex_lock(&r->lock);
+        r->t->ops->blob_destroy(r->t, bc->res_id, bc->mapped, bc->mapped_size);
+        pthread_mutex_unlock(&r->lock);
+    }
     free(bc);
+}
+
+/* Where a tensor's bytes are in a zero-copy buffer's mapping. */
+static uint8_t *mapped_at(const struct apir_buffer_ctx *bc, const struct ggml_tensor *t, size_t offset)
+{
+    return bc->mapped + ((uintptr_t)t->data - (uintptr_t)bc->base) + offset;
 }
 
 static void *buffer_get_base(ggml_backend_buffer_t buffer)
@@ -80,6 +92,14 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
 {
     struct apir_buffer_ctx *bc = buffer->context;
     struct apir_remote *r = &bc->device->remote;
+    if (bc->mapped) {
+        /* The buffer is shared memory: a plain copy, as the CPU backend does. */
+        if (set)
+            memcpy(mapped_at(bc, tensor, offset), data, size);
+        else
+            memcpy(data, mapped_at(bc, tensor, offset), size);
+        return;
+    }
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
@@ -120,6 +140,10 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
                                  size_t size)
 {
     struct apir_buffer_ctx *bc = buffer->context;
+    if (bc->mapped) {
+        memset(mapped_at(bc, tensor, offset), value, size);
+        return;
+    }
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
@@ -144,6 +168,11 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
     if (!src->buffer || !apir_buffer_is_ours(src->buffer) ||
         ((struct apir_buffer_ctx *)src->buffer->context)->device != bc->device)
         return false;
+    const struct apir_buffer_ctx *sbc = src->buffer->context;
+    if (bc->mapped && sbc->mapped) {
+        memcpy(mapped_at(bc, dst, 0), mapped_at(sbc, src, 0), ggml_nbytes(src));
+        return true;
+    }
     struct apir_tensor_rec src_rec, dst_rec;
     if (!apir_tensor_to_rec(src, &src_rec, true) || !apir_tensor_to_rec(dst, &dst_rec, true))
         return false;
@@ -156,6 +185,10 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
 static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
 {
     struct apir_buffer_ctx *bc = buffer->context;
+    if (bc->mapped) {
+        memset(bc->mapped, value, buffer->size);
+        return;
+    }
     apir_call(&bc->device->remote, APIR_CMD_BUFFER_CLEAR, bc->handle, (unsigned)value);
 }
 
@@ -178,9 +211,47 @@ bool apir_buffer_is_ours(ggml_backend_buffer_t buffer)
     return buffer->iface.free_buffer == buffer_free;
 }
 
+/* A buffer whose memory is a shared blob the host wraps (zero copy). */
+static ggml_backend_buffer_t alloc_zero_copy(ggml_backend_buffer_type_t buft, struct apir_device *d, size_t size)
+{
+    struct apir_remote *r = &d->remote;
+    size_t blob_size = size ? size : 1;
+    uint32_t res_id;
+    void *ptr;
+    uint64_t handle = 0, buft_handle = 0;
+    pthread_mutex_lock(&r->lock);
+    int rc = r->t->ops->blob_create(r->t, blob_size, &res_id, &ptr);
+    if (rc == 0)
+        rc = apir_call_locked(r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)blob_size, (uint64_t)blob_size,
+                              &handle, &buft_handle);
+    if (rc != 0 && rc != -1 && ptr)
+        r->t->ops->blob_destroy(r->t, res_id, ptr, blob_size);
+    pthread_mutex_unlock(&r->lock);
+    struct apir_buffer_ctx *bc = rc == 0 ? calloc(1, sizeof(*bc)) : NULL;
+    if (!bc) {
+        APIR_ERROR("guest", "%s: a %zu-byte shared buffer failed", d->name, size);
+        if (rc == 0) {
+            apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, handle);
+            pthread_mutex_lock(&r->lock);
+            r->t->ops->blob_destroy(r->t, res_id, ptr, blob_size);
+            pthread_mutex_unlock(&r->lock);
+        }
+        return NULL;
+    }
+    bc->device = d;
+    bc->handle = handle;
+    bc->mapped = ptr;
+    bc->mapped_size = blob_size;
+    bc->res_id = res_id;
+    bc->base = (uint64_t)(uintptr_t)ptr;
+    return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
+}
+
 static ggml_backend_buffer_t buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size)
 {
     struct apir_device *d = buft_device(buft);
+    if (d->zero_copy)
+        return alloc_zero_copy(buft, d, size);
     struct apir_buft_ctx *bctx = buft->context;
     uint64_t handle = 0, base = 0;
     if (apir_call(&d->remote, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, bctx->handle, (uint64_t)size, &handle) != APIR_HANDLER_OK ||

@@ -7,6 +7,7 @@
 #include "apir_proto.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static struct apir_device *dev_ctx(ggml_backend_dev_t dev) { return dev->context; }
@@ -157,6 +158,14 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * there, not on the guest's CPU backend. */
     d->type = type == GGML_BACKEND_DEVICE_TYPE_CPU ? GGML_BACKEND_DEVICE_TYPE_GPU : (enum ggml_backend_dev_type)type;
     snprintf(d->description, sizeof(d->description), "%s via %s", remote_desc, d->remote.t->endpoint);
+    /* Zero copy when the host can wrap our shared memory as a buffer (a CPU
+     * host) and the transport's blobs are shared memory: tensor data then
+     * never crosses the connection.  APIR_ZERO_COPY=0 turns it off. */
+    bool async = false, host_buf = false, from_ptr = false, events = false;
+    const char *zc = getenv("APIR_ZERO_COPY");
+    if (d->remote.t->blobs_shared && d->remote.minor >= 2 && !(zc && !strcmp(zc, "0")) &&
+        apir_call(&d->remote, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events) == APIR_HANDLER_OK)
+        d->zero_copy = from_ptr;
     pthread_mutex_init(&d->cache_lock, NULL);
     d->dev.iface = apir_device_iface;
     d->dev.reg = reg;

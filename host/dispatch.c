@@ -450,6 +450,7 @@ HANDLER(BUFFER_FREE_BUFFER)
         apir_session_blob_unpin(s, hb->pinned_blob);
     s->n_buffers--;
     s->bytes_allocated -= hb->size;
+    s->buffers_epoch++;  /* kept graphs may point into it */
     apir_handle_free(&s->handles, h);
     free(hb);
     return APIR_HANDLER_OK;
@@ -481,29 +482,62 @@ HANDLER(BUFFER_INIT_TENSOR)
 
 /* ---- backend ---------------------------------------------------------------- */
 
+/* Where a keyed graph goes: its own slot, an empty one, or the least
+ * recently used. */
+static struct apir_graph_slot *graph_slot_for(struct apir_session *s, uint64_t key)
+{
+    struct apir_graph_slot *best = &s->graph_cache[0];
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++) {
+        struct apir_graph_slot *g = &s->graph_cache[i];
+        if (g->key == key)
+            return g;
+        if (g->key == 0 || (best->key != 0 && g->last_use < best->last_use))
+            best = g;
+    }
+    return best;
+}
+
+/* Checks (op_policy.c) and computes an imported graph; the scratch it lives
+ * in is s->import_sc for the duration. */
+static enum ggml_status run_graph(struct apir_session *s, const char *cmd, ggml_backend_t backend,
+                                  struct ggml_cgraph *graph, uint32_t *result)
+{
+    const char *why = NULL;
+    enum ggml_status status = apir_policy_compute(s, backend, graph, &why);
+    s->n_graphs++;
+    if (why)
+        *result = bad(s, cmd, why);
+    return status;
+}
+
 static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t res_id, uint64_t offset, uint64_t size,
-                              struct apir_encoder *reply)
+                              uint64_t key, struct apir_encoder *reply)
 {
     enum ggml_status status = GGML_STATUS_ABORTED;
     uint32_t result = APIR_HANDLER_OK;
     ggml_backend_t backend = apir_session_backend(s, s->device);
     const uint8_t *blob = apir_session_blob_range(s, res_id, offset, size);
+    struct apir_graph_slot *slot = key ? graph_slot_for(s, key) : NULL;
+    if (slot) {
+        slot->key = 0;  /* until this import succeeds */
+        s->import_sc = &slot->scratch;
+    }
     if (!backend) {
         status = GGML_STATUS_FAILED;
     } else if (!blob) {
         result = bad(s, cmd, "graph range outside its blob");
     } else {
         struct ggml_cgraph *graph = apir_import_graph(s, blob, size);
-        const char *why = NULL;
         if (graph) {
-            status = apir_policy_compute(s, backend, graph, &why);
-            s->n_graphs++;
-            if (why)
-                result = bad(s, cmd, why);
+            if (slot)
+                *slot = (struct apir_graph_slot){ .key = key, .epoch = s->buffers_epoch, .last_use = ++s->graph_clock,
+                                                  .device = s->device, .graph = graph, .scratch = slot->scratch };
+            status = run_graph(s, cmd, backend, graph, &result);
         } else {
             result = bad(s, cmd, apir_import_error());
         }
     }
+    s->import_sc = &s->scratch;
     apir_encode_u32(reply, (uint32_t)status);
     return result;
 }
@@ -514,7 +548,7 @@ HANDLER(BACKEND_GRAPH_COMPUTE)
     uint64_t size;
     if (!DECODE(BACKEND_GRAPH_COMPUTE, &res_id, &size))
         return bad(s, "BACKEND_GRAPH_COMPUTE", "malformed request");
-    return graph_compute(s, "BACKEND_GRAPH_COMPUTE", res_id, 0, size, reply);
+    return graph_compute(s, "BACKEND_GRAPH_COMPUTE", res_id, 0, size, 0, reply);
 }
 
 HANDLER(BACKEND_GRAPH_COMPUTE_AT)
@@ -523,7 +557,42 @@ HANDLER(BACKEND_GRAPH_COMPUTE_AT)
     uint64_t offset, size;
     if (!DECODE(BACKEND_GRAPH_COMPUTE_AT, &res_id, &offset, &size))
         return bad(s, "BACKEND_GRAPH_COMPUTE_AT", "malformed request");
-    return graph_compute(s, "BACKEND_GRAPH_COMPUTE_AT", res_id, offset, size, reply);
+    return graph_compute(s, "BACKEND_GRAPH_COMPUTE_AT", res_id, offset, size, 0, reply);
+}
+
+HANDLER(BACKEND_GRAPH_COMPUTE_KEYED)
+{
+    uint32_t res_id;
+    uint64_t offset, size, key;
+    if (!DECODE(BACKEND_GRAPH_COMPUTE_KEYED, &res_id, &offset, &size, &key) || key == 0)
+        return bad(s, "BACKEND_GRAPH_COMPUTE_KEYED", "malformed request");
+    return graph_compute(s, "BACKEND_GRAPH_COMPUTE_KEYED", res_id, offset, size, key, reply);
+}
+
+/* The token path: a graph the guest sent before, computed again.  Index
+ * values are checked again (they change per call); the records cannot. */
+HANDLER(BACKEND_GRAPH_RECOMPUTE)
+{
+    uint64_t key;
+    if (!DECODE(BACKEND_GRAPH_RECOMPUTE, &key) || key == 0)
+        return bad(s, "BACKEND_GRAPH_RECOMPUTE", "malformed request");
+    struct apir_graph_slot *slot = NULL;
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS && !slot; i++)
+        if (s->graph_cache[i].key == key)
+            slot = &s->graph_cache[i];
+    ggml_backend_t backend = apir_session_backend(s, s->device);
+    if (!slot || slot->epoch != s->buffers_epoch || slot->device != s->device || !backend) {
+        apir_encode_u32(reply, GGML_STATUS_ABORTED);
+        return APIR_HANDLER_STALE;
+    }
+    slot->last_use = ++s->graph_clock;
+    s->n_recomputes++;
+    uint32_t result = APIR_HANDLER_OK;
+    s->import_sc = &slot->scratch;
+    enum ggml_status status = run_graph(s, "BACKEND_GRAPH_RECOMPUTE", backend, slot->graph, &result);
+    s->import_sc = &s->scratch;
+    apir_encode_u32(reply, (uint32_t)status);
+    return result;
 }
 
 HANDLER(BACKEND_SYNCHRONIZE)

@@ -126,7 +126,7 @@ static const char *check_record(struct apir_session *s, const struct apir_tensor
 static struct ggml_tensor *make_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, struct apir_host_buffer *hb)
 {
     int64_t ne[4] = { rec->ne[0], rec->ne[1], rec->ne[2], rec->ne[3] };
-    struct ggml_tensor *t = ggml_new_tensor(s->scratch.ctx, (enum ggml_type)rec->type, 4, ne);
+    struct ggml_tensor *t = ggml_new_tensor(s->import_sc->ctx, (enum ggml_type)rec->type, 4, ne);
     if (!t)
         return NULL;
     for (int i = 0; i < 4; i++)
@@ -177,14 +177,19 @@ static bool scratch_grow_tensors(struct apir_import_scratch *sc, uint32_t n)
 
 bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_nodes)
 {
-    struct apir_import_scratch *sc = &s->scratch;
-    size_t need = (size_t)n_tensors * ggml_tensor_overhead() + 1024;
+    struct apir_import_scratch *sc = s->import_sc;
+    size_t need = ((size_t)n_tensors + APIR_MAX_SHADOWS) * ggml_tensor_overhead() + 1024;
     /* The graph, and one more for computing it in segments (op_policy.c);
      * ggml aborts when a context runs out, so reserve, never guess. */
     if (n_nodes)
         need += 2 * ggml_graph_overhead_custom(n_nodes, false);
     if (!scratch_grow_tensors(sc, n_tensors ? n_tensors : 1))
         return fail("out of memory for the tensor map");
+    sc->segment_graph = NULL;
+    sc->segment_graph_size = 0;
+    for (uint32_t i = 0; i < sc->n_shadows; i++)
+        free(sc->shadows[i].mem);
+    sc->n_shadows = 0;
     if (sc->ctx && need <= sc->ctx_size) {
         ggml_reset(sc->ctx);
         return true;
@@ -301,7 +306,7 @@ static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
 
 struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer)
 {
-    struct apir_import_scratch *sc = &s->scratch;
+    struct apir_import_scratch *sc = s->import_sc;
     const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
     if (n == 0 || n > sc->tensors_cap)
         return fail("tensor count out of range");
@@ -377,7 +382,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
     struct ggml_tensor **tensors = apir_import_list(s, n_tensors, records, true);
     if (!tensors)
         return NULL;
-    struct ggml_cgraph *graph = ggml_new_graph_custom(s->scratch.ctx, n_nodes, false);
+    struct ggml_cgraph *graph = ggml_new_graph_custom(s->import_sc->ctx, n_nodes, false);
     if (!graph)
         return fail("scratch context full");
     ggml_backend_dev_t dev = s->host->devices[s->device];
@@ -385,7 +390,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
         uint64_t id;
         memcpy(&id, node_ids + (size_t)i * 8, 8);
         uint32_t j;
-        if (!map_get(&s->scratch, id, &j))
+        if (!map_get(s->import_sc, id, &j))
             return fail("graph node id not in the tensor list");
         struct ggml_tensor *node = tensors[j];
         /* Never hand a backend an op it does not support: some abort. */

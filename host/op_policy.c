@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A distinct index input of a graph (one (tensor, limit) pair; every
- * layer's SET_ROWS shares the same k_idxs). */
+/* A distinct index input of a graph: one (tensor, limit) pair (every layer's
+ * SET_ROWS shares the same k_idxs). */
 struct index_use {
-    const struct ggml_tensor *idx;
+    struct ggml_tensor *idx;        /* the guest's tensor */
+    struct ggml_tensor *shadow;     /* host-private copy the ops read, or NULL */
     int64_t limit;                  /* values must be in [0, limit) */
     int last;                       /* last node that reads it */
     bool late;                      /* an earlier node writes its memory */
@@ -21,29 +22,29 @@ static bool is_view_op(enum ggml_op op)
            op == GGML_OP_TRANSPOSE;
 }
 
-/* The index input of a node, if its op has one. */
-static bool index_input(const struct ggml_tensor *n, const struct ggml_tensor **idx, int64_t *limit)
+/* The index input of a node (which src slot), if its op has one. */
+static bool index_input(const struct ggml_tensor *n, int *slot, int64_t *limit)
 {
     switch (n->op) {
     case GGML_OP_GET_ROWS:
-        *idx = n->src[1];
+        *slot = 1;
         *limit = n->src[0] ? n->src[0]->ne[1] : 0;
         return true;
     case GGML_OP_GET_ROWS_BACK:
     case GGML_OP_SET_ROWS:
-        *idx = n->src[1];
+        *slot = 1;
         *limit = n->ne[1];
         return true;
     case GGML_OP_MUL_MAT_ID:
-        *idx = n->src[2];
+        *slot = 2;
         *limit = n->src[0] ? n->src[0]->ne[2] : 0;
         return true;
     case GGML_OP_ADD_ID:
-        *idx = n->src[2];
+        *slot = 2;
         *limit = n->src[1] ? n->src[1]->ne[1] : 0;
         return true;
     case GGML_OP_SSM_SCAN:
-        *idx = n->src[6];
+        *slot = 6;
         *limit = n->src[0] ? n->src[0]->ne[3] : 0;
         return true;
     default:
@@ -97,17 +98,21 @@ static bool ranges_overlap(const struct ggml_tensor *a, const struct ggml_tensor
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
-/* Reads the index values (through a copy when the memory is not the host's)
- * and checks each against [0, limit). */
-static const char *check_index_values(struct apir_session *s, const struct ggml_tensor *t, int64_t limit)
+/* Takes the values the op will read: for a shadowed index, copies the
+ * guest's memory into the private copy first, so what is checked is what
+ * is used.  Then checks each value against [0, limit). */
+static const char *take_and_check(struct apir_session *s, const struct index_use *u)
 {
+    const struct ggml_tensor *t = u->shadow ? u->shadow : u->idx;
     if (t->type != GGML_TYPE_I32 && t->type != GGML_TYPE_I64)
         return "index tensor is not I32/I64";
-    if (!t->buffer || !t->data)
+    if (!u->idx->buffer || !u->idx->data)
         return "index tensor without memory";
-    const uint8_t *base = t->data;
     size_t nbytes = ggml_nbytes(t);
-    if (!ggml_backend_buffer_is_host(t->buffer)) {
+    if (u->shadow)
+        memcpy(u->shadow->data, u->idx->data, nbytes);
+    const uint8_t *base = t->data;
+    if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer)) {
         if (nbytes > s->policy_scratch_size) {
             void *p = realloc(s->policy_scratch, nbytes);
             if (!p)
@@ -131,7 +136,7 @@ static const char *check_index_values(struct apir_session *s, const struct ggml_
                     } else {
                         memcpy(&v, row + i0 * t->nb[0], 8);
                     }
-                    if (v < 0 || v >= limit)
+                    if (v < 0 || v >= u->limit)
                         return "index value out of range";
                 }
             }
@@ -148,22 +153,66 @@ static bool buffer_is_guest_shared(struct apir_session *s, ggml_backend_buffer_t
     return true;  /* unknown: treat as the worst case */
 }
 
+/*
+ * An index tensor in guest-shared memory (DEVICE_BUFFER_FROM_PTR) could be
+ * changed by the guest between the check and the op.  The op reads a
+ * host-private copy instead: a shadow tensor, same shape and strides, whose
+ * data is filled from the guest's memory right before each check.  Shadows
+ * belong to the imported graph's scratch, so a kept graph keeps them.
+ */
+static struct ggml_tensor *shadow_of(struct apir_import_scratch *sc, const struct ggml_tensor *idx)
+{
+    for (uint32_t i = 0; i < sc->n_shadows; i++)
+        if (sc->shadows[i].orig == idx || sc->shadows[i].shadow == idx)
+            return sc->shadows[i].shadow;
+    return NULL;
+}
+
+static struct ggml_tensor *orig_of(struct apir_import_scratch *sc, struct ggml_tensor *t)
+{
+    for (uint32_t i = 0; i < sc->n_shadows; i++)
+        if (sc->shadows[i].shadow == t)
+            return sc->shadows[i].orig;
+    return t;
+}
+
+static struct ggml_tensor *make_shadow(struct apir_import_scratch *sc, struct ggml_tensor *idx)
+{
+    if (sc->n_shadows == APIR_MAX_SHADOWS)
+        return NULL;
+    struct ggml_tensor *sh = ggml_new_tensor(sc->ctx, idx->type, GGML_MAX_DIMS, idx->ne);
+    void *mem = sh ? malloc(ggml_nbytes(idx) ? ggml_nbytes(idx) : 1) : NULL;
+    if (!mem)
+        return NULL;
+    memcpy(sh->nb, idx->nb, sizeof(sh->nb));
+    sh->buffer = idx->buffer;  /* host memory, as the original's */
+    sh->data = mem;
+    sc->shadows[sc->n_shadows].orig = idx;
+    sc->shadows[sc->n_shadows].shadow = sh;
+    sc->shadows[sc->n_shadows].mem = mem;
+    sc->n_shadows++;
+    return sh;
+}
+
 /* Computes nodes [i0, i1) as one graph. */
 static enum ggml_status compute_range(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph, int i0,
                                       int i1)
 {
     if (i0 == 0 && i1 == ggml_graph_n_nodes(graph))
         return ggml_backend_graph_compute(backend, graph);
-    if (!s->policy_graph || s->policy_graph_size < ggml_graph_n_nodes(graph)) {
-        s->policy_graph = ggml_new_graph_custom(s->scratch.ctx, (size_t)ggml_graph_n_nodes(graph), false);
-        if (!s->policy_graph)
+    /* One segment graph per imported graph, in the context that holds it
+     * (the import reserved room for it). */
+    struct apir_import_scratch *sc = s->import_sc;
+    if (!sc->segment_graph) {
+        sc->segment_graph = ggml_new_graph_custom(sc->ctx, (size_t)ggml_graph_n_nodes(graph), false);
+        if (!sc->segment_graph)
             return GGML_STATUS_ALLOC_FAILED;
-        s->policy_graph_size = ggml_graph_n_nodes(graph);
+        sc->segment_graph_size = ggml_graph_n_nodes(graph);
     }
-    ggml_graph_clear(s->policy_graph);
+    ggml_graph_clear(sc->segment_graph);
     for (int i = i0; i < i1; i++)
-        ggml_graph_add_node(s->policy_graph, ggml_graph_node(graph, i));
-    return ggml_backend_graph_compute(backend, s->policy_graph);
+        ggml_graph_add_node(sc->segment_graph, ggml_graph_node(graph, i));
+    return ggml_backend_graph_compute(backend, sc->segment_graph);
 }
 
 /* Indices computed by ARGSORT or TOP_K lie in [0, src->ne[0]) by
@@ -195,48 +244,61 @@ static struct index_use *find_use(struct apir_session *s, const struct ggml_tens
     return NULL;
 }
 
+static struct index_use *add_use(struct apir_session *s)
+{
+    if (s->policy_n_uses == s->policy_uses_cap) {
+        int cap = s->policy_uses_cap ? 2 * s->policy_uses_cap : 16;
+        void *p = realloc(s->policy_uses, (size_t)cap * sizeof(struct index_use));
+        if (!p)
+            return NULL;
+        s->policy_uses = p;
+        s->policy_uses_cap = cap;
+    }
+    struct index_use *u = &((struct index_use *)s->policy_uses)[s->policy_n_uses++];
+    memset(u, 0, sizeof(*u));
+    return u;
+}
+
 enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
                                      const char **why)
 {
+    struct apir_import_scratch *sc = s->import_sc;
     const int n = ggml_graph_n_nodes(graph);
-    s->policy_graph = NULL;  /* lives in the scratch context, reset per graph */
-    s->policy_graph_size = 0;
     s->policy_n_uses = 0;
     *why = NULL;
 
     for (int i = 0; i < n; i++) {
-        const struct ggml_tensor *node = ggml_graph_node(graph, i);
+        struct ggml_tensor *node = ggml_graph_node(graph, i);
         if ((*why = check_params(node)))
             return GGML_STATUS_ABORTED;
-        const struct ggml_tensor *idx;
+        int slot;
         int64_t limit;
-        if (!index_input(node, &idx, &limit))
+        if (!index_input(node, &slot, &limit))
             continue;
+        struct ggml_tensor *idx = node->src[slot] ? orig_of(sc, node->src[slot]) : NULL;
         if (!idx) {
             *why = "index op without its index input";
             return GGML_STATUS_ABORTED;
         }
         struct index_use *u = find_use(s, idx, limit);
-        if (u) {
-            u->last = i;
-            continue;
-        }
-        if (buffer_is_guest_shared(s, idx->buffer)) {
-            *why = "index tensor in guest-shared memory";
-            return GGML_STATUS_ABORTED;
-        }
-        if (s->policy_n_uses == s->policy_uses_cap) {
-            int cap = s->policy_uses_cap ? 2 * s->policy_uses_cap : 16;
-            void *p = realloc(s->policy_uses, (size_t)cap * sizeof(struct index_use));
-            if (!p) {
+        if (!u) {
+            if (!(u = add_use(s))) {
                 *why = "out of memory for index validation";
                 return GGML_STATUS_ABORTED;
             }
-            s->policy_uses = p;
-            s->policy_uses_cap = cap;
+            u->idx = idx;
+            u->limit = limit;
+            u->shadow = shadow_of(sc, idx);
+            if (!u->shadow && buffer_is_guest_shared(s, idx->buffer)) {
+                if (!ggml_backend_buffer_is_host(idx->buffer) || !(u->shadow = make_shadow(sc, idx))) {
+                    *why = "index tensor in guest-shared memory cannot be copied";
+                    return GGML_STATUS_ABORTED;
+                }
+            }
         }
-        ((struct index_use *)s->policy_uses)[s->policy_n_uses++] =
-            (struct index_use){ .idx = idx, .limit = limit, .last = i };
+        u->last = i;
+        if (u->shadow)
+            node->src[slot] = u->shadow;  /* the op reads the checked copy */
     }
 
     /* Which index inputs does a node before their last use write (aliasing
@@ -248,19 +310,22 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
             const struct ggml_tensor *w = ggml_graph_node(graph, j);
             uses[u].late = !is_view_op(w->op) && ranges_overlap(w, uses[u].idx);
         }
-        if (uses[u].late && written_by_sort_only(graph, &uses[u]))
+        /* A sort's output is in range by construction, but a shadow must
+         * still be refreshed at the use. */
+        if (uses[u].late && !uses[u].shadow && written_by_sort_only(graph, &uses[u]))
             uses[u].late = false;
-        else if (!uses[u].late && (*why = check_index_values(s, uses[u].idx, uses[u].limit)))
+        else if (!uses[u].late && (*why = take_and_check(s, &uses[u])))
             return GGML_STATUS_ABORTED;
     }
 
     int start = 0;
     for (int i = 0; i < n; i++) {
-        const struct ggml_tensor *idx;
+        const struct ggml_tensor *node = ggml_graph_node(graph, i);
+        int slot;
         int64_t limit;
-        if (!index_input(ggml_graph_node(graph, i), &idx, &limit))
+        if (!index_input(node, &slot, &limit))
             continue;
-        struct index_use *u = find_use(s, idx, limit);
+        struct index_use *u = find_use(s, orig_of(sc, node->src[slot]), limit);
         if (!u->late)
             continue;
         if (i > start) {
@@ -270,7 +335,7 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
             ggml_backend_synchronize(backend);
             start = i;
         }
-        if ((*why = check_index_values(s, idx, limit)))
+        if ((*why = take_and_check(s, u)))
             return GGML_STATUS_ABORTED;
     }
     return compute_range(s, backend, graph, start, n);

@@ -8,9 +8,9 @@
  *       index values are validated against the dimension they index, right
  *       before the op reads them: up front when no earlier node of the graph
  *       writes their memory, otherwise the graph is computed in segments and
- *       validated at the split.  Index tensors in guest-shared memory
- *       (DEVICE_BUFFER_FROM_PTR) are refused: the guest could change them
- *       after the check.
+ *       validated at the split.  An index tensor in guest-shared memory
+ *       (DEVICE_BUFFER_FROM_PTR), which the guest could change after the
+ *       check, is copied to host-private memory first; the op reads the copy.
  *   SET, ACC  the destination view (op_params: strides, offset) must lie
  *       inside the destination.
  *   CONCAT    the dimension must be 0..3.
@@ -24,7 +24,7 @@
 
 #include "session.h"
 
-/* Checks and computes a graph.  On a refusal returns GGML_STATUS_ABORTED
+/* Checks and computes a graph imported into s->import_sc.  On a refusal returns GGML_STATUS_ABORTED
  * and sets *why; nothing of the refused part runs. */
 enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
                                      const char **why);

@@ -9,6 +9,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+void apir_import_scratch_free(struct apir_import_scratch *sc)
+{
+    for (uint32_t i = 0; i < sc->n_shadows; i++)
+        free(sc->shadows[i].mem);
+    if (sc->ctx)
+        ggml_free(sc->ctx);
+    free(sc->ctx_mem);
+    free(sc->keys);
+    free(sc->vals);
+    free(sc->tensors);
+    free(sc->src_ids);
+    free(sc->state);
+    free(sc->stack);
+    memset(sc, 0, sizeof(*sc));
+}
+
 struct apir_session *apir_session_new(struct apir_host *host, const char *name)
 {
     struct apir_session *s = calloc(1, sizeof(*s));
@@ -16,6 +32,7 @@ struct apir_session *apir_session_new(struct apir_host *host, const char *name)
         return NULL;
     s->host = host;
     s->minor = APIR_VERSION_MINOR_REFERENCE;
+    s->import_sc = &s->scratch;
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "session");
     /* buffers + one buffer type per device */
     apir_handles_init(&s->handles, host->cfg.limits.max_buffers + APIR_HOST_MAX_DEVICES);
@@ -53,16 +70,9 @@ void apir_session_free(struct apir_session *s)
     for (uint32_t i = 0; i < APIR_HOST_MAX_DEVICES; i++)
         if (s->backends[i])
             ggml_backend_free(s->backends[i]);
-    struct apir_import_scratch *sc = &s->scratch;
-    if (sc->ctx)
-        ggml_free(sc->ctx);
-    free(sc->ctx_mem);
-    free(sc->keys);
-    free(sc->vals);
-    free(sc->tensors);
-    free(sc->src_ids);
-    free(sc->state);
-    free(sc->stack);
+    apir_import_scratch_free(&s->scratch);
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
+        apir_import_scratch_free(&s->graph_cache[i].scratch);
     free(s->policy_scratch);
     free(s->policy_uses);
     free(s);

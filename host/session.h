@@ -40,6 +40,8 @@ struct apir_host_buffer {
     uint32_t pinned_blob;   /* res_id wrapped by BUFFER_FROM_PTR, 0 if none */
 };
 
+#define APIR_MAX_SHADOWS 64
+
 /* Reusable scratch for tensor import: grows, never shrinks, so the token
  * path does not allocate once warmed up. */
 struct apir_import_scratch {
@@ -54,6 +56,28 @@ struct apir_import_scratch {
     uint8_t *state;         /* DFS colours for the cycle check */
     uint32_t *stack;
     uint32_t tensors_cap;
+    struct ggml_cgraph *segment_graph;  /* op_policy.c: computing in parts */
+    int segment_graph_size;
+    /* op_policy.c: host-private copies of index tensors in guest-shared memory */
+    struct apir_shadow {
+        struct ggml_tensor *orig, *shadow;
+        void *mem;
+    } shadows[APIR_MAX_SHADOWS];
+    uint32_t n_shadows;
+};
+
+/* Graphs kept by key (apir 0.2 BACKEND_GRAPH_COMPUTE_KEYED): a reused graph
+ * is recomputed by key, without being sent, decoded and checked again.  Each
+ * slot owns its tensors' context.  A buffer freed anywhere in the session
+ * invalidates every slot (its tensors could point into the freed buffer). */
+#define APIR_GRAPH_CACHE_SLOTS 4
+struct apir_graph_slot {
+    uint64_t key;            /* 0: empty */
+    uint64_t epoch;          /* buffers_epoch when imported */
+    uint64_t last_use;
+    uint32_t device;
+    struct ggml_cgraph *graph;
+    struct apir_import_scratch scratch;
 };
 
 /* Lookup for blobs the session does not hold itself (virgl's get_shmem_ptr). */
@@ -76,19 +100,22 @@ struct apir_session {
     uint64_t bytes_allocated;
 
     uint32_t minor;                        /* negotiated protocol minor */
-    uint64_t n_commands, n_graphs, n_refused;  /* for the log line at exit */
+    uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
     struct apir_import_scratch scratch;
-    /* op_policy.c: index copies of device memory, a graph for segments */
+    struct apir_import_scratch *import_sc;   /* where imports go: &scratch or a graph slot's */
+    struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];
+    uint64_t buffers_epoch;                  /* bumped when a buffer is freed */
+    uint64_t graph_clock;
+    /* op_policy.c: index copies of device memory */
     void *policy_scratch;
     size_t policy_scratch_size;
-    struct ggml_cgraph *policy_graph;
-    int policy_graph_size;
     void *policy_uses;                     /* struct index_use[] */
     int policy_n_uses, policy_uses_cap;
     char name[48];                         /* for log lines */
 };
 
 struct apir_session *apir_session_new(struct apir_host *host, const char *name);
+void apir_import_scratch_free(struct apir_import_scratch *sc);
 void apir_session_free(struct apir_session *s);
 
 /* Blobs: add/remove is the transport's job; lookups check bounds. */

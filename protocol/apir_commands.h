@@ -62,7 +62,9 @@
     X(29, BUFFER_SET_TENSOR_AT,             "htrqqq", "")                 \
     X(30, BUFFER_GET_TENSOR_AT,             "htrqqq", "")                 \
     X(31, BACKEND_GRAPH_COMPUTE_AT,         "rqq",   "e")                 \
-    X(32, BUFFER_INIT_TENSOR,               "ht",    "e")
+    X(32, BUFFER_INIT_TENSOR,               "ht",    "e")                 \
+    X(33, BACKEND_GRAPH_COMPUTE_KEYED,      "rqqq",  "e")                 \
+    X(34, BACKEND_GRAPH_RECOMPUTE,          "q",     "e")
 
 enum apir_command {
 #define APIR_X_ENUM(num, name, req, rep) APIR_CMD_##name = num,

@@ -57,6 +57,7 @@ enum apir_handler_result {
     APIR_HANDLER_LIMIT         = 4, /* a per-client limit was hit         */
     APIR_HANDLER_REPLY_FULL    = 5, /* reply does not fit the reply blob  */
     APIR_HANDLER_INVALID_INDEX = 6, /* unknown command number (0.1)       */
+    APIR_HANDLER_STALE         = 7, /* RECOMPUTE of a graph not kept: send it */
 };
 
 /* LOADLIBRARY: 0 success; 1..5 hypervisor codes; 6 + host library code. */

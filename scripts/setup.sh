@@ -74,7 +74,17 @@ link_deps() {
   fi
 }
 
+# Headers a backend library needs beyond ggml's public ones: the backend
+# interface, and ggml-impl.h for struct ggml_cgraph (its uid tells a reused
+# graph).  Cheap, so done on every run.
+install_private_headers() {
+  local src="$CACHE/src-${PIN_COMMIT:0:7}"
+  mkdir -p "$DEPS/install/include"
+  cp "$src/ggml/src/ggml-backend-impl.h" "$src/ggml/src/ggml-impl.h" "$DEPS/install/include/"
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PIN_COMMIT $key" ]; then
+  install_private_headers
   link_deps
   echo "setup: pinned ggml/llama.cpp build present ($DEPS)"
   exit 0
@@ -125,8 +135,7 @@ cmake --install "$DEPS/build/ggml" >/dev/null 2>&1 || die "ggml install failed"
 cmake --install "$DEPS/build/src" >/dev/null 2>&1 || true
 mkdir -p "$DEPS/install/include" "$DEPS/install/lib" "$DEPS/bin"
 cp "$SRC/include/llama.h" "$DEPS/install/include/"
-# The backend implementation header is what a backend library (our frontend) needs.
-cp "$SRC/ggml/src/ggml-backend-impl.h" "$DEPS/install/include/"
+install_private_headers
 cp -a "$DEPS/build/bin/"lib*.so* "$DEPS/install/lib/" 2>/dev/null || true
 # Tools run from their bin/ (backends are looked up next to the executable).
 cp -a "$DEPS/build/bin/"* "$DEPS/bin/"

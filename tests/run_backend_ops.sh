@@ -16,10 +16,13 @@ args=(test -o "$OPS")
 cd "$APIR_DEPS_BIN"
 out=$(mktemp -d)
 # Backends are loaded beside the executable; ours comes from GGML_BACKEND_PATH.
+t0=$SECONDS
 GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" ./test-backend-ops "${args[@]}" -b APIR0 >"$out/apir.log" 2>&1
 rc_apir=$?
+t_apir=$SECONDS
 ./test-backend-ops "${args[@]}" -b CPU >"$out/cpu.log" 2>&1
 rc_cpu=$?
+t_cpu=$SECONDS
 
 count() { # passed total notsupported
   local log=$1
@@ -32,8 +35,10 @@ count() { # passed total notsupported
 read -r ap at ans <<<"$(count "$out/apir.log")"
 read -r cp ct cns <<<"$(count "$out/cpu.log")"
 echo "test-backend-ops -o $OPS ${PARAMS:+-p $PARAMS}"
-echo "  APIR0 (host CPU): $ap/$at passed, $ans not supported (exit $rc_apir)"
-echo "  CPU (native):     $cp/$ct passed, $cns not supported (exit $rc_cpu)"
+echo "  APIR0 (host CPU): $ap/$at passed, $ans not supported (exit $rc_apir, $((t_apir - t0)) s)"
+echo "  CPU (native):     $cp/$ct passed, $cns not supported (exit $rc_cpu, $((t_cpu - t_apir)) s)"
+# Cases the CPU backend runs but APIR0 reports unsupported:
+grep 'not supported \[APIR0\]' "$out/apir.log" | head -5
 fail=0
 if [ "$rc_apir" != 0 ] || [ "$ap" != "$at" ] || [ "$at" = 0 ]; then
   echo "FAIL: cases failed through APIR0:"; grep -E 'FAIL' "$out/apir.log" | head -20; fail=1
@@ -44,5 +49,5 @@ fi
 if ! apir_host_stop; then
   echo "FAIL: apir-host did not exit cleanly"; fail=1
 fi
-rm -rf "$out"
+if [ $fail = 0 ]; then rm -rf "$out"; else echo "logs kept in $out"; fi
 exit $fail

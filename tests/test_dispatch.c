@@ -623,6 +623,26 @@ static void test_index_policy(void)
         }
     }
 
+    /* indices in guest-shared memory (a buffer over a blob): the op reads a
+     * checked private copy, so later guest writes cannot bypass the check */
+    static uint8_t shared_blob[65536] __attribute__((aligned(4096)));
+    CHECK(apir_session_blob_add(s, 11, shared_blob, sizeof(shared_blob), NULL, NULL));
+    uint64_t sbuf = 0, sbuft = 0;
+    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, 11u, (uint64_t)sizeof(shared_blob), (uint64_t)sizeof(shared_blob)) ==
+          APIR_HANDLER_OK);
+    apir_demarshal(&r, "hh", &sbuf, &sbuft);
+    struct apir_tensor_rec sh[3] = { t[0], i32_rec(42, sbuf, 64, 2), t[2] };
+    sh[2].src[1] = 42;
+    int32_t shared_ids[2] = { 2, 6 };
+    memcpy(shared_blob + 64, shared_ids, 8);
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, sh, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32);
+    CHECK(f[0] == 8.0f && f[4] == 24.0f);
+    shared_ids[1] = 9;
+    memcpy(shared_blob + 64, shared_ids, 8);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
+
     /* SET_ROWS: dst 8 rows, 2 source rows, I64 indices */
     struct apir_tensor_rec sr[4] = { f32_rec(31, buf, 4096, 4), f32_rec(32, buf, 8192, 4), i32_rec(33, buf, 9000, 2),
                                      f32_rec(34, buf, 4096, 4) };

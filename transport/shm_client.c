@@ -214,6 +214,7 @@ struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_
         goto fail_mapped;
     }
     s->base.ops = &shm_ops;
+    s->base.blobs_shared = true;
     snprintf(s->base.endpoint, sizeof(s->base.endpoint), "unix:%s", path);
     s->next_res_id = APIR_SHM_FIRST_RES_ID;
     s->spin_ns = (uint64_t)apir_spin_us() * 1000;

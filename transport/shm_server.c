@@ -62,6 +62,11 @@ struct apir_shm_server {
     pid_t *children;
     uint32_t n_children;
     int child_pipe[2];
+    /* Refused connections linger until the guest has read why: closing a
+     * socket with its hello unread would reset the connection and lose the
+     * answer.  Bounded; the oldest goes first. */
+    int lingering[16];
+    uint32_t n_lingering;
 };
 
 static int sigchld_fd = -1;
@@ -87,8 +92,9 @@ static void client_put(struct shm_client *c)
     if (atomic_fetch_sub(&c->refs, 1) != 1)
         return;
     if (c->session)
-        APIR_INFO("host", "%s: disconnected after %llu commands (%llu graphs, %llu refused); freeing %u buffers",
-                  c->session->name, (unsigned long long)c->session->n_commands, (unsigned long long)c->session->n_graphs,
+        APIR_INFO("host", "%s: disconnected after %llu commands (%llu graphs, %llu of them kept and recomputed, %llu refused); "
+                  "freeing %u buffers", c->session->name, (unsigned long long)c->session->n_commands,
+                  (unsigned long long)c->session->n_graphs, (unsigned long long)c->session->n_recomputes,
                   (unsigned long long)c->session->n_refused, c->session->n_buffers);
     apir_session_free(c->session);
     if (c->ctrl)
@@ -301,11 +307,41 @@ static void accept_client(struct apir_shm_server *srv, int fd)
 }
 
 /* Process isolation: hand the connection to a new worker process. */
+static void linger_close(struct apir_shm_server *srv, int fd)
+{
+    shutdown(fd, SHUT_WR);
+    if (srv->n_lingering == sizeof(srv->lingering) / sizeof(srv->lingering[0])) {
+        close(srv->lingering[0]);
+        memmove(srv->lingering, srv->lingering + 1, (srv->n_lingering - 1) * sizeof(int));
+        srv->n_lingering--;
+    }
+    srv->lingering[srv->n_lingering++] = fd;
+}
+
+/* A lingering socket spoke or hung up: drain it (closing any fds it sent);
+ * close it once the guest has gone. */
+static void linger_service(struct apir_shm_server *srv, uint32_t i, short revents)
+{
+    int fd = srv->lingering[i];
+    if (!(revents & (POLLHUP | POLLERR | POLLNVAL))) {
+        char buf[256];
+        int fds[4], n_fds;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        while (poll(&p, 1, 0) > 0 && (p.revents & POLLIN) && apir_recv_fds(fd, buf, sizeof(buf), fds, 4, &n_fds, 0) > 0)
+            for (int k = 0; k < n_fds; k++)
+                close(fds[k]);
+        if (!(p.revents & (POLLHUP | POLLERR)))
+            return;
+    }
+    close(fd);
+    srv->lingering[i] = srv->lingering[--srv->n_lingering];
+}
+
 static void spawn_worker(struct apir_shm_server *srv, int fd)
 {
     if (srv->n_children >= srv->host->cfg.limits.max_clients) {
         refuse(fd, "too many clients");
-        close(fd);
+        linger_close(srv, fd);
         return;
     }
     uint64_t id = ++srv->next_id;
@@ -490,7 +526,7 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             free(pfds);
             return 0;
         }
-        size_t n = 3;
+        size_t n = 3 + srv->n_lingering;
         for (struct shm_client *c = srv->clients; c; c = c->next)
             n++;
         if (n > pcap) {
@@ -508,6 +544,10 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         size_t i = 3;
         for (struct shm_client *c = srv->clients; c; c = c->next)
             pfds[i++] = (struct pollfd){ .fd = c->fd, .events = 0 };  /* hang-up only */
+        const size_t linger_at = i;
+        const uint32_t n_linger = srv->n_lingering;
+        for (uint32_t k = 0; k < n_linger; k++)
+            pfds[i++] = (struct pollfd){ .fd = srv->lingering[k], .events = POLLIN };
         int r = poll(pfds, n, -1);
         if (r < 0) {
             if (errno == EINTR)
@@ -521,6 +561,9 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         }
         if (pfds[2].revents & POLLIN)
             reap_children(srv);
+        for (uint32_t k = n_linger; k-- > 0;)
+            if (pfds[linger_at + k].revents)
+                linger_service(srv, k, pfds[linger_at + k].revents);
         /* Collect hung-up clients first: the list changes as we drop. */
         i = 3;
         struct shm_client *c = srv->clients;
@@ -558,6 +601,8 @@ void apir_shm_server_free(struct apir_shm_server *srv)
     for (uint32_t i = 0; i < srv->n_children; i++)
         kill(srv->children[i], SIGKILL);
     free(srv->children);
+    for (uint32_t i = 0; i < srv->n_lingering; i++)
+        close(srv->lingering[i]);
     /* Workers free their guests when their current command returns; give
      * them a bounded time (this is shutdown, not a hot path). */
     for (int i = 0; i < 500 && atomic_load(&srv->n_clients) > 0; i++)

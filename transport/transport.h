@@ -34,6 +34,7 @@ struct apir_transport {
     const struct apir_transport_ops *ops;
     char endpoint[128];
     bool broken;          /* a failure made the connection unusable */
+    bool blobs_shared;    /* blobs are memory the host maps (zero copy possible) */
 };
 
 /* "unix:PATH" (or a bare path): the shm transport. */

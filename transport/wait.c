@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -37,12 +38,23 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/*
+ * Two phases: a few microseconds of pure polling (a reply to a short command
+ * arrives in well under 1 us), then polling with sched_yield() in between, so
+ * that on a machine with few cores the side we wait for (the host's compute
+ * threads, or the guest's) gets the core whenever it wants it, while a reply
+ * is still seen within about a microsecond.
+ */
+#define PURE_SPIN_NS 3000ull
+
 uint32_t apir_spin_while_equal(_Atomic uint32_t *word, uint32_t old, uint64_t spin_ns)
 {
     uint32_t v = atomic_load_explicit(word, memory_order_acquire);
     if (v != old || spin_ns == 0)
         return v;
-    uint64_t deadline = apir_now_ns() + spin_ns;
+    const uint64_t start = apir_now_ns();
+    const uint64_t deadline = start + spin_ns;
+    const uint64_t pure_end = start + (spin_ns < PURE_SPIN_NS ? spin_ns : PURE_SPIN_NS);
     for (;;) {
         /* Read the clock only every 64 polls: it costs more than a poll. */
         for (int i = 0; i < 64; i++) {
@@ -51,8 +63,15 @@ uint32_t apir_spin_while_equal(_Atomic uint32_t *word, uint32_t old, uint64_t sp
             if (v != old)
                 return v;
         }
-        if (apir_now_ns() >= deadline)
+        uint64_t now = apir_now_ns();
+        if (now >= deadline)
             return v;
+        if (now >= pure_end) {
+            sched_yield();
+            v = atomic_load_explicit(word, memory_order_acquire);
+            if (v != old)
+                return v;
+        }
     }
 }
 
