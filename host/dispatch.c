@@ -16,6 +16,7 @@
 #include "import.h"
 #include "inline_tensor.h"
 #include "op_policy.h"
+#include "upload_mirror.h"
 #include "session.h"
 
 #include <stdlib.h>
@@ -321,9 +322,12 @@ static uint32_t tensor_io(struct apir_session *s, const char *cmd, bool set, uin
     uint8_t *data = apir_session_blob_range(s, res_id, blob_offset, size);
     if (!data)
         return bad(s, cmd, "shared-memory range outside its blob");
-    if (set)
-        ggml_backend_tensor_set(t, data, (size_t)offset, (size_t)size);
-    else
+    if (set) {
+        if (!apir_mirror_upload(s, t, data, offset, size)) {
+            apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
+            ggml_backend_tensor_set(t, data, (size_t)offset, (size_t)size);
+        }
+    } else
         ggml_backend_tensor_get(t, data, (size_t)offset, (size_t)size);
     return APIR_HANDLER_OK;
 }
@@ -383,8 +387,10 @@ HANDLER(BUFFER_MEMSET_TENSOR)
     struct ggml_tensor *t = data_tensor(s, "BUFFER_MEMSET_TENSOR", h, &rec, offset, size);
     if (!t)
         return APIR_HANDLER_BAD_REQUEST;
-    if (size)
+    if (size) {
+        apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
         ggml_backend_tensor_memset(t, value, (size_t)offset, (size_t)size);
+    }
     return APIR_HANDLER_OK;
 }
 
@@ -417,6 +423,7 @@ HANDLER(BUFFER_CPY_TENSOR)
      * match, as ggml itself asserts (an assert would abort the host). */
     if (!same_layout(src, dst))
         return bad(s, "BUFFER_CPY_TENSOR", "source and destination layouts differ");
+    apir_mirror_forget_range(s, dst->buffer, dst->data, ggml_nbytes(dst));
     bool ok = ggml_backend_buffer_copy_tensor(src, dst);
     ENCODE(BUFFER_CPY_TENSOR, (int)ok);
     return APIR_HANDLER_OK;
@@ -432,6 +439,7 @@ HANDLER(BUFFER_CLEAR)
     struct apir_host_buffer *hb = buffer_of(s, h);
     if (!hb)
         return APIR_HANDLER_BAD_HANDLE;
+    apir_mirror_forget_buffer(s, hb->buffer);
     ggml_backend_buffer_clear(hb->buffer, value);
     return APIR_HANDLER_OK;
 }
@@ -445,6 +453,7 @@ HANDLER(BUFFER_FREE_BUFFER)
     struct apir_host_buffer *hb = buffer_of(s, h);
     if (!hb)
         return APIR_HANDLER_BAD_HANDLE;
+    apir_mirror_forget_buffer(s, hb->buffer);
     ggml_backend_buffer_free(hb->buffer);
     if (hb->pinned_blob)
         apir_session_blob_unpin(s, hb->pinned_blob);
@@ -475,6 +484,7 @@ HANDLER(BUFFER_INIT_TENSOR)
     uint64_t end;
     if (__builtin_add_overflow(rec.data, (uint64_t)alloc, &end) || end > hb->size)
         return bad(s, "BUFFER_INIT_TENSOR", "tensor allocation outside its buffer");
+    apir_mirror_forget_range(s, hb->buffer, t->data, alloc);
     enum ggml_status st = ggml_backend_buffer_init_tensor(hb->buffer, t);
     ENCODE(BUFFER_INIT_TENSOR, (uint32_t)st);
     return APIR_HANDLER_OK;
@@ -504,6 +514,7 @@ static enum ggml_status run_graph(struct apir_session *s, const char *cmd, ggml_
 {
     const char *why = NULL;
     enum ggml_status status = apir_policy_compute(s, backend, graph, &why);
+    apir_mirror_forget_written(s, graph);
     s->n_graphs++;
     if (why)
         *result = bad(s, cmd, why);

@@ -1,4 +1,5 @@
 #include "op_policy.h"
+#include "upload_mirror.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -112,7 +113,12 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
     if (u->shadow)
         memcpy(u->shadow->data, u->idx->data, nbytes);
     const uint8_t *base = t->data;
-    if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer)) {
+    const uint8_t *kept = NULL;
+    if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer) && !u->late)
+        kept = apir_mirror_find(s, t->buffer, t->data, nbytes);
+    if (kept) {
+        base = kept;  /* the host copy of what the guest uploaded there */
+    } else if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer)) {
         if (nbytes > s->policy_scratch_size) {
             void *p = realloc(s->policy_scratch, nbytes);
             if (!p)

@@ -1,4 +1,5 @@
 #include "session.h"
+#include "upload_mirror.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -73,6 +74,7 @@ void apir_session_free(struct apir_session *s)
     apir_import_scratch_free(&s->scratch);
     for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
         apir_import_scratch_free(&s->graph_cache[i].scratch);
+    apir_mirror_free(s);
     free(s->policy_scratch);
     free(s->policy_uses);
     free(s);

@@ -83,6 +83,16 @@ struct apir_graph_slot {
 /* Lookup for blobs the session does not hold itself (virgl's get_shmem_ptr). */
 typedef void *(*apir_shmem_lookup_fn)(void *user, uint32_t res_id);
 
+/* upload_mirror.c: host copies of small uploads into device memory. */
+#define APIR_MIRROR_ENTRIES 32
+struct apir_mirror_entry {
+    ggml_backend_buffer_t buf;   /* NULL: unused */
+    const uint8_t *start;        /* device range [start, start + len) */
+    size_t len;
+    uint8_t *mem;
+    size_t cap;
+};
+
 struct apir_session {
     struct apir_host *host;
     struct apir_handle_table handles;
@@ -106,6 +116,8 @@ struct apir_session {
     struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];
     uint64_t buffers_epoch;                  /* bumped when a buffer is freed */
     uint64_t graph_clock;
+    struct apir_mirror_entry mirror[APIR_MIRROR_ENTRIES];
+    uint32_t mirror_next;
     /* op_policy.c: index copies of device memory */
     void *policy_scratch;
     size_t policy_scratch_size;

@@ -1,0 +1,87 @@
+#include "upload_mirror.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool overlaps(const struct apir_mirror_entry *e, ggml_backend_buffer_t buf, const uint8_t *p, size_t len)
+{
+    return e->buf == buf && e->start < p + len && p < e->start + e->len;
+}
+
+void apir_mirror_forget_range(struct apir_session *s, ggml_backend_buffer_t buf, const void *data, size_t len)
+{
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++)
+        if (s->mirror[i].buf && overlaps(&s->mirror[i], buf, data, len ? len : 1))
+            s->mirror[i].buf = NULL;
+}
+
+void apir_mirror_forget_buffer(struct apir_session *s, ggml_backend_buffer_t buf)
+{
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++)
+        if (s->mirror[i].buf == buf)
+            s->mirror[i].buf = NULL;
+}
+
+bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uint8_t *src, uint64_t offset, uint64_t size)
+{
+    if (size > APIR_MIRROR_MAX_BYTES || ggml_backend_buffer_is_host(t->buffer))
+        return false;
+    uint8_t *dst = (uint8_t *)t->data + offset;
+    apir_mirror_forget_range(s, t->buffer, dst, (size_t)size);
+    struct apir_mirror_entry *e = &s->mirror[s->mirror_next];
+    s->mirror_next = (s->mirror_next + 1) % APIR_MIRROR_ENTRIES;
+    if (e->cap < size) {
+        void *p = realloc(e->mem, APIR_MIRROR_MAX_BYTES);
+        if (!p) {
+            e->buf = NULL;
+            return false;
+        }
+        e->mem = p;
+        e->cap = APIR_MIRROR_MAX_BYTES;
+    }
+    /* One read of the shared bytes; the device gets exactly the copy. */
+    memcpy(e->mem, src, (size_t)size);
+    ggml_backend_tensor_set(t, e->mem, (size_t)offset, (size_t)size);
+    e->buf = t->buffer;
+    e->start = dst;
+    e->len = (size_t)size;
+    return true;
+}
+
+const uint8_t *apir_mirror_find(struct apir_session *s, ggml_backend_buffer_t buf, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++) {
+        const struct apir_mirror_entry *e = &s->mirror[i];
+        if (e->buf == buf && p >= e->start && p + len <= e->start + e->len)
+            return e->mem + (p - e->start);
+    }
+    return NULL;
+}
+
+void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *graph)
+{
+    bool any = false;
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES && !any; i++)
+        any = s->mirror[i].buf != NULL;
+    if (!any)
+        return;
+    ggml_backend_buffer_t last = NULL;
+    for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
+        const struct ggml_tensor *n = ggml_graph_node(graph, i);
+        if (n->buffer && n->buffer != last) {
+            last = n->buffer;
+            apir_mirror_forget_buffer(s, last);
+        }
+    }
+}
+
+void apir_mirror_free(struct apir_session *s)
+{
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++)
+        free(s->mirror[i].mem);
+    memset(s->mirror, 0, sizeof(s->mirror));
+}

@@ -1,0 +1,35 @@
+/*
+ * Host-side copies of small uploads into device memory.
+ *
+ * The index checks of op_policy.c must read index values before an op runs.
+ * In host memory that is a plain read; in device memory (CUDA, Vulkan) it
+ * would be a device-to-host copy and a stream sync on every token.  Index
+ * tensors are small inputs the guest uploads before each compute, so the
+ * upload itself keeps a host copy: the bytes are copied out of the shared
+ * blob once, uploaded from that private copy, and remembered.  A check then
+ * reads the copy - exactly what the device holds.
+ *
+ * A copy is dropped when anything else may write its range: another upload,
+ * memset, clear, copy, the buffer being freed, or a graph that writes to the
+ * buffer (a computed graph drops every copy of the buffers it writes).
+ */
+#ifndef APIR_UPLOAD_MIRROR_H
+#define APIR_UPLOAD_MIRROR_H
+
+#include "session.h"
+
+#define APIR_MIRROR_MAX_BYTES (64u * 1024u)
+
+/* Uploads [offset, offset+size) of t from src (shared memory) through a
+ * private copy it keeps.  False: not mirrored (too big, host memory); the
+ * caller uploads the plain way. */
+bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uint8_t *src, uint64_t offset, uint64_t size);
+/* The kept copy of [data, data+len) of buf, or NULL. */
+const uint8_t *apir_mirror_find(struct apir_session *s, ggml_backend_buffer_t buf, const void *data, size_t len);
+void apir_mirror_forget_range(struct apir_session *s, ggml_backend_buffer_t buf, const void *data, size_t len);
+void apir_mirror_forget_buffer(struct apir_session *s, ggml_backend_buffer_t buf);
+/* After a graph ran: forget the copies of every buffer it wrote. */
+void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *graph);
+void apir_mirror_free(struct apir_session *s);
+
+#endif
