@@ -37,7 +37,7 @@ host_pid= rpc_pid=
 cleanup() { [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null; [ -n "$rpc_pid" ] && kill "$rpc_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
-"$BUILD/apir-host" --listen "unix:$work/apir.sock" --backend "$BACKEND" --threads "$T" --log-level warn >"$work/host.log" 2>&1 &
+"$BUILD/apir-host" --listen "unix:$work/apir.sock" --backend "$BACKEND" --threads "$T" --log-level info >"$work/host.log" 2>&1 &
 host_pid=$!
 if [ "$RPC" = 1 ]; then
   port=$(( 20000 + RANDOM % 20000 ))
@@ -51,17 +51,20 @@ common=(-m "$MODEL" -p "$P" -n "$N" -r "$R" -t "$T" -fa "$FA" -o csv)
 run() { # name, extra args...; appends "name test ts" lines
   local name=$1; shift
   (cd "$DEPS_BIN" && "$@") 2>>"$work/$name.err" | awk -v name="$name" '
-    { gsub(/"/, ""); n = split($0, f, ",") }
-    NR == 1 { for (i = 1; i <= n; i++) col[f[i]] = i; next }
+    # the header is bare; data fields are quoted and may hold commas
+    # (backends "CUDA,APIR")
+    NR == 1 { n = split($0, f, ","); for (i = 1; i <= n; i++) col[f[i]] = i; next }
+    { line = $0; sub(/^"/, "", line); sub(/"$/, "", line); n = split(line, f, /","/) }
     { test = (f[col["n_prompt"]] > 0) ? "pp" f[col["n_prompt"]] : "tg" f[col["n_gen"]];
       print name, test, f[col["avg_ts"]] }' >>"$work/results"
 }
 if [ "$BACKEND" = CPU ]; then native=(-ngl 0 -dev none); else native=(-ngl "$NGL"); fi
 for round in $(seq 1 "$ROUNDS"); do
   run native ./llama-bench "${common[@]}" "${native[@]}"
-  run apir env GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
+  # APIR_GUEST_ENV: e.g. CUDA_VISIBLE_DEVICES= so the guest sees no GPU itself
+  run apir env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
-  [ "$RPC" = 1 ] && run rpc ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
+  [ "$RPC" = 1 ] && run rpc env ${APIR_GUEST_ENV:-} ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
 done
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND, llama-bench ${common[*]}"
 awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
@@ -74,6 +77,8 @@ awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
          printf "%-8s %12.2f %12.2f %12.2f %10.3f %10.3f\n", t, n, a, r, (n ? a / n : 0), (n ? r / n : 0);
        }
      }' "$work/results" | sort
+echo "apir host profile (last guest):"
+grep -E 'disconnected after|profile:' "$work/host.log" | tail -6 | sed 's/^apir host: info: /  /'
 if [ ! -s "$work/results" ] || ! grep -q '^apir' "$work/results"; then
   echo "no apir results; errors:"; tail -5 "$work"/*.err "$work/host.log"; exit 1
 fi

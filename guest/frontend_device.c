@@ -123,8 +123,21 @@ static bool dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t
     return buft == &dev_ctx(dev)->buft;
 }
 
+/*
+ * ggml's scheduler asks this for ops whose weights live in the guest's own
+ * memory (the token embeddings, typically): offloading them ships those
+ * weights over the connection on every batch, which a local GPU does at
+ * PCIe speed and we at shared-memory copy speed (measured on the H200: pp2048
+ * of a 1B model at 0.50 of native with offload, because 131 MB of embeddings
+ * cross per ubatch).  So by default we decline and ggml keeps such ops on the
+ * guest's CPU, shipping only their (small) results.  APIR_OFFLOAD_OP=1 asks
+ * the host instead.
+ */
 static bool dev_offload_op(ggml_backend_dev_t dev, const struct ggml_tensor *op)
 {
+    const char *e = getenv("APIR_OFFLOAD_OP");
+    if (!e || strcmp(e, "1") != 0)
+        return false;
     uint64_t v = 0;
     return apir_op_query(dev_ctx(dev), APIR_Q_OFFLOAD, op, &v) && v;
 }
@@ -158,14 +171,17 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * there, not on the guest's CPU backend. */
     d->type = type == GGML_BACKEND_DEVICE_TYPE_CPU ? GGML_BACKEND_DEVICE_TYPE_GPU : (enum ggml_backend_dev_type)type;
     snprintf(d->description, sizeof(d->description), "%s via %s", remote_desc, d->remote.t->endpoint);
-    /* Zero copy when the host can wrap our shared memory as a buffer (a CPU
-     * host) and the transport's blobs are shared memory: tensor data then
-     * never crosses the connection.  APIR_ZERO_COPY=0 turns it off. */
+    /* Zero copy when the host can wrap our shared memory as a buffer and its
+     * device computes in host memory anyway (a CPU, an integrated GPU), and
+     * the transport's blobs are shared memory: tensor data then never
+     * crosses the connection.  A discrete GPU wrapping host memory would
+     * compute over PCIe, so it keeps its own memory.  APIR_ZERO_COPY=0 turns
+     * it off. */
     bool async = false, host_buf = false, from_ptr = false, events = false;
     const char *zc = getenv("APIR_ZERO_COPY");
     if (d->remote.t->blobs_shared && d->remote.minor >= 2 && !(zc && !strcmp(zc, "0")) &&
         apir_call(&d->remote, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events) == APIR_HANDLER_OK)
-        d->zero_copy = from_ptr;
+        d->zero_copy = from_ptr && (type == GGML_BACKEND_DEVICE_TYPE_CPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU);
     pthread_mutex_init(&d->cache_lock, NULL);
     d->dev.iface = apir_device_iface;
     d->dev.reg = reg;

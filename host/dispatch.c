@@ -13,11 +13,13 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 #include "ggml-backend-impl.h"
+#include "ggml-impl.h"
 #include "import.h"
 #include "inline_tensor.h"
 #include "op_policy.h"
 #include "upload_mirror.h"
 #include "session.h"
+#include "wait.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -540,6 +542,9 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
     } else {
         struct ggml_cgraph *graph = apir_import_graph(s, blob, size);
         if (graph) {
+            /* ggml's own reuse marker: backends (CUDA graphs) skip their
+             * per-node change checks when it matches the last graph's. */
+            graph->uid = key;
             if (slot)
                 *slot = (struct apir_graph_slot){ .key = key, .epoch = s->buffers_epoch, .last_use = ++s->graph_clock,
                                                   .device = s->device, .graph = graph, .scratch = slot->scratch };
@@ -693,7 +698,10 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         APIR_WARN("host", "%s: %s needs protocol 0.2 (negotiated 0.%u)", s->name, apir_command_name(cmd), s->minor);
         return APIR_HANDLER_INVALID_INDEX;
     }
+    uint64_t t0 = apir_now_ns();
     uint32_t result = handlers[cmd](s, req, reply);
+    s->cmd_ns[cmd] += apir_now_ns() - t0;
+    s->cmd_count[cmd]++;
     s->n_commands++;
     if (result != APIR_HANDLER_OK)
         s->n_refused++;

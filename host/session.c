@@ -194,3 +194,23 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
     s->backends[device] = be;
     return be;
 }
+
+void apir_session_log_profile(const struct apir_session *s)
+{
+    if (apir_log_get_level() < APIR_LOG_INFO)
+        return;
+    /* The five commands with the most total time: the profile of a run. */
+    bool shown[APIR_CMD_COUNT] = { false };
+    for (int k = 0; k < 5; k++) {
+        int best = -1;
+        for (int c = 0; c < APIR_CMD_COUNT; c++)
+            if (!shown[c] && s->cmd_count[c] && (best < 0 || s->cmd_ns[c] > s->cmd_ns[best]))
+                best = c;
+        if (best < 0)
+            break;
+        shown[best] = true;
+        APIR_INFO("host", "%s: profile: %-28s %8llu calls %10.1f ms total %8.2f us each", s->name,
+                  apir_command_name((uint32_t)best), (unsigned long long)s->cmd_count[best], s->cmd_ns[best] / 1e6,
+                  s->cmd_ns[best] / 1e3 / (double)s->cmd_count[best]);
+    }
+}

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "apir_codec.h"
+#include "apir_commands.h"
 #include "handles.h"
 #include "host.h"
 
@@ -111,6 +112,7 @@ struct apir_session {
 
     uint32_t minor;                        /* negotiated protocol minor */
     uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
+    uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT]; /* where the host's time went */
     struct apir_import_scratch scratch;
     struct apir_import_scratch *import_sc;   /* where imports go: &scratch or a graph slot's */
     struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];
@@ -128,6 +130,8 @@ struct apir_session {
 
 struct apir_session *apir_session_new(struct apir_host *host, const char *name);
 void apir_import_scratch_free(struct apir_import_scratch *sc);
+/* Logs the commands that took the most host time (info level). */
+void apir_session_log_profile(const struct apir_session *s);
 void apir_session_free(struct apir_session *s);
 
 /* Blobs: add/remove is the transport's job; lookups check bounds. */

@@ -63,6 +63,7 @@ OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DG
  -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=ON \
  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON"
 TARGETS="ggml ggml-cpu ggml-rpc llama test-backend-ops llama-bench ggml-rpc-server"
+[ "${APIR_CUDA:-0}" = 1 ] && TARGETS="$TARGETS ggml-cuda"
 key=$(printf '%s %s %s' "$PIN_COMMIT" "$OPTS" "$TARGETS" | sha256sum | cut -c1-16)
 DEPS="$CACHE/llama-${PIN_COMMIT:0:7}-$key"
 STAMP="$DEPS/stamp"
@@ -97,9 +98,15 @@ SRC="$CACHE/src-${PIN_COMMIT:0:7}"
 if [ ! -f "$SRC/.apir-verified" ]; then
   step "fetching $PIN_NPM (npm pack) and its llama.cpp bundle"
   tmp=$(mktemp -d)
-  (cd "$tmp" && npm pack --silent "$PIN_NPM" >/dev/null) || die "npm pack $PIN_NPM failed"
-  tar -C "$tmp" -xzf "$tmp"/node-llama-cpp-*.tgz package/llama/gitRelease.bundle \
-    || die "the npm package has no llama/gitRelease.bundle"
+  mkdir -p "$tmp/package/llama"
+  if [ -n "${APIR_BUNDLE:-}" ]; then
+    # A machine without the npm registry (the GPU machine): the bundle is carried.
+    cp "$APIR_BUNDLE" "$tmp/package/llama/gitRelease.bundle"
+  else
+    (cd "$tmp" && npm pack --silent "$PIN_NPM" >/dev/null) || die "npm pack $PIN_NPM failed"
+    tar -C "$tmp" -xzf "$tmp"/node-llama-cpp-*.tgz package/llama/gitRelease.bundle \
+      || die "the npm package has no llama/gitRelease.bundle"
+  fi
   rm -rf "$SRC"
   git clone -q "$tmp/package/llama/gitRelease.bundle" "$SRC" 2>/dev/null || die "cannot clone the bundle"
   git -C "$SRC" -c advice.detachedHead=false checkout -q "$PIN_COMMIT" 2>/dev/null \

@@ -96,6 +96,8 @@ static void client_put(struct shm_client *c)
                   "freeing %u buffers", c->session->name, (unsigned long long)c->session->n_commands,
                   (unsigned long long)c->session->n_graphs, (unsigned long long)c->session->n_recomputes,
                   (unsigned long long)c->session->n_refused, c->session->n_buffers);
+    if (c->session)
+        apir_session_log_profile(c->session);
     apir_session_free(c->session);
     if (c->ctrl)
         munmap(c->ctrl, sizeof(*c->ctrl));
