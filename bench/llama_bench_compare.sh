@@ -78,7 +78,7 @@ awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
        }
      }' "$work/results" | sort
 echo "apir host profile (last guest):"
-grep -E 'disconnected after|profile:' "$work/host.log" | tail -6 | sed 's/^apir host: info: /  /'
+grep -E 'disconnected after|profile:' "$work/host.log" | tail -7 | sed 's/^apir host: info: /  /'
 if [ ! -s "$work/results" ] || ! grep -q '^apir' "$work/results"; then
   echo "no apir results; errors:"; tail -5 "$work"/*.err "$work/host.log"; exit 1
 fi

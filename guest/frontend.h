@@ -63,6 +63,7 @@ struct apir_device {
     struct apir_graph_scratch graph;
     uint64_t kept_uids[APIR_KEPT_GRAPHS];
     uint32_t kept_next;
+    uint64_t serialize_ns, serialize_count;   /* APIR_PROFILE */
 };
 
 /* A buffer's context: its handle and the opaque base the host gave; or, for

@@ -5,6 +5,7 @@
 
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "wait.h"
 
 #include <stdlib.h>
 
@@ -76,7 +77,12 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
             return GGML_STATUS_FAILED;
         }
     }
+    uint64_t t0 = r->profile ? apir_now_ns() : 0;
     size_t size = apir_graph_serialize(d, cgraph);
+    if (r->profile) {
+        d->serialize_ns += apir_now_ns() - t0;
+        d->serialize_count++;
+    }
     int rc = -1;
     if (!size)
         APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));

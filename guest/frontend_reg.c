@@ -10,6 +10,7 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,18 @@ static const struct ggml_backend_reg_i apir_reg_iface = {
     .get_proc_address = reg_get_proc_address,
 };
 
+static void print_profiles(void)
+{
+    for (uint32_t i = 0; i < reg_ctx.n_devices; i++) {
+        struct apir_device *d = reg_ctx.devices[i];
+        apir_remote_print_profile(&d->remote, d->name);
+        if (d->remote.profile && d->serialize_count)
+            fprintf(stderr, "apir profile %s: graph serialization %8llu graphs %10.2f ms %8.2f us each\n", d->name,
+                    (unsigned long long)d->serialize_count, d->serialize_ns / 1e6,
+                    d->serialize_ns / 1e3 / (double)d->serialize_count);
+    }
+}
+
 static void connect_devices(void)
 {
     struct apir_reg_ctx *c = &reg_ctx;
@@ -92,6 +105,8 @@ static void connect_devices(void)
         c->devices[c->n_devices++] = d;
     }
     APIR_INFO("guest", "%u APIR device(s) via %s", c->n_devices, first->remote.t->endpoint);
+    if (first->remote.profile)
+        atexit(print_profiles);
 }
 
 static ggml_backend_reg_t apir_backend_reg(void)

@@ -2,6 +2,7 @@
 
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "wait.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,7 +34,18 @@ static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
     }
     uint32_t ret;
     struct apir_decoder reply;
-    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply) != 0)
+    /* Commands that wait for the device spin through its work. */
+    bool waits_for_device = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
+                            cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE ||
+                            cmd == APIR_CMD_BACKEND_SYNCHRONIZE;
+    r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
+    uint64_t t0 = r->profile ? apir_now_ns() : 0;
+    int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply);
+    if (r->profile) {
+        r->cmd_ns[cmd] += apir_now_ns() - t0;
+        r->cmd_count[cmd]++;
+    }
+    if (sub != 0)
         return -1;
     if (ret < APIR_FORWARD_BASE) {
         APIR_ERROR("guest", "%s: transport error %u", info->name, ret);
@@ -124,6 +136,9 @@ bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t devi
         goto fail;
     }
     r->device = device;
+    const char *prof = getenv("APIR_PROFILE");
+    r->profile = prof && !strcmp(prof, "1");
+    r->graph_spin_ns = (uint64_t)apir_spin_graph_us() * 1000;
     if (!apir_remote_data_reserve(r, apir_remote_data_default())) {
         snprintf(err, err_len, "cannot share a data area with the host");
         goto fail;
@@ -145,4 +160,14 @@ void apir_remote_close(struct apir_remote *r)
     r->t->ops->close(r->t);
     r->t = NULL;
     pthread_mutex_destroy(&r->lock);
+}
+
+void apir_remote_print_profile(const struct apir_remote *r, const char *name)
+{
+    if (!r->profile)
+        return;
+    for (int c = 0; c < APIR_CMD_COUNT; c++)
+        if (r->cmd_count[c])
+            fprintf(stderr, "apir profile %s: %-28s %8llu calls %10.2f ms %8.2f us each\n", name, apir_command_name((uint32_t)c),
+                    (unsigned long long)r->cmd_count[c], r->cmd_ns[c] / 1e6, r->cmd_ns[c] / 1e3 / (double)r->cmd_count[c]);
 }

@@ -25,6 +25,11 @@ struct apir_remote {
     uint8_t *data;                /* data area blob */
     size_t data_size;
     uint32_t data_res_id;
+    uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
+    /* APIR_PROFILE=1: where the guest's time goes, per command (wall time
+     * of the round trip) - printed at exit by the frontend. */
+    bool profile;
+    uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT];
 };
 
 /* Connects, handshakes and selects a host device.  False with err set. */
@@ -43,6 +48,9 @@ int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...);
 
 /* Makes the data area at least size bytes (lock held). */
 bool apir_remote_data_reserve(struct apir_remote *r, size_t size);
+
+/* Prints the profile of a connection (when APIR_PROFILE=1). */
+void apir_remote_print_profile(const struct apir_remote *r, const char *name);
 
 /* Default size of the data area; APIR_DATA_MB overrides. */
 size_t apir_remote_data_default(void);

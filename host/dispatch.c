@@ -515,7 +515,9 @@ static enum ggml_status run_graph(struct apir_session *s, const char *cmd, ggml_
                                   struct ggml_cgraph *graph, uint32_t *result)
 {
     const char *why = NULL;
+    uint64_t t0 = apir_now_ns();
     enum ggml_status status = apir_policy_compute(s, backend, graph, &why);
+    s->compute_ns += apir_now_ns() - t0;
     apir_mirror_forget_written(s, graph);
     s->n_graphs++;
     if (why)
@@ -540,7 +542,9 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
     } else if (!blob) {
         result = bad(s, cmd, "graph range outside its blob");
     } else {
+        uint64_t t0 = apir_now_ns();
         struct ggml_cgraph *graph = apir_import_graph(s, blob, size);
+        s->import_ns += apir_now_ns() - t0;
         if (graph) {
             /* ggml's own reuse marker: backends (CUDA graphs) skip their
              * per-node change checks when it matches the last graph's. */

@@ -199,6 +199,9 @@ void apir_session_log_profile(const struct apir_session *s)
 {
     if (apir_log_get_level() < APIR_LOG_INFO)
         return;
+    if (s->n_graphs)
+        APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs)", s->name,
+                  s->import_ns / 1e6, s->compute_ns / 1e6, (unsigned long long)s->n_graphs);
     /* The five commands with the most total time: the profile of a run. */
     bool shown[APIR_CMD_COUNT] = { false };
     for (int k = 0; k < 5; k++) {

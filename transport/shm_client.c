@@ -69,7 +69,7 @@ static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_fl
     if (atomic_load(&s->ctrl->host_waiting))
         apir_futex_wake(&s->ctrl->cmd_seq);
 
-    uint32_t v = apir_spin_while_equal(word, 0, s->spin_ns);
+    uint32_t v = apir_spin_while_equal(word, 0, t->wait_spin_ns ? t->wait_spin_ns : s->spin_ns);
     uint64_t start = 0;
     while (v == 0) {
         if (!start)

@@ -35,6 +35,11 @@ struct apir_transport {
     char endpoint[128];
     bool broken;          /* a failure made the connection unusable */
     bool blobs_shared;    /* blobs are memory the host maps (zero copy possible) */
+    /* How long the next submit spins on its reply before sleeping; 0: the
+     * transport's default.  The caller knows what it waits for: a graph on a
+     * GPU takes ~1 ms, and a sleep plus wake-up costs 50 us or more, so
+     * graph waits spin (yielding) much longer than short commands. */
+    uint64_t wait_spin_ns;
 };
 
 /* "unix:PATH" (or a bare path): the shm transport. */

@@ -27,7 +27,8 @@ static uint32_t env_us(const char *name, uint32_t dflt)
 }
 
 uint32_t apir_spin_us(void) { return env_us("APIR_SPIN_US", 100); }
-uint32_t apir_host_spin_us(void) { return env_us("APIR_HOST_SPIN_US", 200); }
+uint32_t apir_host_spin_us(void) { return env_us("APIR_HOST_SPIN_US", 2000); }
+uint32_t apir_spin_graph_us(void) { return env_us("APIR_SPIN_GRAPH_US", 20000); }
 
 static inline void cpu_relax(void)
 {

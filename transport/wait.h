@@ -19,10 +19,14 @@ uint64_t apir_now_ns(void);
  * and answer, or both settle into sleeping on every call (measured: p50
  * 55 us with 20 us spins on both sides, 0.6 us with these defaults).
  *   guest, waiting for a reply:     APIR_SPIN_US, default 100
- *   host, waiting for the next call: APIR_HOST_SPIN_US, default 200
+ *   guest, waiting for a graph:     APIR_SPIN_GRAPH_US, default 20000
+ *   host, waiting for the next call: APIR_HOST_SPIN_US, default 2000
+ * (the guest's work between two tokens - sampling, building the next batch -
+ * must fit in the host's spin, or every token pays two wake-ups.)
  * After the spin both sleep on a futex: an idle host uses no CPU. */
 uint32_t apir_spin_us(void);
 uint32_t apir_host_spin_us(void);
+uint32_t apir_spin_graph_us(void);
 
 /* Spins until *word != old or spin_ns pass; returns the last value read. */
 uint32_t apir_spin_while_equal(_Atomic uint32_t *word, uint32_t old, uint64_t spin_ns);
