@@ -1,4 +1,5 @@
 #include "import.h"
+#include "op_shapes.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -346,15 +347,25 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const 
                 t->view_src = sc->tensors[j];
         }
         if (t->view_src) {
-            /* A view shares its source's buffer and starts view_offs into it. */
+            /* A view shares its source's buffer and starts view_offs into it
+             * (compared as integers: a wrapped offset is no pointer). */
             const struct ggml_tensor *v = t->view_src;
             if (v->buffer != t->buffer)
                 return fail("view in another buffer than its source");
-            if (t->buffer && (uint8_t *)t->data != (uint8_t *)v->data + t->view_offs)
+            if (t->buffer && (t->view_offs > ggml_nbytes(v) ||
+                              (uintptr_t)t->data - (uintptr_t)v->data != (uintptr_t)t->view_offs))
                 return fail("view data does not match view_src + view_offs");
         } else if (t->view_offs != 0) {
             return fail("view_offs without view_src");
         }
+    }
+    /* Only now are the srcs in place: does each node fit its op?  In a graph
+     * every tensor came with its srcs; in a query list only the subject did
+     * (its srcs' own srcs are left out). */
+    for (uint32_t i = 0; i < (need_buffer ? n : 1); i++) {
+        const char *why = apir_op_shape_error(sc->tensors[i]);
+        if (why)
+            return fail(why);
     }
     if (!refs_are_acyclic(sc, n))
         return fail("cyclic src/view_src references");

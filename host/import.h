@@ -24,7 +24,9 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir
 
 /* A list of n records (in place in shared memory: each is read once) whose
  * src/view_src ids refer to each other.  Returns the tensors in order, or
- * NULL.  need_buffer as above, applied to every record. */
+ * NULL.  need_buffer as above, applied to every record; it also marks a
+ * graph, where every tensor is checked against its op (op_shapes.h), while
+ * in a query list (supports_op, alloc size) only the first, the subject. */
 struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer);
 
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,

@@ -54,6 +54,8 @@ struct ggml_tensor *apir_import_inline(struct apir_session *s, struct apir_decod
     struct apir_tensor_rec *op = &recs[0];
     if (raw.buffer) {
         uint64_t handle = apir_decode_u64(dec);
+        if (dec->fatal)
+            goto bad;
         if (apir_handle_get(&s->handles, handle, APIR_HANDLE_BUFFER))
             op->buffer = handle;
         else

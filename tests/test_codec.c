@@ -810,7 +810,7 @@ static bool demarshal_letters(struct apir_decoder *dec, const char *sig, struct 
 #define SIGCASES(P)                                                      \
     P##1(i) P##1(s) P##1(e) P##1(b) P##1(h) P##1(q) P##1(u) P##1(L)      \
     P##2(q, q) P##2(h, h) P##2(h, q) P##2(h, c) P##2(r, q) P##2(h, L)    \
-    P##2(h, t) P##3(r, q, q) P##3(h, t, t) P##4(b, b, b, b)              \
+    P##2(h, t) P##3(r, q, q) P##3(h, t, t) P##4(b, b, b, b) P##4(r, q, q, q) \
     P##5(h, t, r, q, q) P##5(h, t, c, q, q) P##6(h, t, r, q, q, q)
 
 #define MCASE1(a) \

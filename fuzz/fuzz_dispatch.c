@@ -1,0 +1,136 @@
+/*
+ * fuzz_dispatch: sequences of backend commands through apir_session_forward,
+ * on a real CPU backend (graphs are really computed).
+ *
+ * Input format: fuzz_format.h.  Per input: a fresh session (0.2, a 1 MiB
+ * data blob whose first bytes come from the input, one 64 KiB buffer), the
+ * commands in order, then the session is freed: anything it leaks is a
+ * finding (LeakSanitizer).  Each request is copied to an exact-size heap
+ * block so that ASan sees a read past its end; the reply area is exact-size
+ * too.  Oracles: handler results are in range, an OK result never comes
+ * with an overflowed reply, and an OK reply holds exactly the items of its
+ * signature.
+ */
+#include "fuzz_host.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static bool verbose;
+
+/*
+ * The data blob: one mapping for the process, zeroed per input (a fresh
+ * 1 MiB heap block per input cost ~10 ms of page faults).  Page-aligned
+ * like a real blob (BUFFER_FROM_PTR wraps it; the CPU backend wants aligned
+ * host pointers), and followed by a PROT_NONE page: a buffer made from the
+ * blob ends right there, so a read past it faults even from ggml's own,
+ * uninstrumented kernels, which ASan cannot watch.
+ */
+static uint8_t *blob;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    verbose = getenv("FUZZ_VERBOSE") != NULL;
+    fz_host_init();
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = mmap(NULL, FZ_BLOB_SIZE + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect((uint8_t *)p + FZ_BLOB_SIZE, page, PROT_NONE) != 0)
+        abort();
+    blob = p;
+    return 0;
+}
+
+/* The graph a GRAPH_COMPUTE names gets its handle numbers rewritten. */
+static void patch_graph_of(uint32_t cmd, const uint8_t *req, size_t len, const struct fz_known *k, bool *known_hit)
+{
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, req, len);
+    uint32_t res_id = apir_decode_u32(&dec);
+    uint64_t offset = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ? apir_decode_u64(&dec) : 0;
+    uint64_t size = apir_decode_u64(&dec);
+    if (dec.fatal || res_id != FZ_BLOB_RES_ID || offset >= FZ_BLOB_SIZE)
+        return;
+    if (size > FZ_BLOB_SIZE - offset)
+        size = FZ_BLOB_SIZE - offset;
+    fz_patch_graph(blob + offset, (size_t)size, k, known_hit);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct fz_reader r = { data, size };
+    memset(blob, 0, FZ_BLOB_SIZE);
+    size_t got;
+    const uint8_t *init = fz_take(&r, (size_t)fz_read_le(&r, 2), &got);
+    memcpy(blob, init, got);
+
+    struct fz_known k;
+    struct apir_session *s = fz_session_new(&k);
+    if (!apir_session_blob_add(s, FZ_BLOB_RES_ID, blob, FZ_BLOB_SIZE, NULL, NULL))
+        abort();
+    fz_alloc_buffer(s, FZ_BUF_A_SIZE, &k);
+
+    const size_t reply_cap = APIR_REPLY_BLOB_SIZE - 4;  /* the reply page minus its word */
+    uint8_t *reply = malloc(reply_cap);
+    uint8_t *small_reply = malloc(8);
+    for (int n = 0; n < FZ_MAX_CMDS && r.left >= 3; n++) {
+        uint8_t op = (uint8_t)fz_read_le(&r, 1);
+        size_t len = (size_t)fz_read_le(&r, 2);
+        const uint8_t *src = fz_take(&r, len, &len);
+        uint8_t *req = malloc(len ? len : 1);
+        memcpy(req, src, len);
+        uint32_t cmd = op & 0x7fu;
+        bool small = (op & FZ_OP_SMALL_REPLY) != 0;
+
+        struct apir_decoder dec;
+        struct apir_encoder enc;
+        apir_decoder_init(&dec, req, len);
+        apir_encoder_init(&enc, small ? small_reply : reply, small ? 8 : reply_cap);
+        if (cmd == FZ_OP_HANDSHAKE) {
+            uint32_t ret = apir_session_handshake(s, &dec, &enc);
+            FZ_ASSERT(ret == 0 || ret == APIR_HANDSHAKE_MAGIC, "handshake returned %u", ret);
+            FZ_ASSERT(s->minor <= APIR_VERSION_MINOR, "negotiated minor %u", s->minor);
+            free(req);
+            continue;
+        }
+        bool known_hit = false;
+        if (cmd < APIR_CMD_COUNT) {
+            fz_patch_request(req, len, apir_command_table[cmd].request, &k, &known_hit);
+            if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT)
+                patch_graph_of(cmd, req, len, &k, &known_hit);
+        }
+        if (known_hit && fz_skipping_known()) {
+            free(req);
+            continue;
+        }
+        uint32_t res = apir_session_forward(s, cmd, &dec, &enc);
+        if (verbose) {
+            uint32_t first = 0;
+            if (apir_encoder_used(&enc) >= 4)
+                memcpy(&first, enc.start, 4);
+            fprintf(stderr, "fuzz_dispatch: %s (%zu bytes) -> %u, reply %zu bytes (first word %u)\n",
+                    apir_command_name(cmd), len, res, apir_encoder_used(&enc), first);
+        }
+        /* APIR_HANDLER_STALE is the last enumerator of apir_handler_result. */
+        FZ_ASSERT(res <= APIR_HANDLER_STALE, "%s: handler result %u", apir_command_name(cmd), res);
+        if (cmd >= APIR_CMD_COUNT)
+            FZ_ASSERT(res == APIR_HANDLER_INVALID_INDEX, "unknown command %u gave %u", cmd, res);
+        if (res == APIR_HANDLER_OK) {
+            FZ_ASSERT(!enc.fatal, "%s: OK with an overflowed reply", apir_command_name(cmd));
+            fz_check_reply(cmd, enc.start, apir_encoder_used(&enc));
+            fz_collect_handles(cmd, enc.start, apir_encoder_used(&enc), &k);
+        }
+        FZ_ASSERT(s->device < s->host->n_devices, "current device %u out of range", s->device);
+        free(req);
+    }
+    free(reply);
+    free(small_reply);
+    apir_session_free(s);
+    return 0;
+}

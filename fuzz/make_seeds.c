@@ -1,0 +1,604 @@
+/*
+ * make_seeds: writes valid seed inputs for every fuzz target.
+ *
+ *   make_seeds DIR   ->  one NAME.bin file per seed in DIR/fuzz_codec,
+ *                        DIR/fuzz_dispatch, DIR/fuzz_graph, DIR/fuzz_inline
+ *                        and DIR/fuzz_shm_frame
+ *
+ * Seeds matter here because most of the host's code sits behind checks a
+ * random input never passes (valid tensor records, graphs whose ids
+ * resolve, the shm hello).  Formats: fuzz_format.h; handles are written as
+ * the small numbers the harnesses rewrite.
+ */
+#include "apir_codec.h"
+#include "apir_commands.h"
+#include "apir_proto.h"
+#include "fuzz_format.h"
+#include "ggml.h"
+#include "shm_proto.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *out_dir;
+static unsigned n_written;
+
+static void write_seed(const char *target, const char *name, const void *data, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", out_dir, target);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        perror(path);
+        exit(1);
+    }
+    snprintf(path, sizeof(path), "%s/%s/%s.bin", out_dir, target, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+    n_written++;
+}
+
+static void write_writer(const char *target, const char *name, const struct fz_writer *w)
+{
+    if (w->len > w->cap) {
+        fprintf(stderr, "make_seeds: %s/%s does not fit (%zu bytes)\n", target, name, w->len);
+        exit(1);
+    }
+    write_seed(target, name, w->buf, w->len);
+}
+
+/* ---- building blocks ----------------------------------------------------------- */
+
+/* A contiguous F32 tensor record of ne0 x ne1 in buffer handle number buf. */
+static struct apir_tensor_rec rec_f32(uint64_t id, uint32_t ne0, uint32_t ne1, uint64_t buf, uint64_t data,
+                                      enum ggml_op op)
+{
+    struct apir_tensor_rec r;
+    memset(&r, 0, sizeof(r));
+    r.id = id;
+    r.type = GGML_TYPE_F32;
+    r.buffer = buf;
+    r.ne[0] = ne0;
+    r.ne[1] = ne1;
+    r.ne[2] = 1;
+    r.ne[3] = 1;
+    r.nb[0] = 4;
+    r.nb[1] = 4 * ne0;
+    r.nb[2] = 4 * ne0 * ne1;
+    r.nb[3] = r.nb[2];
+    r.op = (uint32_t)op;
+    /* ggml's CPU backend computes only nodes marked so (ggml_build_forward
+     * marks them on the guest). */
+    if (op != GGML_OP_NONE)
+        r.flags = GGML_TENSOR_FLAG_COMPUTE;
+    r.data = data;
+    snprintf(r.name, sizeof(r.name), "t%llu", (unsigned long long)id);
+    return r;
+}
+
+/* The APIR 0.1 graph blob. */
+static size_t graph_blob(uint8_t *out, size_t cap, const uint64_t *nodes, uint32_t n_nodes,
+                         const struct apir_tensor_rec *recs, uint32_t n)
+{
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, out, cap);
+    apir_encode_u32(&enc, n_nodes);
+    for (uint32_t i = 0; i < n_nodes; i++)
+        apir_encode_u64(&enc, nodes[i]);
+    apir_encode_u32(&enc, n);
+    for (uint32_t i = 0; i < n; i++)
+        apir_encode_tensor(&enc, &recs[i]);
+    if (enc.fatal) {
+        fprintf(stderr, "make_seeds: graph too big\n");
+        exit(1);
+    }
+    return apir_encoder_used(&enc);
+}
+
+/* c = a + b, 16 floats each, in buffer A at 0, 64, 128. */
+static size_t graph_add(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[3] = {
+        rec_f32(1, 16, 1, FZ_H_BUF_A, 0, GGML_OP_NONE),
+        rec_f32(2, 16, 1, FZ_H_BUF_A, 64, GGML_OP_NONE),
+        rec_f32(3, 16, 1, FZ_H_BUF_A, 128, GGML_OP_ADD),
+    };
+    t[2].src[0] = 1;
+    t[2].src[1] = 2;
+    uint64_t nodes[1] = { 3 };
+    return graph_blob(out, cap, nodes, 1, t, 3);
+}
+
+/* d = mul_mat(a 4x4, b 4x2), then e = d * d; a in buffer B. */
+static size_t graph_mul_mat(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[4] = {
+        rec_f32(10, 4, 4, FZ_H_BUF_B, 0, GGML_OP_NONE),
+        rec_f32(11, 4, 2, FZ_H_BUF_A, 0, GGML_OP_NONE),
+        rec_f32(12, 4, 2, FZ_H_BUF_A, 256, GGML_OP_MUL_MAT),
+        rec_f32(13, 4, 2, FZ_H_BUF_A, 512, GGML_OP_MUL),
+    };
+    t[2].src[0] = 10;
+    t[2].src[1] = 11;
+    t[3].src[0] = 12;
+    t[3].src[1] = 12;
+    uint64_t nodes[2] = { 12, 13 };
+    return graph_blob(out, cap, nodes, 2, t, 4);
+}
+
+/* v = view of the second half of a; c = cpy(v, dst). */
+static size_t graph_view_cpy(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[4] = {
+        rec_f32(20, 16, 1, FZ_H_BUF_A, 1024, GGML_OP_NONE),
+        rec_f32(21, 8, 1, FZ_H_BUF_A, 1024 + 32, GGML_OP_VIEW),
+        rec_f32(22, 8, 1, FZ_H_BUF_A, 2048, GGML_OP_NONE),
+        rec_f32(23, 8, 1, FZ_H_BUF_A, 2048, GGML_OP_CPY),
+    };
+    t[1].view_src = 20;
+    t[1].view_offs = 32;
+    t[1].src[0] = 20;
+    t[3].view_src = 22;
+    t[3].src[0] = 21;
+    t[3].src[1] = 22;
+    uint64_t nodes[2] = { 21, 23 };
+    return graph_blob(out, cap, nodes, 2, t, 4);
+}
+
+/* Unary and reduction ops over one input. */
+static size_t graph_unary(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[4] = {
+        rec_f32(30, 8, 2, FZ_H_BUF_A, 0, GGML_OP_NONE),
+        rec_f32(31, 8, 2, FZ_H_BUF_A, 64, GGML_OP_SCALE),
+        rec_f32(32, 8, 2, FZ_H_BUF_A, 128, GGML_OP_SOFT_MAX),
+        rec_f32(33, 1, 2, FZ_H_BUF_A, 256, GGML_OP_SUM_ROWS),
+    };
+    float scale = 0.5f;
+    memcpy(&t[1].op_params[0], &scale, 4);
+    t[1].src[0] = 30;
+    t[2].src[0] = 31;
+    float one = 1.0f;
+    memcpy(&t[2].op_params[0], &one, 4);
+    t[3].src[0] = 32;
+    uint64_t nodes[3] = { 31, 32, 33 };
+    return graph_blob(out, cap, nodes, 3, t, 4);
+}
+
+/* r = get_rows(a 4x8, idx i32[3]): an op whose index values the host's
+ * op policy validates before computing. */
+static size_t graph_get_rows(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[3] = {
+        rec_f32(40, 4, 8, FZ_H_BUF_A, 0, GGML_OP_NONE),
+        rec_f32(41, 3, 1, FZ_H_BUF_A, 256, GGML_OP_NONE),
+        rec_f32(42, 4, 3, FZ_H_BUF_A, 512, GGML_OP_GET_ROWS),
+    };
+    t[1].type = GGML_TYPE_I32;
+    t[2].src[0] = 40;
+    t[2].src[1] = 41;
+    uint64_t nodes[1] = { 42 };
+    return graph_blob(out, cap, nodes, 1, t, 3);
+}
+
+/* set_rows(a 4x8, b 4x3, idx i32[3]): the result is a view of a; srcs are
+ * b, idx, a (ggml's order). */
+static size_t graph_set_rows(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[4] = {
+        rec_f32(50, 4, 8, FZ_H_BUF_A, 1024, GGML_OP_NONE),
+        rec_f32(51, 4, 3, FZ_H_BUF_A, 1280, GGML_OP_NONE),
+        rec_f32(52, 3, 1, FZ_H_BUF_A, 1536, GGML_OP_NONE),
+        rec_f32(53, 4, 8, FZ_H_BUF_A, 1024, GGML_OP_SET_ROWS),
+    };
+    t[2].type = GGML_TYPE_I32;
+    t[3].view_src = 50;
+    t[3].src[0] = 51;
+    t[3].src[1] = 52;
+    t[3].src[2] = 50;
+    uint64_t nodes[1] = { 53 };
+    return graph_blob(out, cap, nodes, 1, t, 4);
+}
+
+/* The raw struct ggml_tensor a reference guest sends (pointers are its own
+ * and never followed; only NULL or not matters). */
+static void raw_tensor(struct ggml_tensor *t, enum ggml_op op, uint32_t ne0)
+{
+    memset(t, 0, sizeof(*t));
+    t->type = GGML_TYPE_F32;
+    t->op = op;
+    t->ne[0] = ne0;
+    t->ne[1] = t->ne[2] = t->ne[3] = 1;
+    t->nb[0] = 4;
+    t->nb[1] = t->nb[2] = t->nb[3] = 4 * (size_t)ne0;
+    snprintf(t->name, sizeof(t->name), "inline");
+}
+
+static void inline_tensor(struct fz_writer *w, enum ggml_op op, int n_src, bool buffer, bool view)
+{
+    struct ggml_tensor t;
+    raw_tensor(&t, op, 16);
+    if (buffer)
+        t.buffer = (struct ggml_backend_buffer *)(uintptr_t)0x7f0000001000ull;
+    if (view)
+        t.view_src = (struct ggml_tensor *)(uintptr_t)0x7f0000002000ull;
+    for (int i = 0; i < n_src; i++)
+        t.src[i] = (struct ggml_tensor *)(uintptr_t)(0x7f0000003000ull + 0x100ull * (unsigned)i);
+    fz_put(w, &t, sizeof(t));
+    if (buffer)
+        fz_put_le(w, FZ_H_BUF_A, 8);
+    if (view) {
+        struct ggml_tensor v;
+        raw_tensor(&v, GGML_OP_NONE, 32);
+        fz_put(w, &v, sizeof(v));
+    }
+    for (int i = 0; i < n_src; i++) {
+        struct ggml_tensor s;
+        raw_tensor(&s, GGML_OP_NONE, 16);
+        fz_put(w, &s, sizeof(s));
+    }
+}
+
+/* ---- fuzz_codec: a valid request and reply of every command ---------------------- */
+
+static bool marshal_letter(struct apir_encoder *enc, char letter, int p)
+{
+    const char sig[2] = { letter, '\0' };
+    struct apir_tensor_rec recs[3] = {
+        rec_f32(1, 16, 1, FZ_H_BUF_A, 0, GGML_OP_ADD),
+        rec_f32(2, 16, 1, FZ_H_BUF_A, 64, GGML_OP_NONE),
+        rec_f32(3, 16, 1, FZ_H_BUF_A, 128, GGML_OP_NONE),
+    };
+    recs[0].src[0] = 2;
+    recs[0].src[1] = 3;
+    switch (letter) {
+    case 'u': case 'e': case 'r': return apir_marshal(enc, sig, (uint32_t)(p + 3));
+    case 'i': return apir_marshal(enc, sig, (int32_t)1);
+    case 'b': return apir_marshal(enc, sig, 1);
+    case 'c': return apir_marshal(enc, sig, 0x5au);
+    case 'q': case 'h': return apir_marshal(enc, sig, (uint64_t)(p == 0 ? FZ_H_BUF_A : 64));
+    case 's': return apir_marshal(enc, sig, "CPU");
+    case 't': return apir_marshal(enc, sig, (const struct apir_tensor_rec *)&recs[0]);
+    case 'L': return apir_marshal(enc, sig, (uint32_t)3, (const struct apir_tensor_rec *)recs);
+    }
+    return false;
+}
+
+static void seeds_codec(void)
+{
+    static uint8_t buf[8192];
+    for (uint32_t cmd = 0; cmd < APIR_CMD_COUNT; cmd++) {
+        const struct apir_command_info *c = &apir_command_table[cmd];
+        if (!c->name)
+            continue;
+        const char *sigs[2] = { c->request, c->reply };
+        for (int dir = 0; dir < 2; dir++) {
+            struct apir_encoder enc;
+            apir_encoder_init(&enc, buf, sizeof(buf));
+            if (dir == 0) {
+                /* Requests as the transports carry them: with the header. */
+                struct apir_cmd_header hdr = { APIR_CMD_TYPE_FORWARD, (int32_t)cmd, APIR_SHM_REPLY_RES_ID };
+                apir_encode_header(&enc, &hdr);
+            }
+            bool ok = true;
+            for (int p = 0; sigs[dir][p] && ok; p++) {
+                if (sigs[dir][p] == 'T') {
+                    struct fz_writer w = { apir_encode_reserve(&enc, 0), (size_t)(enc.end - enc.cur), 0 };
+                    inline_tensor(&w, GGML_OP_ADD, 2, true, false);
+                    ok = w.len <= w.cap && apir_encode_reserve(&enc, w.len) != NULL;
+                } else {
+                    ok = marshal_letter(&enc, sigs[dir][p], p);
+                }
+            }
+            if (!ok)
+                continue;
+            char name[96];
+            snprintf(name, sizeof(name), "%02u-%s-%s", cmd, c->name, dir == 0 ? "request" : "reply");
+            write_seed("fuzz_codec", name, buf, apir_encoder_used(&enc));
+        }
+    }
+}
+
+/* ---- fuzz_dispatch: sessions ---------------------------------------------------- */
+
+static void put_cmd(struct fz_writer *w, uint8_t op, const struct apir_encoder *req)
+{
+    fz_put_le(w, op, 1);
+    fz_put_le(w, apir_encoder_used(req), 2);
+    fz_put(w, req->start, apir_encoder_used(req));
+}
+
+#define REQ(cmd, ...)                                                                  \
+    do {                                                                               \
+        apir_encoder_init(&enc, rbuf, sizeof(rbuf));                                   \
+        apir_marshal(&enc, apir_command_table[APIR_CMD_##cmd].request, __VA_ARGS__);   \
+        put_cmd(&w, APIR_CMD_##cmd, &enc);                                             \
+    } while (0)
+#define REQ0(cmd)                                                                      \
+    do {                                                                               \
+        apir_encoder_init(&enc, rbuf, sizeof(rbuf));                                   \
+        put_cmd(&w, APIR_CMD_##cmd, &enc);                                             \
+    } while (0)
+
+static void seeds_dispatch(void)
+{
+    static uint8_t sbuf[64 * 1024], rbuf[8192], graph[8192];
+    struct fz_writer w;
+    struct apir_encoder enc;
+    struct apir_tensor_rec a = rec_f32(1, 16, 1, FZ_H_BUF_A, 0, GGML_OP_NONE);
+    struct apir_tensor_rec b = rec_f32(2, 16, 1, FZ_H_BUF_A, 64, GGML_OP_NONE);
+    struct apir_tensor_rec c = rec_f32(3, 16, 1, FZ_H_BUF_A, 128, GGML_OP_ADD);
+    c.src[0] = 1;
+    c.src[1] = 2;
+    struct apir_tensor_rec list[3] = { c, a, b };
+
+    /* Device queries, all of 0.1 that needs no tensor. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    fz_put_le(&w, 0, 2);
+    REQ0(DEVICE_GET_DEVICE_COUNT);
+    REQ0(DEVICE_GET_COUNT);
+    REQ0(DEVICE_GET_NAME);
+    REQ0(DEVICE_GET_DESCRIPTION);
+    REQ0(DEVICE_GET_TYPE);
+    REQ0(DEVICE_GET_MEMORY);
+    REQ0(DEVICE_GET_BUFFER_TYPE);
+    REQ0(DEVICE_GET_PROPS);
+    REQ(BUFFER_TYPE_GET_NAME, (uint64_t)FZ_H_BUFT);
+    REQ(BUFFER_TYPE_GET_ALIGNMENT, (uint64_t)FZ_H_BUFT);
+    REQ(BUFFER_TYPE_GET_MAX_SIZE, (uint64_t)FZ_H_BUFT);
+    REQ(BUFFER_TYPE_IS_HOST, (uint64_t)FZ_H_BUFT);
+    REQ(BUFFER_GET_BASE, (uint64_t)FZ_H_BUF_A);
+    write_writer("fuzz_dispatch", "device-queries", &w);
+
+    /* A token's worth of work: upload, compute c = a + b, download. */
+    size_t glen = graph_add(graph, sizeof(graph));
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    fz_put_le(&w, glen, 2);
+    fz_put(&w, graph, glen);
+    REQ(BUFFER_SET_TENSOR, (uint64_t)FZ_H_BUF_A, &a, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)64);
+    REQ(BUFFER_SET_TENSOR, (uint64_t)FZ_H_BUF_A, &b, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)64);
+    REQ(BACKEND_GRAPH_COMPUTE, FZ_BLOB_RES_ID, (uint64_t)glen);
+    REQ(BUFFER_GET_TENSOR, (uint64_t)FZ_H_BUF_A, &c, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)64);
+    REQ(BUFFER_CPY_TENSOR, (uint64_t)FZ_H_BUF_A, &a, &b);
+    REQ(BUFFER_CLEAR, (uint64_t)FZ_H_BUF_A, 0u);
+    write_writer("fuzz_dispatch", "set-compute-get", &w);
+
+    /* More graphs, each on its own. */
+    size_t (*const graphs[])(uint8_t *, size_t) = { graph_mul_mat, graph_view_cpy, graph_unary, graph_get_rows,
+                                                    graph_set_rows };
+    for (size_t i = 0; i < sizeof(graphs) / sizeof(graphs[0]); i++) {
+        glen = graphs[i](graph, sizeof(graph));
+        w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+        fz_put_le(&w, glen, 2);
+        fz_put(&w, graph, glen);
+        /* mul_mat reads buffer B: allocate it (handle 3) first; zeros
+         * make every index of get/set_rows valid. */
+        REQ(BUFFER_TYPE_ALLOC_BUFFER, (uint64_t)FZ_H_BUFT, (uint64_t)FZ_BUF_B_SIZE);
+        REQ(BUFFER_CLEAR, (uint64_t)FZ_H_BUF_A, 0u);
+        REQ(BACKEND_GRAPH_COMPUTE, FZ_BLOB_RES_ID, (uint64_t)glen);
+        REQ(BACKEND_GRAPH_COMPUTE_AT, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)glen);
+        char name[32];
+        snprintf(name, sizeof(name), "graph-%zu", i);
+        write_writer("fuzz_dispatch", name, &w);
+    }
+
+    /* Buffers: allocate, use, free; wrap the blob; stale use after free. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    fz_put_le(&w, 0, 2);
+    REQ(BUFFER_TYPE_ALLOC_BUFFER, (uint64_t)FZ_H_BUFT, (uint64_t)4096);
+    REQ(BUFFER_GET_BASE, (uint64_t)3);
+    REQ(DEVICE_BUFFER_FROM_PTR, FZ_BLOB_RES_ID, (uint64_t)65536, (uint64_t)65536);
+    REQ(BUFFER_GET_BASE, (uint64_t)4);
+    REQ(BUFFER_CLEAR, (uint64_t)4, 0x11u);
+    REQ(BUFFER_FREE_BUFFER, (uint64_t)3);
+    REQ(BUFFER_GET_BASE, (uint64_t)3);
+    REQ(BUFFER_FREE_BUFFER, (uint64_t)4);
+    REQ(BUFFER_FREE_BUFFER, (uint64_t)FZ_H_BUF_A);
+    REQ(BUFFER_CLEAR, (uint64_t)FZ_H_BUF_A, 0u);
+    write_writer("fuzz_dispatch", "buffers", &w);
+
+    /* apir 0.2: tensor lists, memset, init, offsets. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    glen = graph_add(graph, sizeof(graph));
+    fz_put_le(&w, glen, 2);
+    fz_put(&w, graph, glen);
+    REQ(DEVICE_SELECT, 0u);
+    REQ(DEVICE_SUPPORTS_OP_L, (uint32_t)3, (const struct apir_tensor_rec *)list);
+    REQ(DEVICE_OFFLOAD_OP_L, (uint32_t)3, (const struct apir_tensor_rec *)list);
+    REQ(BUFFER_TYPE_GET_ALLOC_SIZE_L, (uint64_t)FZ_H_BUFT, (uint32_t)3, (const struct apir_tensor_rec *)list);
+    REQ(BUFFER_MEMSET_TENSOR, (uint64_t)FZ_H_BUF_A, &a, 0x3fu, (uint64_t)0, (uint64_t)64);
+    REQ(BUFFER_INIT_TENSOR, (uint64_t)FZ_H_BUF_A, &b);
+    REQ(BUFFER_SET_TENSOR_AT, (uint64_t)FZ_H_BUF_A, &a, FZ_BLOB_RES_ID, (uint64_t)4096, (uint64_t)0, (uint64_t)64);
+    REQ(BUFFER_GET_TENSOR_AT, (uint64_t)FZ_H_BUF_A, &c, FZ_BLOB_RES_ID, (uint64_t)8192, (uint64_t)16, (uint64_t)32);
+    REQ0(BACKEND_SYNCHRONIZE);
+    REQ(BACKEND_GRAPH_COMPUTE_AT, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)glen);
+    REQ0(BACKEND_SYNCHRONIZE);
+    write_writer("fuzz_dispatch", "extensions", &w);
+
+    /* 0.1 inline tensors, and a handshake back to 0.1. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    fz_put_le(&w, 0, 2);
+    {
+        static uint8_t ibuf[8192];
+        struct fz_writer iw = { ibuf, sizeof(ibuf), 0 };
+        inline_tensor(&iw, GGML_OP_ADD, 2, true, false);
+        fz_put_le(&w, APIR_CMD_DEVICE_SUPPORTS_OP, 1);
+        fz_put_le(&w, iw.len, 2);
+        fz_put(&w, ibuf, iw.len);
+        iw.len = 0;
+        fz_put_le(&iw, FZ_H_BUFT, 8);
+        inline_tensor(&iw, GGML_OP_NONE, 0, false, true);
+        fz_put_le(&w, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE, 1);
+        fz_put_le(&w, iw.len, 2);
+        fz_put(&w, ibuf, iw.len);
+    }
+    apir_encoder_init(&enc, rbuf, sizeof(rbuf));
+    apir_encode_u32(&enc, 0);
+    apir_encode_u32(&enc, 1);
+    put_cmd(&w, FZ_OP_HANDSHAKE, &enc);
+    REQ(DEVICE_SELECT, 0u);  /* refused at 0.1 */
+    REQ0(DEVICE_GET_NAME);
+    put_cmd(&w, FZ_OP_SMALL_REPLY | APIR_CMD_DEVICE_GET_DESCRIPTION, &enc);
+    write_writer("fuzz_dispatch", "inline-and-0.1", &w);
+}
+
+/* ---- fuzz_graph, fuzz_inline ----------------------------------------------------- */
+
+static void seeds_graph(void)
+{
+    static uint8_t graph[8192];
+    size_t (*const graphs[])(uint8_t *, size_t) = { graph_add,   graph_mul_mat,  graph_view_cpy,
+                                                    graph_unary, graph_get_rows, graph_set_rows };
+    for (size_t i = 0; i < sizeof(graphs) / sizeof(graphs[0]); i++) {
+        size_t len = graphs[i](graph, sizeof(graph));
+        char name[32];
+        snprintf(name, sizeof(name), "graph-%zu", i);
+        write_seed("fuzz_graph", name, graph, len);
+    }
+}
+
+static void seeds_inline(void)
+{
+    static uint8_t buf[8192];
+    static const struct { enum ggml_op op; int n_src; bool buffer, view; const char *name; } cases[] = {
+        { GGML_OP_ADD, 2, true, false, "add-buffer" },
+        { GGML_OP_MUL_MAT, 2, false, false, "mul-mat" },
+        { GGML_OP_NONE, 0, false, false, "none" },
+        { GGML_OP_VIEW, 1, true, true, "view" },
+        { GGML_OP_SOFT_MAX, 1, false, false, "soft-max" },
+        { GGML_OP_ROPE, 3, false, false, "rope" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fz_writer w = { buf, sizeof(buf), 0 };
+        inline_tensor(&w, cases[i].op, cases[i].n_src, cases[i].buffer, cases[i].view);
+        write_writer("fuzz_inline", cases[i].name, &w);
+    }
+}
+
+/* ---- fuzz_shm_frame -------------------------------------------------------------- */
+
+static void shm_hello(struct fz_writer *w, uint8_t plan)
+{
+    struct apir_shm_hello h = {
+        .magic = APIR_SHM_MAGIC,
+        .version = APIR_SHM_VERSION,
+        .ctrl_size = APIR_SHM_CTRL_SIZE,
+        .reply_size = APIR_REPLY_BLOB_SIZE,
+        .pid = 1,
+    };
+    fz_put_le(w, plan, 1);
+    fz_put(w, &h, sizeof(h));
+}
+
+static void shm_cmd(struct fz_writer *w, int32_t type, int32_t flags, uint32_t reply, const char *sig, ...)
+{
+    static uint8_t buf[4096];
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, buf, sizeof(buf));
+    struct apir_cmd_header hdr = { type, flags, reply };
+    apir_encode_header(&enc, &hdr);
+    va_list ap;
+    va_start(ap, sig);
+    apir_vmarshal(&enc, sig, &ap);
+    va_end(ap);
+    fz_put_le(w, 0, 1);
+    fz_put_le(w, apir_encoder_used(&enc), 2);
+    fz_put(w, buf, apir_encoder_used(&enc));
+}
+
+static void shm_blob(struct fz_writer *w, uint8_t fd_kind_bits, uint32_t res_id, uint64_t size)
+{
+    fz_put_le(w, 3u | fd_kind_bits, 1);
+    fz_put_le(w, 12, 2);
+    fz_put_le(w, res_id, 4);
+    fz_put_le(w, size, 8);
+}
+
+static void seeds_shm(void)
+{
+    static uint8_t sbuf[16384];
+    const uint32_t R = APIR_SHM_REPLY_RES_ID;
+    struct fz_writer w;
+
+    /* A well-behaved guest: handshake, queries, a data blob, its reuse as
+     * a reply blob, destroy. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    shm_hello(&w, 0x02);
+    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 2u);
+    shm_cmd(&w, APIR_CMD_TYPE_LOADLIBRARY, 0, R, "");
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_NAME, R, "");
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_BUFFER_TYPE, R, "");
+    shm_blob(&w, 0, APIR_SHM_FIRST_RES_ID, 65536);
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_MEMORY, APIR_SHM_FIRST_RES_ID, "");
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_BUFFER_FROM_PTR, R, "rqq", APIR_SHM_FIRST_RES_ID,
+            (uint64_t)65536, (uint64_t)65536);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, R, "u", APIR_SHM_FIRST_RES_ID);
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, 99, R, "");
+    write_writer("fuzz_shm_frame", "session", &w);
+
+    /* Blob creation variants: lying size, unsealed, short, pipe, wrong tag,
+     * an fd message ahead of a raw SHM_BLOB_CREATE. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    shm_hello(&w, 0x02);
+    shm_blob(&w, 0, 4, 4096);
+    shm_blob(&w, 1 << 2, 5, 4096);
+    shm_blob(&w, 2 << 2, 6, 8192);
+    shm_blob(&w, 3 << 2, 7, 4096);
+    fz_put_le(&w, 2, 1);      /* a good fd message of 64 bytes... */
+    fz_put_le(&w, 0, 2);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, R, "uq", 9u, (uint64_t)64);  /* ...consumed here */
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, R, "uq", 10u, (uint64_t)1 << 40);
+    shm_blob(&w, 0x10, 8, 4096);  /* a wrong tag: the host hangs up, so last */
+    write_writer("fuzz_shm_frame", "blobs", &w);
+
+    /* Framing: a lying cmd_len, a short header, an unknown reply blob. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    shm_hello(&w, 0x02);
+    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 1u);
+    fz_put_le(&w, 1, 1);
+    fz_put_le(&w, 12, 2);
+    fz_put_le(&w, APIR_CMD_TYPE_FORWARD, 4);
+    fz_put_le(&w, 0, 4);
+    fz_put_le(&w, R, 4);
+    fz_put_le(&w, 4000, 4);   /* cmd_len says 4000 */
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, 0, 77, "");
+    write_writer("fuzz_shm_frame", "framing", &w);
+
+    /* Hellos the host must refuse. */
+    static const uint8_t bad_plans[] = { 0x00, 0x01, 0x03, 0x06, 0x0a, 0x0e, 0x12, 0x22, 0x32, 0x42 };
+    for (size_t i = 0; i < sizeof(bad_plans); i++) {
+        w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+        shm_hello(&w, bad_plans[i]);
+        shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 2u);
+        char name[32];
+        snprintf(name, sizeof(name), "hello-%02x", bad_plans[i]);
+        write_writer("fuzz_shm_frame", name, &w);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds DIR\n");
+        return 2;
+    }
+    out_dir = argv[1];
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+        perror(out_dir);
+        return 1;
+    }
+    seeds_codec();
+    seeds_dispatch();
+    seeds_graph();
+    seeds_inline();
+    seeds_shm();
+    printf("make_seeds: %u seeds in %s\n", n_written, out_dir);
+    return 0;
+}
