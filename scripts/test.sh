@@ -1,14 +1,65 @@
 #!/usr/bin/env bash
-# The test command: set-up (cached), build with warnings as errors, ctest.
-#   scripts/test.sh            everything CI runs
-#   scripts/test.sh -R NAME    a subset (ctest arguments)
-set -euo pipefail
+# The test command (what CI runs through .ci/run):
+#   1. set-up (cached: seconds once ggml is built);
+#   2. build with warnings as errors, then every test (ctest): unit tests,
+#      end-to-end tests with real processes, llama.cpp's test-backend-ops
+#      through APIR0 (shm and virtgpu paths), a llama model through APIR0;
+#   3. the same fast tests under ASan + UBSan, the multi-client tests under
+#      TSan (sanitizer builds in build-asan/, build-tsan/);
+#   4. every fuzz target for a bounded time, after replaying past findings.
+# Each stage prints ctest's or the fuzzer's summary; the script fails if any
+# stage fails.
+#   scripts/test.sh              everything
+#   scripts/test.sh -R NAME      only step 2, only the matching tests
+#   APIR_TEST_STAGES="build sanitizers fuzz"   choose stages
+#   APIR_FUZZ_SECONDS=20         seconds per fuzz target
+set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-bash scripts/setup.sh
-t0=$(date +%s)
-cmake -S . -B build -G Ninja -DAPIR_WERROR=ON >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
-cmake --build build -j "$(nproc)" 2>&1 | tail -3
-echo "test: build done in $(( $(date +%s) - t0 ))s"
-cd build
-ctest --output-on-failure --timeout 3000 "$@"
+bash scripts/setup.sh || exit 1
+STAGES=${APIR_TEST_STAGES:-"build sanitizers fuzz"}
+[ $# -gt 0 ] && STAGES=build
+JOBS=$(nproc)
+failed=""
+stage() { echo; echo "==== $1 ($(date +%T))"; }
+
+configure_build() { # dir, cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
+  cmake --build "$dir" -j "$JOBS" 2>&1 | tail -2
+}
+
+# The slow ones run in the plain build only.
+SLOW='backend_ops'
+
+for s in $STAGES; do
+  case $s in
+  build)
+    stage "build (warnings as errors) + all tests"
+    t0=$SECONDS
+    configure_build build -DAPIR_WERROR=ON || { failed+=" build"; continue; }
+    echo "build: $((SECONDS - t0))s"
+    (cd build && ctest --output-on-failure --timeout 3000 "$@") || failed+=" tests"
+    ;;
+  sanitizers)
+    stage "ASan + UBSan: the fast tests"
+    configure_build build-asan -DAPIR_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug || { failed+=" asan-build"; continue; }
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+       ctest --output-on-failure --timeout 600 -E "$SLOW") || failed+=" asan"
+    stage "TSan: the multi-client tests"
+    configure_build build-tsan -DAPIR_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug -DAPIR_VIRGL=OFF || { failed+=" tsan-build"; continue; }
+    (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp" \
+       ctest --output-on-failure --timeout 600 -R "e2e|mirror|dispatch") || failed+=" tsan"
+    ;;
+  fuzz)
+    stage "fuzzing: ${APIR_FUZZ_SECONDS:-20}s per target"
+    bash fuzz/run.sh "${APIR_FUZZ_SECONDS:-20}" || failed+=" fuzz"
+    ;;
+  esac
+done
+echo
+if [ -n "$failed" ]; then
+  echo "test: FAILED stages:$failed"
+  exit 1
+fi
+echo "test: all stages passed ($STAGES)"
