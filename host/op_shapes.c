@@ -42,7 +42,23 @@ static bool f32_rows(const struct ggml_tensor *t)
     return t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float);
 }
 
-static int64_t nelements(const struct ggml_tensor *t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
+/* Element count, or -1 when it does not fit 63 bits (strides of 0 let a
+ * tensor that small in memory claim that many elements). */
+static int64_t nelements(const struct ggml_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < GGML_MAX_DIMS; i++)
+        if (__builtin_mul_overflow(n, t->ne[i], &n))
+            return -1;
+    return n;
+}
+
+/* Same element count, both countable. */
+static bool same_count(const struct ggml_tensor *a, const struct ggml_tensor *b)
+{
+    int64_t na = nelements(a);
+    return na >= 0 && na == nelements(b);
+}
 
 /* The sources an op cannot do without (ggml's constructors always set them). */
 static int required_srcs(enum ggml_op op)
@@ -99,16 +115,16 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
             return "OUT_PROD operands do not fit";
         return ne_is(t, a->ne[0], b->ne[0], b->ne[2], b->ne[3]) && f32_rows(t) ? NULL : "OUT_PROD result shape";
     case GGML_OP_DUP: case GGML_OP_CONT:
-        return nelements(a) == nelements(t) ? NULL : "copy sizes differ";
+        return same_count(a, t) ? NULL : "copy sizes differ";
     case GGML_OP_CPY:
-        return nelements(a) == nelements(b) && nelements(t) == nelements(b) ? NULL : "copy sizes differ";
+        return same_count(a, b) && same_count(t, b) ? NULL : "copy sizes differ";
     case GGML_OP_GET_ROWS:
         if (b->type != GGML_TYPE_I32 || a->ne[2] != b->ne[1] || b->ne[3] != 1)
             return "GET_ROWS operands do not fit";
         return ne_is(t, a->ne[0], b->ne[0], b->ne[1], b->ne[2]) ? NULL : "GET_ROWS result shape";
     case GGML_OP_GET_ROWS_BACK:
         return b->type == GGML_TYPE_I32 && a->ne[2] == 1 && a->ne[3] == 1 && t->ne[0] == a->ne[0] &&
-               nelements(b) == a->ne[1] && t->ne[2] == 1 && t->ne[3] == 1 ? NULL : "GET_ROWS_BACK shapes";
+               nelements(b) >= 0 && nelements(b) == a->ne[1] && t->ne[2] == 1 && t->ne[3] == 1 ? NULL : "GET_ROWS_BACK shapes";
     case GGML_OP_SET_ROWS:
         /* dst is the destination view a; src0 the rows b; src1 the indices c */
         if ((b->type != GGML_TYPE_I64 && b->type != GGML_TYPE_I32) || t->ne[0] != a->ne[0] || t->ne[2] != a->ne[2] ||

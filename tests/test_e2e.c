@@ -187,6 +187,15 @@ static void test_killed_client_frees(void)
     CHECK_MSG(during - before > 200 * 1024, "host RSS %ld -> %ld KiB", before, during);
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
+    /* Under TSan the allocator keeps freed memory: the RSS says nothing. */
+    if (getenv("APIR_E2E_SKIP_RSS")) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        close(pipefd[0]);
+        close(pipefd[1]);
+        apir_remote_close(&probe);
+        return;
+    }
     long after = during;
     uint64_t t0 = apir_now_ns();
     while (apir_now_ns() - t0 < 1000000000ull && after - before > 32 * 1024) {
@@ -295,9 +304,20 @@ static void test_too_many_clients(void)
 {
     struct apir_remote r[9];
     int opened = 0;
-    char err[256];
-    for (int i = 0; i < 9; i++)
-        opened += apir_remote_open(&r[i], endpoint, 0, err, sizeof(err));
+    char err[256] = "";
+    /* Clients of earlier tests are freed asynchronously (slowly under the
+     * sanitizers): retry until all eight slots are free again. */
+    for (int attempt = 0; attempt < 50; attempt++) {
+        opened = 0;
+        for (int i = 0; i < 9; i++)
+            if (apir_remote_open(&r[opened], endpoint, 0, err, sizeof(err)))
+                opened++;
+        if (opened >= 8)
+            break;
+        for (int i = 0; i < opened; i++)
+            apir_remote_close(&r[i]);
+        usleep(100000);
+    }
     CHECK(opened == 8);
     CHECK_MSG(strstr(err, "too many clients") != NULL, "opened %d, last error: %s", opened, err);
     for (int i = 0; i < opened; i++)
