@@ -60,7 +60,8 @@ static bool same_count(const struct ggml_tensor *a, const struct ggml_tensor *b)
     return na >= 0 && na == nelements(b);
 }
 
-/* The sources an op cannot do without (ggml's constructors always set them). */
+/* The sources an op cannot do without: those ggml's constructors always set
+ * (optional ones - masks, sinks, frequency factors - are not counted). */
 static int required_srcs(enum ggml_op op)
 {
     switch (op) {
@@ -72,11 +73,21 @@ static int required_srcs(enum ggml_op op)
     case GGML_OP_GET_ROWS: case GGML_OP_GET_ROWS_BACK: case GGML_OP_SET_ROWS: case GGML_OP_CONCAT:
     case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: case GGML_OP_COUNT_EQUAL: case GGML_OP_SSM_CONV:
     case GGML_OP_SOFT_MAX_BACK: case GGML_OP_SILU_BACK: case GGML_OP_RMS_NORM_BACK:
-    case GGML_OP_CROSS_ENTROPY_LOSS:
+    case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_IM2COL: case GGML_OP_IM2COL_BACK: case GGML_OP_IM2COL_3D:
+    case GGML_OP_CONV_2D: case GGML_OP_CONV_2D_DW: case GGML_OP_CONV_3D: case GGML_OP_CONV_TRANSPOSE_1D:
+    case GGML_OP_CONV_TRANSPOSE_2D: case GGML_OP_POOL_2D_BACK: case GGML_OP_SOLVE_TRI: case GGML_OP_DSV4_HC_PRE:
         return 2;
     case GGML_OP_MUL_MAT_ID: case GGML_OP_ADD_ID: case GGML_OP_FLASH_ATTN_EXT: case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
+    case GGML_OP_ADD_REL_POS: case GGML_OP_FLASH_ATTN_BACK: case GGML_OP_OPT_STEP_SGD: case GGML_OP_DSV4_HC_COMB:
+    case GGML_OP_LIGHTNING_INDEXER:
         return 3;
-    case GGML_OP_SSM_SCAN:
+    case GGML_OP_DSV4_HC_POST:
+        return 4;
+    case GGML_OP_GATED_LINEAR_ATTN: case GGML_OP_OPT_STEP_ADAMW:
+        return 5;
+    case GGML_OP_RWKV_WKV6: case GGML_OP_GATED_DELTA_NET:
+        return 6;
+    case GGML_OP_SSM_SCAN: case GGML_OP_RWKV_WKV7:
         return 7;
     default:
         return 1;
