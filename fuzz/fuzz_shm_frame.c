@@ -475,6 +475,8 @@ static void run_guest(struct fz_reader *r)
         case 3: {
             struct fz_reader br = { bytes, len };
             uint32_t res_id = (uint32_t)fz_read_le(&br, 4);
+            if (res_id == UNFILED)
+                res_id--;  /* UNFILED is this harness's marker, not a name the host may hold */
             uint64_t announced = fz_read_le(&br, 8);
             size_t real = announced > MAX_BLOB_SIZE ? MAX_BLOB_SIZE : announced ? (size_t)announced : 4096;
             alive = send_fd_msg(&g, fk, wrong_tag, real);

@@ -102,6 +102,28 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
             return "op without a source it requires";
     const struct ggml_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
 
+    /* A result's elements are adjacent: ggml makes results as new tensors,
+     * and kernels write them with unit stride (several assert it).  Only a
+     * copy may land in a transposed view of its destination. */
+    if (required_srcs(t->op) > 0 && t->op != GGML_OP_CPY && t->nb[0] != ggml_type_size(t->type))
+        return "result elements not adjacent";
+
+    /* Kernels that exist for f32 sources only abort on anything else (the
+     * CPU backend's supports_op does not say so; found by fuzz_dispatch). */
+    switch (t->op) {
+    case GGML_OP_SUM_ROWS: case GGML_OP_MEAN: case GGML_OP_ARGSORT: case GGML_OP_SOFT_MAX: case GGML_OP_RMS_NORM:
+    case GGML_OP_NORM: case GGML_OP_GROUP_NORM: case GGML_OP_L2_NORM:
+        if (a->type != GGML_TYPE_F32)
+            return "op needs an f32 source";
+        break;
+    case GGML_OP_SUM:
+        if (a->type != GGML_TYPE_F32 && a->type != GGML_TYPE_F16 && a->type != GGML_TYPE_BF16)
+            return "SUM needs an f32/f16/bf16 source";
+        break;
+    default:
+        break;
+    }
+
     switch (t->op) {
     case GGML_OP_ADD: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV:
         return can_repeat(b, a) && same_shape(a, t) ? NULL : "binary op shapes do not broadcast";
@@ -135,7 +157,7 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
         return ne_is(t, a->ne[0], b->ne[0], b->ne[1], b->ne[2]) ? NULL : "GET_ROWS result shape";
     case GGML_OP_GET_ROWS_BACK:
         return b->type == GGML_TYPE_I32 && a->ne[2] == 1 && a->ne[3] == 1 && t->ne[0] == a->ne[0] &&
-               nelements(b) >= 0 && nelements(b) == a->ne[1] && t->ne[2] == 1 && t->ne[3] == 1 ? NULL : "GET_ROWS_BACK shapes";
+               nelements(b) >= 0 && nelements(b) <= a->ne[1] && t->ne[2] == 1 && t->ne[3] == 1 ? NULL : "GET_ROWS_BACK shapes";
     case GGML_OP_SET_ROWS:
         /* dst is the destination view a; src0 the rows b; src1 the indices c */
         if ((b->type != GGML_TYPE_I64 && b->type != GGML_TYPE_I32) || t->ne[0] != a->ne[0] || t->ne[2] != a->ne[2] ||
@@ -190,7 +212,7 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
     case GGML_OP_GLU:
         if (b)
             return same_shape(a, b) && same_shape(a, t) ? NULL : "GLU shapes";
-        return t->ne[0] * 2 == a->ne[0] && t->ne[1] == a->ne[1] && t->ne[2] == a->ne[2] && t->ne[3] == a->ne[3]
+        return t->ne[0] == a->ne[0] / 2 && t->ne[1] == a->ne[1] && t->ne[2] == a->ne[2] && t->ne[3] == a->ne[3]
                    ? NULL : "GLU result shape";
     case GGML_OP_UNARY: case GGML_OP_SCALE: case GGML_OP_RMS_NORM: case GGML_OP_NORM: case GGML_OP_L2_NORM:
     case GGML_OP_SQR: case GGML_OP_SQRT: case GGML_OP_LOG: case GGML_OP_SIN: case GGML_OP_COS: case GGML_OP_CLAMP:
