@@ -163,12 +163,6 @@ uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64
             return NULL;
         return b->ptr + offset;
     }
-    /* virgl: the hypervisor knows the blob, we only get its address. */
-    if (s->shmem_lookup) {
-        uint8_t *p = s->shmem_lookup(s->shmem_user, res_id);
-        if (p && offset <= SIZE_MAX - size)
-            return p + offset;
-    }
     return NULL;
 }
 

@@ -81,8 +81,6 @@ struct apir_graph_slot {
     struct apir_import_scratch scratch;
 };
 
-/* Lookup for blobs the session does not hold itself (virgl's get_shmem_ptr). */
-typedef void *(*apir_shmem_lookup_fn)(void *user, uint32_t res_id);
 
 /* upload_mirror.c: host copies of small uploads into device memory. */
 #define APIR_MIRROR_ENTRIES 32
@@ -104,8 +102,6 @@ struct apir_session {
     struct apir_blob *blobs;
     uint32_t n_blobs, blobs_cap;
     uint64_t blob_bytes;
-    apir_shmem_lookup_fn shmem_lookup;
-    void *shmem_user;
 
     uint32_t n_buffers;
     uint64_t bytes_allocated;

@@ -388,7 +388,6 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_initialize(uint32_t ctx_id, struct virgl
     }
     if (!code) {
         c->session->minor = APIR_VERSION_MINOR;  /* see the top of the file */
-        c->session->shmem_lookup = NULL;         /* never the unbounded path */
         if (!apir_session_backend(c->session, 0))
             code = APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_INIT_FAILED;
     }
@@ -412,6 +411,32 @@ APIR_VIRGL_EXPORT void apir_backend_deinit(uint32_t ctx_id)
     }
     /* Freed now, or by the dispatch still running on it when it returns. */
     ctx_put(c);
+}
+
+/*
+ * virglrenderer dlcloses this library when its last context is gone (it
+ * calls deinit for each first).  Free what would otherwise be unreachable
+ * then: a context the hypervisor forgot, and the library table.  The ggml
+ * backend libraries themselves stay loaded (see struct ggml_lib).
+ */
+__attribute__((destructor)) static void virgl_unload(void)
+{
+    pthread_mutex_lock(&table_lock);
+    while (n_table) {
+        struct vctx *c = table[--n_table];
+        APIR_WARN("virgl", "ctx %u: still open when the library is unloaded", c->ctx_id);
+        ctx_put(c);
+    }
+    pthread_mutex_unlock(&table_lock);
+    pthread_mutex_lock(&libs_lock);
+    while (libs) {
+        struct ggml_lib *l = libs;
+        libs = l->next;
+        free(l->path);
+        free(l->reg_sym);
+        free(l);
+    }
+    pthread_mutex_unlock(&libs_lock);
 }
 
 /* ---- shared memory ---------------------------------------------------------------- */

@@ -53,6 +53,8 @@ static int cmd_ping(const char *endpoint, int n)
         uint64_t a = apir_now_ns();
         if (apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &count) != APIR_HANDLER_OK) {
             fprintf(stderr, "apir ping: call %d failed\n", i);
+            free(lat);
+            apir_remote_close(&r);
             return 1;
         }
         lat[i] = apir_now_ns() - a;

@@ -407,6 +407,8 @@ static int handshake(struct vgpu_transport *v, size_t len, uint64_t timeout_ns, 
         minor = library_speaks_0_2(v) ? (guest_minor < APIR_VERSION_MINOR ? guest_minor : APIR_VERSION_MINOR) : 1;
     else
         minor = guest_minor;
+    if (v->base.broken)
+        return -1;  /* the probe got no answer */
     struct apir_encoder out;
     apir_encoder_init(&out, v->handshake_reply, sizeof(v->handshake_reply));
     apir_encode_u32(&out, major);
