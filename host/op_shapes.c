@@ -44,6 +44,21 @@ static bool f32_rows(const struct ggml_tensor *t)
 
 /* Element count, or -1 when it does not fit 63 bits (strides of 0 let a
  * tensor that small in memory claim that many elements). */
+/* Laid out as ggml_new_tensor lays out a fresh result. */
+static bool contiguous(const struct ggml_tensor *t)
+{
+    size_t nb = ggml_type_size(t->type);
+    if ((size_t)t->nb[0] != nb)
+        return false;
+    nb = ggml_row_size(t->type, t->ne[0]);
+    for (int i = 1; i < GGML_MAX_DIMS; i++) {
+        if ((size_t)t->nb[i] != nb)
+            return false;
+        nb *= (size_t)t->ne[i];
+    }
+    return true;
+}
+
 static int64_t nelements(const struct ggml_tensor *t)
 {
     int64_t n = 1;
@@ -133,17 +148,25 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
         return a->ne[0] == b->ne[0] && a->ne[1] == c->ne[0] && a->ne[2] == c->ne[1] && c->type == GGML_TYPE_I32 &&
                same_shape(a, t) ? NULL : "ADD_ID shapes do not match";
     case GGML_OP_MUL_MAT:
+        /* The kernels step through rows of both operands with unit element
+         * stride and assert a fresh, ordered result. */
+        if (a->nb[0] != ggml_type_size(a->type) || b->nb[0] != ggml_type_size(b->type) || !contiguous(t))
+            return "MUL_MAT operand or result layout";
         if (a->ne[0] != b->ne[0] || a->ne[2] == 0 || a->ne[3] == 0 || b->ne[2] % a->ne[2] || b->ne[3] % a->ne[3])
             return "MUL_MAT operands do not fit";
         if (a->nb[0] > a->nb[1] && a->ne[1] > 1)
             return "MUL_MAT with a transposed first operand";
         return ne_is(t, a->ne[1], b->ne[1], b->ne[2], b->ne[3]) && f32_rows(t) ? NULL : "MUL_MAT result shape";
     case GGML_OP_MUL_MAT_ID:
+        if (a->nb[0] != ggml_type_size(a->type) || b->nb[0] != ggml_type_size(b->type) || !contiguous(t))
+            return "MUL_MAT_ID operand or result layout";
         if (c->type != GGML_TYPE_I32 || c->ne[2] != 1 || b->ne[3] != 1 || c->ne[1] != b->ne[2] || b->ne[1] == 0 ||
             c->ne[0] % b->ne[1] || a->ne[0] != b->ne[0] || c->ne[0] > a->ne[2])
             return "MUL_MAT_ID operands do not fit";
         return ne_is(t, a->ne[1], c->ne[0], b->ne[2], 1) && f32_rows(t) ? NULL : "MUL_MAT_ID result shape";
     case GGML_OP_OUT_PROD:
+        if (!contiguous(t))
+            return "OUT_PROD result layout";
         if (a->ne[1] != b->ne[1] || a->ne[2] == 0 || a->ne[3] == 0 || b->ne[2] % a->ne[2] || b->ne[3] % a->ne[3])
             return "OUT_PROD operands do not fit";
         return ne_is(t, a->ne[0], b->ne[0], b->ne[2], b->ne[3]) && f32_rows(t) ? NULL : "OUT_PROD result shape";
