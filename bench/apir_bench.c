@@ -121,9 +121,6 @@ static void graph_chain(ggml_backend_dev_t dev, int n, int reps, double *first_u
     for (int i = 0; i < 64; i++)
         ones[i] = 1.0f;
     ggml_backend_tensor_set(x, ones, 0, sizeof(ones));
-    /* A graph the scheduler would reuse has a uid; give it one. */
-    ggml_backend_sched_t sched = NULL;
-    (void)sched;
     uint64_t t0 = apir_now_ns();
     ggml_backend_graph_compute(be, g);
     *first_us = (double)(apir_now_ns() - t0) / 1e3;

@@ -24,8 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
-
 typedef uint32_t (*apir_handler_fn)(struct apir_session *s, struct apir_decoder *req, struct apir_encoder *reply);
 
 #define HANDLER(name) static uint32_t host_cmd_##name(struct apir_session *s, struct apir_decoder *req, struct apir_encoder *reply)

@@ -141,7 +141,6 @@ bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id)
 }
 
 /* Called when a buffer that wrapped a blob goes away. */
-void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
 void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id)
 {
     for (uint32_t i = 0; i < s->n_blobs; i++) {

@@ -138,6 +138,9 @@ bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id);
 /* [offset, offset+size) of blob res_id, or NULL (bounds are checked). */
 uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64_t offset, uint64_t size);
 struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id);
+/* A buffer that wrapped blob res_id is gone; a blob the guest destroyed
+ * meanwhile is unmapped now. */
+void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
 
 /* The session's backend stream for a device, created on first use. */
 ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device);
