@@ -6,6 +6,9 @@
 #
 #   bench/h200.sh build        set-up + build (about 5 minutes on 16 cores)
 #   bench/h200.sh bench        models + llama-bench ratios + apir-bench + test-backend-ops subset
+#   bench/h200.sh diag         where apir's time goes on the 1B F16 model: native with and without
+#                              CUDA fusion, apir with guest and host profiles, per-op host profile,
+#                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,5 +52,47 @@ bench|all)
     APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" bash bench/llama_bench_compare.sh --model $M/$m.gguf --backend CUDA --fa 1 \
       -p 2048 -n 128 -r ${REPS:-5} --rounds ${ROUNDS:-2} -t 8 2>&1 | tee -a "$OUT/h200.log"
   done
+  ;;
+diag)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  D=$OUT/diag; mkdir -p $D
+  lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o csv)
+  brief() { awk -F, 'NR > 1 { gsub(/"/, ""); print ($0 ~ /,512,0,/ ? "pp512" : "tg128"), $(NF-1) }' ; }
+  log "native (fusion on)";  (cd .deps/bin && ./llama-bench "${lb[@]}" 2>/dev/null | brief | tee -a "$OUT/h200.log")
+  log "native GGML_CUDA_DISABLE_FUSION=1"
+  (cd .deps/bin && GGML_CUDA_DISABLE_FUSION=1 ./llama-bench "${lb[@]}" 2>/dev/null | brief | tee -a "$OUT/h200.log")
+  for prof in 0 1; do
+    APIR_HOST_OP_PROFILE=$prof build/apir-host --listen unix:/tmp/apir-diag.sock --backend CUDA --log-level info >$D/host-$prof.log 2>&1 &
+    hp=$!; sleep 2
+    if [ $prof = 0 ]; then
+      log "apir (guest APIR_PROFILE=1)"
+      (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-diag.sock \
+        APIR_PROFILE=1 ./llama-bench "${lb[@]}" -dev APIR0 2>$D/guest-prof.err | brief | tee -a "$OUT/h200.log")
+      grep 'apir profile' $D/guest-prof.err | sort -k7 -n -r | head -12 | tee -a "$OUT/h200.log"
+      log "guest scheduler splits, pp512"
+      (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-diag.sock \
+        GGML_SCHED_DEBUG=1 ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 512 -n 0 -r 1 -dev APIR0 >$D/sched.out 2>$D/sched.err)
+      grep -c '## SPLIT' $D/sched.err | sed 's/^/split lines: /' | tee -a "$OUT/h200.log"
+      grep '## SPLIT' $D/sched.err | sort | uniq -c | sort -rn | head -8 | tee -a "$OUT/h200.log"
+    else
+      log "apir, host per-op profile (each node alone, synchronized), pp512 r1 + tg32"
+      (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-diag.sock \
+        ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 512 -n 32 -r 1 -dev APIR0 >/dev/null 2>&1)
+    fi
+    kill $hp; wait $hp 2>/dev/null
+    grep 'profile' $D/host-$prof.log | sed 's/^apir host: info: //' | tee -a "$OUT/h200.log"
+  done
+  build/apir-host --listen unix:/tmp/apir-diag.sock --backend CUDA --log-level warn >$D/host-perf.log 2>&1 &
+  hp=$!; sleep 2
+  for op in "MUL_MAT|type_a=f16,type_b=f32,m=4096,n=512" "FLASH_ATTN_EXT|hsk=128,hsv=128,nh=32"; do
+    o=${op%%|*} p=${op#*|}
+    for b in CUDA0 APIR0; do
+      log "test-backend-ops perf -o $o -p $p -b $b"
+      (cd .deps/bin && GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-diag.sock \
+        timeout 60 ./test-backend-ops perf -o $o -p "$p" -b $b 2>&1 | grep -E 'us/run|GFLOPS|TFLOPS' | head -6 | tee -a "$OUT/h200.log")
+    done
+  done
+  kill $hp; wait $hp 2>/dev/null
   ;;
 esac

@@ -95,8 +95,9 @@ bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec
  * key.  Returns the number of records (<= 1 + GGML_MAX_SRC), 0 on failure. */
 uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *recs);
 /* Serializes a graph into the device's data area; returns its size, 0 on
- * failure.  Lock held. */
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph);
+ * failure.  use_counts: append the nodes' use counts (0.2 keyed graphs
+ * only, APIR_GRAPH_USE_COUNTS_TAG).  Lock held. */
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts);
 
 /* Cached op queries (frontend_device.c); kind: which question. */
 enum apir_op_query { APIR_Q_SUPPORTS = 1, APIR_Q_OFFLOAD = 2, APIR_Q_ALLOC_SIZE = 3 };

@@ -78,7 +78,7 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         }
     }
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
-    size_t size = apir_graph_serialize(d, cgraph);
+    size_t size = apir_graph_serialize(d, cgraph, keyed);
     if (r->profile) {
         d->serialize_ns += apir_now_ns() - t0;
         d->serialize_count++;

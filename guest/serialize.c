@@ -4,6 +4,8 @@
 #include "frontend.h"
 
 #include "apir_log.h"
+#include "apir_proto.h"
+#include "ggml-impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +133,17 @@ static bool visit_add(struct apir_graph_scratch *g, uint32_t *n, const struct gg
     }
 }
 
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph)
+/* The node's uses in the guest's whole graph: a split is a view that shares
+ * the whole graph's hash set and counts (ggml_graph_view). */
+static uint32_t node_use_count(const struct ggml_cgraph *graph, int i)
+{
+    if (graph->visited_hash_set.size == 0 || !graph->use_counts)
+        return 0;
+    int32_t n = ggml_node_get_use_count(graph, i);
+    return n > 0 ? (uint32_t)n : 0;
+}
+
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts)
 {
     struct apir_graph_scratch *g = &d->graph;
     const int n_nodes = ggml_graph_n_nodes((struct ggml_cgraph *)graph);
@@ -156,6 +168,8 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
             return 0;
     }
     size_t size = 4 + (size_t)n_nodes * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
+    if (use_counts)
+        size += 4 + (size_t)n_nodes * 4;
     if (!apir_remote_data_reserve(&d->remote, size))
         return 0;
     struct apir_encoder enc;
@@ -168,6 +182,11 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
         struct apir_tensor_rec *rec = apir_encode_reserve(&enc, APIR_TENSOR_REC_SIZE);
         if (!rec || !apir_tensor_to_rec(g->list[k], rec, true))
             return 0;
+    }
+    if (use_counts) {
+        apir_encode_u32(&enc, APIR_GRAPH_USE_COUNTS_TAG);
+        for (int i = 0; i < n_nodes; i++)
+            apir_encode_u32(&enc, node_use_count(graph, i));
     }
     return enc.fatal ? 0 : apir_encoder_used(&enc);
 }

@@ -62,6 +62,8 @@ int main(int argc, char **argv)
     int serve_fd = -1;
     unsigned long long client_id = 0;
     apir_log_set_level(APIR_LOG_INFO);
+    /* An environment variable, not a flag: worker processes inherit it. */
+    cfg.op_profile = getenv("APIR_HOST_OP_PROFILE") && !strcmp(getenv("APIR_HOST_OP_PROFILE"), "1");
     if (getenv("APIR_LOG_LEVEL")) {
         enum apir_log_level l;
         if (apir_log_level_from_string(getenv("APIR_LOG_LEVEL"), &l) == 0)

@@ -541,7 +541,7 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
         result = bad(s, cmd, "graph range outside its blob");
     } else {
         uint64_t t0 = apir_now_ns();
-        struct ggml_cgraph *graph = apir_import_graph(s, blob, size);
+        struct ggml_cgraph *graph = apir_import_graph(s, blob, size, key != 0);
         s->import_ns += apir_now_ns() - t0;
         if (graph) {
             /* ggml's own reuse marker: backends (CUDA graphs) skip their

@@ -32,6 +32,7 @@ struct apir_host_config {
     int device;                  /* -1: every device of the backend */
     int n_threads;               /* CPU backend threads; 0: ggml's default */
     const char *backend_dir;     /* where ggml's backend libraries are; NULL: ggml's search */
+    bool op_profile;             /* time each node alone (APIR_HOST_OP_PROFILE=1): slow, for profiles */
     struct apir_limits limits;
 };
 

@@ -5,6 +5,7 @@
 #include "apir_proto.h"
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "ggml-impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -372,7 +373,32 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const 
     return sc->tensors;
 }
 
-struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size)
+/*
+ * The guest's use counts go where ggml keeps them (the graph's hash set):
+ * backends fuse a node into its consumer only when it has one use.  A wrong
+ * count can only make the guest's own results wrong: fused kernels still
+ * check shapes and src links (ggml_can_fuse), and write only their last
+ * node.  A node listed twice keeps its first count.
+ */
+static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
+{
+    const int n = ggml_graph_n_nodes(graph);
+    const uint8_t *counts = apir_decode_inplace(dec, (size_t)n * 4);
+    if (dec->fatal || !counts)
+        return false;
+    for (int i = 0; i < n; i++) {
+        struct ggml_tensor *node = ggml_graph_node(graph, i);
+        size_t pos = ggml_hash_insert(&graph->visited_hash_set, node);
+        if (pos == GGML_HASHSET_ALREADY_EXISTS)
+            continue;
+        uint32_t c;
+        memcpy(&c, counts + (size_t)i * 4, 4);
+        graph->use_counts[pos] = c > INT32_MAX ? INT32_MAX : (int32_t)c;
+    }
+    return true;
+}
+
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size, bool use_counts)
 {
     const struct apir_limits *lim = &s->host->cfg.limits;
     struct apir_decoder dec;
@@ -408,6 +434,12 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
         if (!op_is_view(node->op) && !ggml_backend_dev_supports_op(dev, node))
             return fail("graph has an op the host backend does not support");
         ggml_graph_add_node(graph, node);
+    }
+    if (use_counts && apir_decoder_left(&dec) > 0) {
+        if (apir_decode_u32(&dec) != APIR_GRAPH_USE_COUNTS_TAG || !set_use_counts(graph, &dec))
+            return fail("graph use-count section malformed");
+        if (apir_decoder_left(&dec) != 0)
+            return fail("bytes after the graph's use counts");
     }
     return graph;
 }

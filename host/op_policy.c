@@ -1,5 +1,6 @@
 #include "op_policy.h"
 #include "upload_mirror.h"
+#include "wait.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -200,9 +201,39 @@ static struct ggml_tensor *make_shadow(struct apir_import_scratch *sc, struct gg
     return sh;
 }
 
+static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
+                                        int i0, int i1);
+
+/* cfg.op_profile: every node as a graph of its own, waited for and timed. */
+static enum ggml_status compute_profiled(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
+                                         int i0, int i1)
+{
+    for (int i = i0; i < i1; i++) {
+        const struct ggml_tensor *node = ggml_graph_node(graph, i);
+        uint64_t t0 = apir_now_ns();
+        enum ggml_status st = compute_segment(s, backend, graph, i, i + 1);
+        ggml_backend_synchronize(backend);
+        if (st != GGML_STATUS_SUCCESS)
+            return st;
+        if (!is_view_op(node->op) && (unsigned)node->op < GGML_OP_COUNT) {
+            s->op_ns[node->op] += apir_now_ns() - t0;
+            s->op_count[node->op]++;
+        }
+    }
+    return GGML_STATUS_SUCCESS;
+}
+
 /* Computes nodes [i0, i1) as one graph. */
 static enum ggml_status compute_range(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph, int i0,
                                       int i1)
+{
+    if (s->host->cfg.op_profile)
+        return compute_profiled(s, backend, graph, i0, i1);
+    return compute_segment(s, backend, graph, i0, i1);
+}
+
+static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
+                                        int i0, int i1)
 {
     if (i0 == 0 && i1 == ggml_graph_n_nodes(graph))
         return ggml_backend_graph_compute(backend, graph);

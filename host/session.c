@@ -188,6 +188,19 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
     return be;
 }
 
+/* The entry with the most time among those not yet shown (and marks it), or
+ * -1: the profile lines go from the largest down. */
+static int next_largest(const uint64_t *ns, const uint64_t *count, bool *shown, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!shown[i] && count[i] && (best < 0 || ns[i] > ns[best]))
+            best = i;
+    if (best >= 0)
+        shown[best] = true;
+    return best;
+}
+
 void apir_session_log_profile(const struct apir_session *s)
 {
     if (apir_log_get_level() < APIR_LOG_INFO)
@@ -195,18 +208,17 @@ void apir_session_log_profile(const struct apir_session *s)
     if (s->n_graphs)
         APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs)", s->name,
                   s->import_ns / 1e6, s->compute_ns / 1e6, (unsigned long long)s->n_graphs);
+    /* With cfg.op_profile each node was computed alone and waited for: where
+     * the device's time goes, op by op (launch and wait costs included). */
+    bool op_shown[GGML_OP_COUNT] = { false };
+    for (int k = 0, o; k < 12 && s->host->cfg.op_profile && (o = next_largest(s->op_ns, s->op_count, op_shown, GGML_OP_COUNT)) >= 0; k++)
+        APIR_INFO("host", "%s: profile: op %-16s %9llu nodes %10.1f ms total %8.2f us each", s->name,
+                  ggml_op_name((enum ggml_op)o), (unsigned long long)s->op_count[o], s->op_ns[o] / 1e6,
+                  s->op_ns[o] / 1e3 / (double)s->op_count[o]);
     /* The five commands with the most total time: the profile of a run. */
     bool shown[APIR_CMD_COUNT] = { false };
-    for (int k = 0; k < 5; k++) {
-        int best = -1;
-        for (int c = 0; c < APIR_CMD_COUNT; c++)
-            if (!shown[c] && s->cmd_count[c] && (best < 0 || s->cmd_ns[c] > s->cmd_ns[best]))
-                best = c;
-        if (best < 0)
-            break;
-        shown[best] = true;
+    for (int k = 0, c; k < 5 && (c = next_largest(s->cmd_ns, s->cmd_count, shown, APIR_CMD_COUNT)) >= 0; k++)
         APIR_INFO("host", "%s: profile: %-28s %8llu calls %10.1f ms total %8.2f us each", s->name,
-                  apir_command_name((uint32_t)best), (unsigned long long)s->cmd_count[best], s->cmd_ns[best] / 1e6,
-                  s->cmd_ns[best] / 1e3 / (double)s->cmd_count[best]);
-    }
+                  apir_command_name((uint32_t)c), (unsigned long long)s->cmd_count[c], s->cmd_ns[c] / 1e6,
+                  s->cmd_ns[c] / 1e3 / (double)s->cmd_count[c]);
 }

@@ -110,6 +110,7 @@ struct apir_session {
     uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
     uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT]; /* where the host's time went */
     uint64_t import_ns, compute_ns;        /* of graph commands: decoding+checks, checks+compute */
+    uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile */
     struct apir_import_scratch scratch;
     struct apir_import_scratch *import_sc;   /* where imports go: &scratch or a graph slot's */
     struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];

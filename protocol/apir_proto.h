@@ -88,6 +88,13 @@ enum apir_host_init_code {
 #define APIR_DATA_BLOB_SIZE    0x1830000u
 #define APIR_BLOB_ALIGN        (16u * 1024u)
 
+/* apir 0.2, BACKEND_GRAPH_COMPUTE_KEYED only: the graph blob may end with
+ * this tag and one u32 per node, the node's use count in the guest's whole
+ * graph (ggml's cgraph use_counts).  Backends fuse a node into its consumer
+ * only when it has exactly one use; a split graph alone cannot tell uses in
+ * later splits, so the guest says.  Without the section nothing is fused. */
+#define APIR_GRAPH_USE_COUNTS_TAG 0x544e4355u /* "UCNT" */
+
 /* Hard limits on what a peer may ask for.  They bound every allocation and
  * loop the host makes on a guest's behalf; the host can lower them. */
 #define APIR_MAX_STRING        4096u          /* names, descriptions      */

@@ -6,6 +6,7 @@
 #include "apir_commands.h"
 #include "apir_proto.h"
 #include "ggml.h"
+#include "ggml-impl.h"
 #include "host.h"
 #include "session.h"
 #include "test_util.h"
@@ -372,6 +373,71 @@ static void test_graph_compute(void)
     apir_session_free(s);
 }
 
+/* Keyed graphs (0.2) may carry the nodes' use counts, which go into the
+ * host graph's hash set (where ggml's fusion reads them); a malformed
+ * section refuses the graph. */
+static void test_graph_use_counts(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[4] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64),
+                                    f32_rec(14, buf, 768, 64) };
+    t[2].op = GGML_OP_ADD;
+    t[2].src[0] = 11;
+    t[2].src[1] = 12;
+    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    t[3].op = GGML_OP_MUL;
+    t[3].src[0] = 13;
+    t[3].src[1] = 12;
+    t[3].flags = GGML_TENSOR_FLAG_COMPUTE;
+    uint64_t nodes[2] = { 13, 14 };
+    const uint32_t counts[2] = { 1, 0 };
+    struct {
+        uint32_t tag, n, extra;  /* n: how many counts; extra: bytes after */
+        uint32_t want;
+    } cases[] = {
+        { APIR_GRAPH_USE_COUNTS_TAG, 2, 0, APIR_HANDLER_OK },
+        { 0x12345678u, 2, 0, APIR_HANDLER_BAD_REQUEST },               /* another tag */
+        { APIR_GRAPH_USE_COUNTS_TAG, 1, 0, APIR_HANDLER_BAD_REQUEST }, /* short */
+        { APIR_GRAPH_USE_COUNTS_TAG, 2, 4, APIR_HANDLER_BAD_REQUEST }, /* bytes after */
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        size_t size = graph_blob(data_blob, DATA_SIZE, nodes, 2, t, 4);
+        struct apir_encoder e;
+        apir_encoder_init(&e, data_blob + size, DATA_SIZE - size);
+        apir_encode_u32(&e, cases[k].tag);
+        for (uint32_t i = 0; i < cases[k].n; i++)
+            apir_encode_u32(&e, counts[i]);
+        for (uint32_t i = 0; i < cases[k].extra; i += 4)
+            apir_encode_u32(&e, 0);
+        size += apir_encoder_used(&e);
+        uint64_t key = 100 + k;
+        uint32_t status = 99;
+        uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, &r, DATA_RES, (uint64_t)0, (uint64_t)size, key);
+        apir_demarshal(&r, "e", &status);
+        CHECK(res == cases[k].want);
+        if (res != APIR_HANDLER_OK)
+            continue;
+        CHECK(status == GGML_STATUS_SUCCESS);
+        struct ggml_cgraph *g = NULL;
+        for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
+            if (s->graph_cache[i].key == key)
+                g = s->graph_cache[i].graph;
+        CHECK(g && ggml_graph_n_nodes(g) == 2);
+        if (g) {
+            CHECK(ggml_node_get_use_count(g, 0) == 1);
+            CHECK(ggml_node_get_use_count(g, 1) == 0);
+        }
+    }
+    /* an unkeyed (0.1) graph never reads the section: trailing bytes ignored */
+    size_t size = graph_blob(data_blob, DATA_SIZE, nodes, 2, t, 4);
+    memset(data_blob + size, 0xee, 8);
+    uint32_t status = 99;
+    CHECK(compute(s, size + 8, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    apir_session_free(s);
+}
+
 static void test_tensor_checks(void)
 {
     struct apir_session *s = new_session();
@@ -691,6 +757,7 @@ TEST_MAIN("dispatch",
           TEST(test_buffer_data_commands),
           TEST(test_buffer_from_ptr),
           TEST(test_graph_compute),
+          TEST(test_graph_use_counts),
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),
