@@ -6,6 +6,8 @@
 #
 #   bench/h200.sh build        set-up + build (about 5 minutes on 16 cores)
 #   bench/h200.sh bench        models + llama-bench ratios + apir-bench + test-backend-ops subset
+#   bench/h200.sh quick        1B F16 only, pp512/pp2048/tg128: native, apir, apir without its
+#                              host buffer type (APIR_HOST_BUFFER=0); host and guest profiles
 #   bench/h200.sh diag         where apir's time goes on the 1B F16 model: native with and without
 #                              CUDA fusion, apir with guest and host profiles, per-op host profile,
 #                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
@@ -52,6 +54,21 @@ bench|all)
     APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" bash bench/llama_bench_compare.sh --model $M/$m.gguf --backend CUDA --fa 1 \
       -p 2048 -n 128 -r ${REPS:-5} --rounds ${ROUNDS:-2} -t 8 2>&1 | tee -a "$OUT/h200.log"
   done
+  ;;
+quick)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  build/apir-host --listen unix:/tmp/apir-quick.sock --backend CUDA --log-level info >$OUT/host-quick.log 2>&1 &
+  hp=$!; sleep 2
+  lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 -o md)
+  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-quick.sock)
+  log "native";  (cd .deps/bin && ./llama-bench "${lb[@]}" 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+  log "apir";    (cd .deps/bin && "${guest[@]}" APIR_PROFILE=1 ./llama-bench "${lb[@]}" -dev APIR0 2>$OUT/guest-quick.err | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+  grep 'apir profile' $OUT/guest-quick.err | sort -k7 -n -r | head -8 | tee -a "$OUT/h200.log"
+  log "apir, APIR_HOST_BUFFER=0"
+  (cd .deps/bin && "${guest[@]}" APIR_HOST_BUFFER=0 ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+  kill $hp; wait $hp 2>/dev/null
+  grep -E 'page-lock|profile' $OUT/host-quick.log | sed 's/^apir host: info: //' | tee -a "$OUT/h200.log"
   ;;
 diag)
   M=/tmp/models; mkdir -p $M

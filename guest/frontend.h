@@ -44,6 +44,14 @@ struct apir_buft_ctx {
     char name[64];
 };
 
+/* Host buffers (frontend_host_buffer.c): shared blobs, found by address. */
+#define APIR_MAX_HOST_BLOBS 64
+struct apir_host_blob {
+    uint8_t *ptr;
+    size_t size;
+    uint32_t res_id;
+};
+
 /* Graph uids the host keeps (BACKEND_GRAPH_COMPUTE_KEYED), as many as its
  * slots; a miss only costs sending the graph again. */
 #define APIR_KEPT_GRAPHS 4
@@ -58,6 +66,12 @@ struct apir_device {
     struct ggml_backend_device dev;
     struct ggml_backend_buffer_type buft;
     struct apir_buft_ctx buft_ctx;
+    bool has_host_buft;               /* offered as the device's host buffer type */
+    struct ggml_backend_buffer_type host_buft;
+    char host_buft_name[24];
+    pthread_mutex_t host_blobs_lock;
+    struct apir_host_blob host_blobs[APIR_MAX_HOST_BLOBS];
+    uint32_t n_host_blobs;
     pthread_mutex_t cache_lock;
     struct apir_op_cache_entry cache[APIR_OP_CACHE_SIZE];
     struct apir_graph_scratch graph;
@@ -80,6 +94,12 @@ struct apir_buffer_ctx {
 /* frontend_buffer.c */
 void apir_buft_setup(struct apir_device *d);
 bool apir_buffer_is_ours(ggml_backend_buffer_t buffer);
+
+/* frontend_host_buffer.c */
+void apir_host_buft_setup(struct apir_device *d);
+/* Is [data, data+size) inside one of the device's host buffers?  Then the
+ * host can reach it as (res_id, blob_offset). */
+bool apir_host_blob_find(struct apir_device *d, const void *data, size_t size, uint32_t *res_id, uint64_t *blob_offset);
 
 /* frontend_device.c */
 void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg);

@@ -103,6 +103,19 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
+    uint32_t blob_id;
+    uint64_t blob_offset;
+    if (bc->device->has_host_buft && apir_host_blob_find(bc->device, data, size, &blob_id, &blob_offset)) {
+        /* data is in one of our host buffers: the host copies between it
+         * and the device directly. */
+        if (apir_call(r, set ? APIR_CMD_BUFFER_SET_TENSOR_AT : APIR_CMD_BUFFER_GET_TENSOR_AT, bc->handle, &rec, blob_id,
+                      blob_offset, (uint64_t)offset, (uint64_t)size) != APIR_HANDLER_OK) {
+            APIR_ERROR("guest", "%s of tensor '%s' failed", set ? "set_tensor" : "get_tensor", tensor->name);
+            if (!set)
+                memset(data, 0, size);
+        }
+        return;
+    }
     pthread_mutex_lock(&r->lock);
     size_t done = 0;
     while (done < size) {

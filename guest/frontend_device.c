@@ -33,7 +33,7 @@ static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props 
     props->device_id = NULL;
     dev_get_memory(dev, &props->memory_free, &props->memory_total);
     props->caps.async = false;
-    props->caps.host_buffer = false;
+    props->caps.host_buffer = dev_ctx(dev)->has_host_buft;
     props->caps.buffer_from_host_ptr = false;
     props->caps.events = false;
 }
@@ -45,6 +45,11 @@ static ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char *param
 }
 
 static ggml_backend_buffer_type_t dev_get_buffer_type(ggml_backend_dev_t dev) { return &dev_ctx(dev)->buft; }
+
+static ggml_backend_buffer_type_t dev_get_host_buffer_type(ggml_backend_dev_t dev)
+{
+    return dev_ctx(dev)->has_host_buft ? &dev_ctx(dev)->host_buft : NULL;
+}
 
 /* Two independent 64-bit FNV-1a-style hashes: a false cache hit would
  * need both to collide. */
@@ -150,7 +155,7 @@ static const struct ggml_backend_device_i apir_device_iface = {
     .get_props = dev_get_props,
     .init_backend = dev_init_backend,
     .get_buffer_type = dev_get_buffer_type,
-    .get_host_buffer_type = NULL,
+    .get_host_buffer_type = dev_get_host_buffer_type,
     .buffer_from_host_ptr = NULL,
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
@@ -187,4 +192,5 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
     d->dev.reg = reg;
     d->dev.context = d;
     apir_buft_setup(d);
+    apir_host_buft_setup(d);
 }

@@ -84,9 +84,12 @@ bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, 
         for (size_t i = 0; i < n && i < APIR_HOST_MAX_DEVICES; i++)
             host->devices[host->n_devices++] = ggml_backend_reg_dev_get(reg, i);
     }
-    for (uint32_t i = 0; i < host->n_devices; i++)
+    for (uint32_t i = 0; i < host->n_devices; i++) {
         APIR_INFO("host", "serving device %u: %s (%s)", i, ggml_backend_dev_name(host->devices[i]),
                   ggml_backend_dev_description(host->devices[i]));
+        if (!ggml_backend_buft_is_host(ggml_backend_dev_buffer_type(host->devices[i])))
+            host->pin_shared = true;
+    }
     return true;
 }
 

@@ -41,6 +41,7 @@ struct apir_host {
     ggml_backend_reg_t reg;
     uint32_t n_devices;
     ggml_backend_dev_t devices[APIR_HOST_MAX_DEVICES];
+    bool pin_shared;   /* a device has its own memory: page-lock shared memory (pin.c) */
 };
 
 /* Loads ggml's backends and picks the devices; false with a message in err. */

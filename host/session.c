@@ -1,4 +1,5 @@
 #include "session.h"
+#include "pin.h"
 #include "upload_mirror.h"
 
 #include "apir_log.h"
@@ -46,6 +47,9 @@ struct apir_session *apir_session_new(struct apir_host *host, const char *name)
 
 static void blob_unmap(struct apir_blob *b)
 {
+    if (b->page_locked)
+        apir_unpin(b->ptr);
+    b->page_locked = false;
     if (b->release)
         b->release(b->ptr, b->size, b->release_user);
     b->release = NULL;
@@ -111,6 +115,7 @@ bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, s
     }
     s->blobs[s->n_blobs++] = (struct apir_blob){
         .res_id = res_id, .ptr = ptr, .size = size, .release = release, .release_user = user,
+        .page_locked = s->host->pin_shared && size != SIZE_MAX && apir_pin(ptr, size),
     };
     s->blob_bytes += size;
     return true;

@@ -26,6 +26,7 @@ struct apir_blob {
     uint8_t *ptr;
     size_t size;            /* SIZE_MAX: unknown (virgl's callback gives none) */
     uint32_t pins;          /* buffers wrapping this blob (BUFFER_FROM_PTR) */
+    bool page_locked;       /* for the GPU's copy engines (pin.c) */
     bool closing;           /* destroyed by the guest, unmapped when unpinned */
     void (*release)(void *ptr, size_t size, void *user);
     void *release_user;
@@ -90,6 +91,7 @@ struct apir_mirror_entry {
     size_t len;
     uint8_t *mem;
     size_t cap;
+    bool page_locked;            /* mem, for the device copy (pin.c) */
 };
 
 struct apir_session {

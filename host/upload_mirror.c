@@ -1,4 +1,5 @@
 #include "upload_mirror.h"
+#include "pin.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -34,11 +35,13 @@ bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uin
     struct apir_mirror_entry *e = &s->mirror[s->mirror_next];
     s->mirror_next = (s->mirror_next + 1) % APIR_MIRROR_ENTRIES;
     if (e->cap < size) {
-        void *p = realloc(e->mem, APIR_MIRROR_MAX_BYTES);
+        void *p = malloc(APIR_MIRROR_MAX_BYTES);
         if (!p) {
             e->buf = NULL;
             return false;
         }
+        /* Page-locked, the device copy below is a direct DMA (pin.c). */
+        e->page_locked = s->host->pin_shared && apir_pin(p, APIR_MIRROR_MAX_BYTES);
         e->mem = p;
         e->cap = APIR_MIRROR_MAX_BYTES;
     }
@@ -81,7 +84,10 @@ void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *grap
 
 void apir_mirror_free(struct apir_session *s)
 {
-    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++)
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++) {
+        if (s->mirror[i].page_locked)
+            apir_unpin(s->mirror[i].mem);
         free(s->mirror[i].mem);
+    }
     memset(s->mirror, 0, sizeof(s->mirror));
 }

@@ -2,6 +2,8 @@
 # A llama model decoded greedily through APIR0 and on the CPU backend gives
 # the same tokens and logits (within tolerance).
 # usage: run_llama_compare.sh APIR_BUILD DEPS_BIN [MODEL_ARGS...]
+# APIR_EXPECT_COMMAND=NAME: the APIR0 run must also have used that command
+# (from the guest's APIR_PROFILE lines), e.g. to show a data path was taken.
 set -uo pipefail
 APIR_BUILD=$1 APIR_DEPS_BIN=$2; shift 2
 . "$(dirname "$0")/lib.sh"
@@ -12,7 +14,7 @@ APIR_HOST_LOG=info apir_host_start --threads 2 || exit 1
 greedy="$APIR_BUILD/tests/apir-llama-greedy"
 "$greedy" -m "$work/model.gguf" -d CPU -n 24 -t 2 --dump-logits "$work/cpu.bin" >"$work/cpu.out" 2>"$work/cpu.err" \
   || { cat "$work/cpu.err"; exit 1; }
-GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
+APIR_PROFILE=${APIR_EXPECT_COMMAND:+1} GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
   "$greedy" -m "$work/model.gguf" -d APIR0 -n 24 -t 2 --dump-logits "$work/apir.bin" >"$work/apir.out" 2>"$work/apir.err" \
   || { cat "$work/apir.err"; exit 1; }
 echo "CPU:   $(grep tokens: "$work/cpu.out")"
@@ -23,3 +25,8 @@ for _ in $(seq 1 200); do grep -q 'disconnected after' "$APIR_TEST_DIR/host.log"
 graphs=$(grep -o 'disconnected after [0-9]* commands ([0-9]* graphs' "$APIR_TEST_DIR/host.log" | grep -o '([0-9]*' | tr -d '(' | sort -n | tail -1)
 echo "host computed ${graphs:-0} graphs for the APIR0 run"
 [ "${graphs:-0}" -ge 24 ] || { echo "FAIL: the host computed too few graphs"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+if [ -n "${APIR_EXPECT_COMMAND:-}" ]; then
+  grep -q "apir profile APIR0: $APIR_EXPECT_COMMAND " "$work/apir.err" ||
+    { echo "FAIL: the APIR0 run never used $APIR_EXPECT_COMMAND"; grep 'apir profile' "$work/apir.err"; exit 1; }
+  echo "the APIR0 run used $APIR_EXPECT_COMMAND"
+fi
