@@ -94,6 +94,7 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     struct apir_remote *r = &bc->device->remote;
     if (bc->mapped) {
         /* The buffer is shared memory: a plain copy, as the CPU backend does. */
+        apir_remote_wait_idle(r);
         if (set)
             memcpy(mapped_at(bc, tensor, offset), data, size);
         else
@@ -154,6 +155,7 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
 {
     struct apir_buffer_ctx *bc = buffer->context;
     if (bc->mapped) {
+        apir_remote_wait_idle(&bc->device->remote);
         memset(mapped_at(bc, tensor, offset), value, size);
         return;
     }
@@ -183,6 +185,7 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
         return false;
     const struct apir_buffer_ctx *sbc = src->buffer->context;
     if (bc->mapped && sbc->mapped) {
+        apir_remote_wait_idle(&bc->device->remote);
         memcpy(mapped_at(bc, dst, 0), mapped_at(sbc, src, 0), ggml_nbytes(src));
         return true;
     }
@@ -199,6 +202,7 @@ static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
 {
     struct apir_buffer_ctx *bc = buffer->context;
     if (bc->mapped) {
+        apir_remote_wait_idle(&bc->device->remote);
         memset(bc->mapped, value, buffer->size);
         return;
     }

@@ -34,13 +34,16 @@ static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
     }
     uint32_t ret;
     struct apir_decoder reply;
-    /* Commands that wait for the device spin through its work. */
+    /* Commands that wait for the device spin through its work; so does the
+     * first command after a keyed graph, which the host answered before
+     * computing it (host/dispatch.c). */
     bool waits_for_device = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
                             cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE ||
-                            cmd == APIR_CMD_BACKEND_SYNCHRONIZE;
+                            cmd == APIR_CMD_BACKEND_SYNCHRONIZE || r->host_computing;
     r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
     int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply);
+    r->host_computing = sub == 0 && (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE);
     if (r->profile) {
         r->cmd_ns[cmd] += apir_now_ns() - t0;
         r->cmd_count[cmd]++;
@@ -63,6 +66,16 @@ static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
     return APIR_HANDLER_OK;
 }
 
+/* A command without request or reply items. */
+static int vcall_none(struct apir_remote *r, enum apir_command cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    int rc = vcall(r, cmd, &ap);
+    va_end(ap);
+    return rc;
+}
+
 int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...)
 {
     va_list ap;
@@ -70,6 +83,14 @@ int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...)
     int rc = vcall(r, cmd, &ap);
     va_end(ap);
     return rc;
+}
+
+void apir_remote_wait_idle(struct apir_remote *r)
+{
+    pthread_mutex_lock(&r->lock);
+    if (r->host_computing)
+        vcall_none(r, APIR_CMD_BACKEND_SYNCHRONIZE);
+    pthread_mutex_unlock(&r->lock);
 }
 
 int apir_call(struct apir_remote *r, enum apir_command cmd, ...)

@@ -26,6 +26,7 @@ struct apir_remote {
     size_t data_size;
     uint32_t data_res_id;
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
+    bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
     /* APIR_PROFILE=1: where the guest's time goes, per command (wall time
      * of the round trip) - printed at exit by the frontend. */
     bool profile;
@@ -45,6 +46,11 @@ void apir_remote_close(struct apir_remote *r);
  */
 int apir_call(struct apir_remote *r, enum apir_command cmd, ...);
 int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...);
+
+/* Waits until the host has computed the keyed graph it answered last (it
+ * computes after replying): before the guest touches shared memory the
+ * graph may use (zero-copy buffers) without a command. */
+void apir_remote_wait_idle(struct apir_remote *r);
 
 /* Makes the data area at least size bytes (lock held). */
 bool apir_remote_data_reserve(struct apir_remote *r, size_t size);

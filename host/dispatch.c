@@ -513,9 +513,12 @@ static enum ggml_status run_graph(struct apir_session *s, const char *cmd, ggml_
                                   struct ggml_cgraph *graph, uint32_t *result)
 {
     const char *why = NULL;
-    uint64_t t0 = apir_now_ns();
+    uint64_t t0 = apir_now_ns(), segments0 = s->n_segments;
     enum ggml_status status = apir_policy_compute(s, backend, graph, &why);
-    s->compute_ns += apir_now_ns() - t0;
+    uint64_t dt = apir_now_ns() - t0;
+    s->compute_ns += dt;
+    APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us", s->name, cmd, ggml_graph_n_nodes(graph),
+               (unsigned long long)(s->n_segments - segments0), dt / 1e3);
     apir_mirror_forget_written(s, graph);
     s->n_graphs++;
     if (why)
@@ -550,7 +553,13 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
             if (slot)
                 *slot = (struct apir_graph_slot){ .key = key, .epoch = s->buffers_epoch, .last_use = ++s->graph_clock,
                                                   .device = s->device, .graph = graph, .scratch = slot->scratch };
-            status = run_graph(s, cmd, backend, graph, &result);
+            if (slot && s->defer_graphs) {
+                s->deferred = slot;
+                s->deferred_cmd = APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED;
+                status = GGML_STATUS_SUCCESS;
+            } else {
+                status = run_graph(s, cmd, backend, graph, &result);
+            }
         } else {
             result = bad(s, cmd, apir_import_error());
         }
@@ -605,12 +614,54 @@ HANDLER(BACKEND_GRAPH_RECOMPUTE)
     }
     slot->last_use = ++s->graph_clock;
     s->n_recomputes++;
+    if (s->defer_graphs) {
+        s->deferred = slot;
+        s->deferred_cmd = APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
+        apir_encode_u32(reply, GGML_STATUS_SUCCESS);
+        return APIR_HANDLER_OK;
+    }
     uint32_t result = APIR_HANDLER_OK;
     s->import_sc = &slot->scratch;
     enum ggml_status status = run_graph(s, "BACKEND_GRAPH_RECOMPUTE", backend, slot->graph, &result);
     s->import_sc = &s->scratch;
     apir_encode_u32(reply, (uint32_t)status);
     return result;
+}
+
+/*
+ * Keyed graphs (0.2) are answered once accepted (decoded, checked, kept)
+ * and computed right after the reply, before the next command is read: the
+ * guest prepares its next batch while the device works, as with a local
+ * GPU's asynchronous graph_compute (llama.cpp overlaps a batch's CPU work
+ * with the previous batch that way).  Commands stay strictly ordered, so
+ * nothing can see or touch memory the graph is using.  What fails while
+ * computing (an index refused mid-graph, a backend error) is reported by the
+ * next command that waits for results: a get, a synchronize, a graph.
+ */
+void apir_session_run_deferred(struct apir_session *s)
+{
+    struct apir_graph_slot *slot = s->deferred;
+    if (!slot)
+        return;
+    s->deferred = NULL;
+    uint64_t t0 = apir_now_ns();
+    ggml_backend_t backend = apir_session_backend(s, slot->device);
+    uint32_t result = APIR_HANDLER_OK;
+    s->import_sc = &slot->scratch;
+    enum ggml_status status = backend ? run_graph(s, "deferred graph", backend, slot->graph, &result) : GGML_STATUS_FAILED;
+    s->import_sc = &s->scratch;
+    s->cmd_ns[s->deferred_cmd] += apir_now_ns() - t0;
+    if (result != APIR_HANDLER_OK || status != GGML_STATUS_SUCCESS) {
+        s->deferred_error = status == GGML_STATUS_ABORTED ? "a graph was refused while computing" : "a graph failed";
+        slot->key = 0;  /* not kept: a recompute must send it again */
+    }
+}
+
+static bool waits_for_results(uint32_t cmd)
+{
+    return cmd == APIR_CMD_BUFFER_GET_TENSOR || cmd == APIR_CMD_BUFFER_GET_TENSOR_AT || cmd == APIR_CMD_BACKEND_SYNCHRONIZE ||
+           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
+           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
 }
 
 HANDLER(BACKEND_SYNCHRONIZE)
@@ -699,6 +750,13 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
     if (cmd >= APIR_CMD_COUNT_0_1 && s->minor < 2) {
         APIR_WARN("host", "%s: %s needs protocol 0.2 (negotiated 0.%u)", s->name, apir_command_name(cmd), s->minor);
         return APIR_HANDLER_INVALID_INDEX;
+    }
+    apir_session_run_deferred(s);
+    if (s->deferred_error && waits_for_results(cmd)) {
+        APIR_WARN("host", "%s: %s fails: %s before it", s->name, apir_command_name(cmd), s->deferred_error);
+        s->deferred_error = NULL;
+        s->n_refused++;
+        return APIR_HANDLER_BAD_REQUEST;
     }
     uint64_t t0 = apir_now_ns();
     uint32_t result = handlers[cmd](s, req, reply);

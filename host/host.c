@@ -18,12 +18,34 @@ void apir_limits_default(struct apir_limits *l)
     l->max_clients = 64;
 }
 
+/*
+ * ggml's own messages, filtered by our log level.  Its default logger prints
+ * every level, debug included: CUDA writes a line per reused graph, i.e. per
+ * token, into the host's log.  CONT continues the previous message's level.
+ */
+static _Thread_local enum ggml_log_level ggml_last_level = GGML_LOG_LEVEL_INFO;
+
+static void ggml_log_filtered(enum ggml_log_level level, const char *text, void *user)
+{
+    (void)user;
+    if (level == GGML_LOG_LEVEL_CONT)
+        level = ggml_last_level;
+    ggml_last_level = level;
+    enum apir_log_level need = level == GGML_LOG_LEVEL_ERROR  ? APIR_LOG_ERROR
+                               : level == GGML_LOG_LEVEL_WARN ? APIR_LOG_WARN
+                               : level == GGML_LOG_LEVEL_INFO ? APIR_LOG_INFO
+                                                              : APIR_LOG_DEBUG;
+    if (apir_log_get_level() >= need)
+        fputs(text, stderr);
+}
+
 /* ggml's backend registry is process-wide; load it once. */
 static pthread_once_t backends_once = PTHREAD_ONCE_INIT;
 static const char *backends_dir;
 
 static void load_backends_once(void)
 {
+    ggml_log_set(ggml_log_filtered, NULL);
     if (backends_dir && *backends_dir)
         ggml_backend_load_all_from_path(backends_dir);
     else

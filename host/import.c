@@ -286,7 +286,9 @@ static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
             for (uint32_t k = 0; k < per; k++) {
                 uint64_t id = sc->src_ids[(size_t)v * per + k];
                 uint32_t w;
-                if (!id || !map_get(sc, id, &w))
+                /* A tensor naming itself is no cycle: ggml_cast makes its
+                 * CPY node its own src[1] (the destination). */
+                if (!id || !map_get(sc, id, &w) || w == v)
                     continue;
                 if (sc->state[w] == GREY)
                     return false;

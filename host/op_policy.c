@@ -235,6 +235,7 @@ static enum ggml_status compute_range(struct apir_session *s, ggml_backend_t bac
 static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
                                         int i0, int i1)
 {
+    s->n_segments++;
     if (i0 == 0 && i1 == ggml_graph_n_nodes(graph))
         return ggml_backend_graph_compute(backend, graph);
     /* One segment graph per imported graph, in the context that holds it

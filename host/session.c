@@ -211,8 +211,9 @@ void apir_session_log_profile(const struct apir_session *s)
     if (apir_log_get_level() < APIR_LOG_INFO)
         return;
     if (s->n_graphs)
-        APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs)", s->name,
-                  s->import_ns / 1e6, s->compute_ns / 1e6, (unsigned long long)s->n_graphs);
+        APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs, %llu pieces)",
+                  s->name, s->import_ns / 1e6, s->compute_ns / 1e6, (unsigned long long)s->n_graphs,
+                  (unsigned long long)s->n_segments);
     /* With cfg.op_profile each node was computed alone and waited for: where
      * the device's time goes, op by op (launch and wait costs included). */
     bool op_shown[GGML_OP_COUNT] = { false };

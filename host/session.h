@@ -112,10 +112,18 @@ struct apir_session {
     uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
     uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT]; /* where the host's time went */
     uint64_t import_ns, compute_ns;        /* of graph commands: decoding+checks, checks+compute */
+    uint64_t n_segments;                   /* graph pieces computed (more than graphs: index splits) */
     uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile */
     struct apir_import_scratch scratch;
     struct apir_import_scratch *import_sc;   /* where imports go: &scratch or a graph slot's */
     struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];
+    /* Keyed graphs computed after their reply (see dispatch.c): the
+     * transport sets defer_graphs when it runs apir_session_run_deferred
+     * right after sending each reply. */
+    bool defer_graphs;
+    struct apir_graph_slot *deferred;      /* accepted, not yet computed */
+    uint32_t deferred_cmd;                 /* the command that accepted it (for the profile) */
+    const char *deferred_error;            /* a deferred graph failed: told at the next wait */
     uint64_t buffers_epoch;                  /* bumped when a buffer is freed */
     uint64_t graph_clock;
     struct apir_mirror_entry mirror[APIR_MIRROR_ENTRIES];
@@ -144,6 +152,11 @@ struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id
 /* A buffer that wrapped blob res_id is gone; a blob the guest destroyed
  * meanwhile is unmapped now. */
 void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
+
+/* Computes the keyed graph accepted by the last command, if any: the
+ * transport calls it after sending that command's reply, so the guest goes
+ * on while the device works.  apir_session_forward calls it too, first. */
+void apir_session_run_deferred(struct apir_session *s);
 
 /* The session's backend stream for a device, created on first use. */
 ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device);

@@ -316,6 +316,17 @@ static void test_graph_compute(void)
     size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
     CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
 
+    /* a node that is its own src (ggml_cast: CPY into itself as src[1]) is
+     * no cycle */
+    memcpy(c, t, sizeof(c));
+    c[2].op = GGML_OP_CPY;
+    c[2].src[0] = 11;
+    c[2].src[1] = 13;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)256);
+    CHECK(f[0] == 0.0f && f[63] == 63.0f);
+
     /* a src id not in the message */
     memcpy(c, t, sizeof(c));
     c[2].src[1] = 999;
@@ -627,6 +638,51 @@ static struct apir_tensor_rec i32_rec(uint64_t id, uint64_t buffer, uint64_t off
 
 /* GET_ROWS / SET_ROWS row indices (ggml-rpc #26825, #26912): validated
  * values, never a host abort or an out-of-bounds access. */
+/* With defer_graphs (as the shm transport runs sessions) a keyed graph is
+ * answered once accepted and computed before the next command; a failure
+ * while computing fails the next command that waits for results. */
+static void test_deferred_graphs(void)
+{
+    struct apir_session *s = new_session();
+    s->defer_graphs = true;
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[3] = { f32_rec(21, buf, 0, 4), i32_rec(22, buf, 512, 2), f32_rec(23, buf, 1024, 4) };
+    t[0].ne[1] = 8;
+    t[0].nb[2] = t[0].nb[3] = 8 * 16;
+    t[2].ne[1] = 2;
+    t[2].nb[2] = t[2].nb[3] = 2 * 16;
+    t[2].op = GGML_OP_GET_ROWS;
+    t[2].src[0] = 21;
+    t[2].src[1] = 22;
+    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    float *f = (float *)data_blob;
+    for (int i = 0; i < 32; i++)
+        f[i] = (float)i;
+    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)128);
+    for (int k = 0; k < 2; k++) {
+        int32_t ids[2] = { 7, k == 0 ? 1 : 8 };  /* then one out of range */
+        memcpy(data_blob, ids, 8);
+        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+        memset(data_blob + 8192, 0, 256);
+        size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
+        uint32_t status = 99;
+        uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, &r, DATA_RES, (uint64_t)8192, (uint64_t)size,
+                           (uint64_t)(500 + k));
+        apir_demarshal(&r, "e", &status);
+        CHECK(res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);  /* accepted, */
+        CHECK(s->deferred != NULL);                                      /* not yet computed */
+        res = fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32);
+        CHECK(s->deferred == NULL);
+        if (k == 0)
+            CHECK(res == APIR_HANDLER_OK && f[0] == 28.0f && f[4] == 4.0f);
+        else
+            CHECK(res == APIR_HANDLER_BAD_REQUEST);  /* the refusal, told once */
+    }
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32) == APIR_HANDLER_OK);
+    apir_session_free(s);
+}
+
 static void test_index_policy(void)
 {
     struct apir_session *s = new_session();
@@ -758,6 +814,7 @@ TEST_MAIN("dispatch",
           TEST(test_buffer_from_ptr),
           TEST(test_graph_compute),
           TEST(test_graph_use_counts),
+          TEST(test_deferred_graphs),
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),

@@ -197,6 +197,9 @@ static bool serve_one(struct shm_client *c)
     atomic_store(reply_word, ret + 1);
     if (atomic_load(&ctrl->guest_waiting))
         apir_futex_wake(reply_word);
+    /* A keyed graph accepted by this command is computed now, while the
+     * guest goes on; the next command is read after it. */
+    apir_session_run_deferred(c->session);
     return !atomic_load(&c->dead);
 }
 
@@ -265,6 +268,11 @@ static void accept_client(struct apir_shm_server *srv, int fd)
                  hello.pid);
         if (c)
             c->session = apir_session_new(srv->host, name);
+        if (c && c->session) {
+            /* serve_one computes accepted keyed graphs after the reply */
+            const char *defer = getenv("APIR_HOST_DEFER");
+            c->session->defer_graphs = !(defer && !strcmp(defer, "0"));
+        }
         if (!c || !c->session ||
             !apir_session_blob_add(c->session, APIR_SHM_REPLY_RES_ID, reply, (size_t)hello.reply_size, unmap_release, NULL))
             why = "out of memory";
