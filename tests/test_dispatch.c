@@ -636,18 +636,14 @@ static struct apir_tensor_rec i32_rec(uint64_t id, uint64_t buffer, uint64_t off
     return t;
 }
 
-/* GET_ROWS / SET_ROWS row indices (ggml-rpc #26825, #26912): validated
- * values, never a host abort or an out-of-bounds access. */
-/* With defer_graphs (as the shm transport runs sessions) a keyed graph is
- * answered once accepted and computed before the next command; a failure
- * while computing fails the next command that waits for results. */
-static void test_deferred_graphs(void)
+/* src0: 8 rows of 4 floats (0..31) at 0; idx: 2 x I32 at 512; dst: GET_ROWS,
+ * 2 rows at 1024.  Uploads src0. */
+static void get_rows_setup(struct apir_session *s, uint64_t buf, struct apir_tensor_rec t[3])
 {
-    struct apir_session *s = new_session();
-    s->defer_graphs = true;
     struct apir_decoder r;
-    uint64_t buf = alloc_buffer(s, 1 << 16);
-    struct apir_tensor_rec t[3] = { f32_rec(21, buf, 0, 4), i32_rec(22, buf, 512, 2), f32_rec(23, buf, 1024, 4) };
+    t[0] = f32_rec(21, buf, 0, 4);
+    t[1] = i32_rec(22, buf, 512, 2);
+    t[2] = f32_rec(23, buf, 1024, 4);
     t[0].ne[1] = 8;
     t[0].nb[2] = t[0].nb[3] = 8 * 16;
     t[2].ne[1] = 2;
@@ -660,6 +656,20 @@ static void test_deferred_graphs(void)
     for (int i = 0; i < 32; i++)
         f[i] = (float)i;
     fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)128);
+}
+
+/* With defer_graphs (as the shm transport runs sessions) a keyed graph is
+ * answered once accepted and computed before the next command; a failure
+ * while computing fails the next command that waits for results. */
+static void test_deferred_graphs(void)
+{
+    struct apir_session *s = new_session();
+    s->defer_graphs = true;
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[3];
+    get_rows_setup(s, buf, t);
+    float *f = (float *)data_blob;
     for (int k = 0; k < 2; k++) {
         int32_t ids[2] = { 7, k == 0 ? 1 : 8 };  /* then one out of range */
         memcpy(data_blob, ids, 8);
@@ -683,25 +693,16 @@ static void test_deferred_graphs(void)
     apir_session_free(s);
 }
 
+/* GET_ROWS / SET_ROWS row indices (ggml-rpc #26825, #26912): validated
+ * values, never a host abort or an out-of-bounds access. */
 static void test_index_policy(void)
 {
     struct apir_session *s = new_session();
     struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
-    /* src0: 8 rows of 4 floats at 0; idx: 2 x I32 at 512; dst: 2 rows at 1024 */
-    struct apir_tensor_rec t[3] = { f32_rec(21, buf, 0, 4), i32_rec(22, buf, 512, 2), f32_rec(23, buf, 1024, 4) };
-    t[0].ne[1] = 8;
-    t[0].nb[2] = t[0].nb[3] = 8 * 16;
-    t[2].ne[1] = 2;
-    t[2].nb[2] = t[2].nb[3] = 2 * 16;
-    t[2].op = GGML_OP_GET_ROWS;
-    t[2].src[0] = 21;
-    t[2].src[1] = 22;
-    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    struct apir_tensor_rec t[3];
+    get_rows_setup(s, buf, t);
     float *f = (float *)data_blob;
-    for (int i = 0; i < 32; i++)
-        f[i] = (float)i;
-    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)128);
     int32_t ids[2] = { 7, 1 };
     memcpy(data_blob, ids, 8);
     fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
