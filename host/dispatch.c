@@ -324,6 +324,7 @@ static uint32_t tensor_io(struct apir_session *s, const char *cmd, bool set, uin
         return bad(s, cmd, "shared-memory range outside its blob");
     if (set) {
         if (!apir_mirror_upload(s, t, data, offset, size)) {
+            apir_session_settle(s);
             apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
             ggml_backend_tensor_set(t, data, (size_t)offset, (size_t)size);
         }
@@ -517,6 +518,9 @@ static enum ggml_status run_graph(struct apir_session *s, const char *cmd, ggml_
     enum ggml_status status = apir_policy_compute(s, backend, graph, &why);
     uint64_t dt = apir_now_ns() - t0;
     s->compute_ns += dt;
+    /* ggml_backend_graph_compute waited for its stream, queued uploads too */
+    if (status == GGML_STATUS_SUCCESS && backend == s->uploads_backend)
+        s->uploads_in_flight = 0;
     APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us", s->name, cmd, ggml_graph_n_nodes(graph),
                (unsigned long long)(s->n_segments - segments0), dt / 1e3);
     apir_mirror_forget_written(s, graph);
@@ -657,6 +661,13 @@ void apir_session_run_deferred(struct apir_session *s)
     }
 }
 
+static bool is_ordered_after_uploads(uint32_t cmd)
+{
+    return cmd == APIR_CMD_BUFFER_SET_TENSOR || cmd == APIR_CMD_BUFFER_SET_TENSOR_AT ||
+           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
+           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
+}
+
 static bool waits_for_results(uint32_t cmd)
 {
     return cmd == APIR_CMD_BUFFER_GET_TENSOR || cmd == APIR_CMD_BUFFER_GET_TENSOR_AT || cmd == APIR_CMD_BACKEND_SYNCHRONIZE ||
@@ -752,6 +763,11 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         return APIR_HANDLER_INVALID_INDEX;
     }
     apir_session_run_deferred(s);
+    /* Queued uploads (upload_mirror.c) are ordered only with what runs on
+     * their stream: graphs, and further uploads, which see to it
+     * themselves; everything else waits for them. */
+    if (!is_ordered_after_uploads(cmd))
+        apir_session_settle(s);
     if (s->deferred_error && waits_for_results(cmd)) {
         APIR_WARN("host", "%s: %s fails: %s before it", s->name, apir_command_name(cmd), s->deferred_error);
         s->deferred_error = NULL;

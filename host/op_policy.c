@@ -120,6 +120,7 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
     if (kept) {
         base = kept;  /* the host copy of what the guest uploaded there */
     } else if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer)) {
+        apir_session_settle(s);  /* read from another stream than queued uploads */
         if (nbytes > s->policy_scratch_size) {
             void *p = realloc(s->policy_scratch, nbytes);
             if (!p)

@@ -59,6 +59,7 @@ void apir_session_free(struct apir_session *s)
 {
     if (!s)
         return;
+    apir_session_settle(s);
     /* Buffers first: some wrap blobs. */
     for (uint32_t i = 0; i < s->handles.capacity; i++) {
         struct apir_handle_slot *slot = &s->handles.slots[i];
@@ -189,8 +190,20 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
         if (set_threads)
             set_threads(be, s->host->cfg.n_threads);
     }
+    struct ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(dev, &props);
+    const char *env = getenv("APIR_HOST_ASYNC_UPLOADS");
+    s->backend_async[device] = props.caps.async && !(env && !strcmp(env, "0"));
     s->backends[device] = be;
     return be;
+}
+
+void apir_session_settle(struct apir_session *s)
+{
+    if (!s->uploads_in_flight)
+        return;
+    ggml_backend_synchronize(s->uploads_backend);
+    s->uploads_in_flight = 0;
 }
 
 /* The entry with the most time among those not yet shown (and marks it), or

@@ -99,6 +99,11 @@ struct apir_session {
     struct apir_handle_table handles;
     uint32_t device;                       /* current device (DEVICE_SELECT) */
     ggml_backend_t backends[APIR_HOST_MAX_DEVICES];
+    bool backend_async[APIR_HOST_MAX_DEVICES];  /* the device copies asynchronously (props caps.async) */
+    /* Small uploads queued on a backend stream from page-locked mirror
+     * memory (upload_mirror.c), not yet known complete. */
+    ggml_backend_t uploads_backend;
+    uint32_t uploads_in_flight;
     uint64_t buft_handles[APIR_HOST_MAX_DEVICES];
 
     struct apir_blob *blobs;
@@ -157,6 +162,10 @@ void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
  * transport calls it after sending that command's reply, so the guest goes
  * on while the device works.  apir_session_forward calls it too, first. */
 void apir_session_run_deferred(struct apir_session *s);
+
+/* Waits for queued uploads: before anything that may reach the same memory
+ * other than through the stream they are on. */
+void apir_session_settle(struct apir_session *s);
 
 /* The session's backend stream for a device, created on first use. */
 ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device);

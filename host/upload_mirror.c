@@ -32,6 +32,9 @@ bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uin
         return false;
     uint8_t *dst = (uint8_t *)t->data + offset;
     apir_mirror_forget_range(s, t->buffer, dst, (size_t)size);
+    /* Every entry may have a copy in flight: wait before reusing one. */
+    if (s->uploads_in_flight >= APIR_MIRROR_ENTRIES)
+        apir_session_settle(s);
     struct apir_mirror_entry *e = &s->mirror[s->mirror_next];
     s->mirror_next = (s->mirror_next + 1) % APIR_MIRROR_ENTRIES;
     if (e->cap < size) {
@@ -47,7 +50,26 @@ bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uin
     }
     /* One read of the shared bytes; the device gets exactly the copy. */
     memcpy(e->mem, src, (size_t)size);
-    ggml_backend_tensor_set(t, e->mem, (size_t)offset, (size_t)size);
+    ggml_backend_t be = s->backends[s->device];
+    if (be && s->backend_async[s->device] &&
+        ggml_backend_buffer_get_type(t->buffer) == ggml_backend_get_default_buffer_type(be) &&
+        (!s->uploads_in_flight || s->uploads_backend == be)) {
+        /*
+         * Queued on the stream the graphs run on, without waiting: a
+         * token's inputs are half a dozen small uploads, each a stream
+         * synchronization otherwise (~10 us on the H200).  The source is
+         * our own copy (page-locked on a GPU host), untouched until the copy is known done
+         * (apir_session_settle); anything else that may reach the memory
+         * settles first (apir_session_forward), a graph on this stream is
+         * ordered after it.
+         */
+        ggml_backend_tensor_set_async(be, t, e->mem, (size_t)offset, (size_t)size);
+        s->uploads_backend = be;
+        s->uploads_in_flight++;
+    } else {
+        apir_session_settle(s);
+        ggml_backend_tensor_set(t, e->mem, (size_t)offset, (size_t)size);
+    }
     e->buf = t->buffer;
     e->start = dst;
     e->len = (size_t)size;

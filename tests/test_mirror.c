@@ -97,4 +97,69 @@ static void test_mirror(void)
     apir_session_free(s);
 }
 
-TEST_MAIN("mirror", TEST(test_mirror))
+/* A device whose backend copies asynchronously (as CUDA): small uploads are
+ * queued on its stream and waited for only before an entry is reused or
+ * when the session settles. */
+static int async_sets, syncs;
+static void fake_set_async(ggml_backend_t be, struct ggml_tensor *t, const void *data, size_t off, size_t size)
+{
+    (void)be;
+    memcpy((uint8_t *)t->data + off, data, size);
+    async_sets++;
+}
+static void fake_synchronize(ggml_backend_t be) { (void)be; syncs++; }
+static void fake_backend_free(ggml_backend_t be) { (void)be; }
+static ggml_backend_buffer_type_t fake_dev_buft(ggml_backend_dev_t dev) { (void)dev; return &fake_buft; }
+
+static void test_async_uploads(void)
+{
+    struct apir_host host;
+    memset(&host, 0, sizeof(host));
+    apir_limits_default(&host.cfg.limits);
+    struct apir_session *s = apir_session_new(&host, "async");
+    struct ggml_backend_device dev = { .iface = { .get_buffer_type = fake_dev_buft } };
+    struct ggml_backend backend = {
+        .iface = { .free = fake_backend_free, .set_tensor_async = fake_set_async, .synchronize = fake_synchronize },
+        .device = &dev,
+    };
+    s->backends[0] = &backend;
+    s->backend_async[0] = true;
+    s->device = 0;
+    struct ggml_backend_buffer_i iface = { .get_base = fake_get_base, .set_tensor = fake_set };
+    ggml_backend_buffer_t buf = ggml_backend_buffer_init(&fake_buft, iface, NULL, sizeof(device_mem));
+    struct ggml_init_params p = { .mem_size = 4 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    struct ggml_tensor *idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 8);
+    idx->buffer = buf;
+    int32_t vals[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    uploads = async_sets = syncs = 0;
+    for (int i = 0; i < APIR_MIRROR_ENTRIES; i++) {
+        idx->data = device_mem + 64 * i;
+        vals[0] = i;
+        CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
+    }
+    CHECK(async_sets == APIR_MIRROR_ENTRIES && uploads == 0 && syncs == 0);
+    CHECK(s->uploads_in_flight == APIR_MIRROR_ENTRIES);
+    CHECK(((int32_t *)device_mem)[0] == 0 && ((int32_t *)(device_mem + 64 * 5))[0] == 5);
+    /* one more would reuse an entry still in flight: wait first */
+    idx->data = device_mem + 4096;
+    CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
+    CHECK(syncs == 1 && s->uploads_in_flight == 1);
+    apir_session_settle(s);
+    CHECK(syncs == 2 && s->uploads_in_flight == 0);
+    apir_session_settle(s);  /* nothing in flight: no wait */
+    CHECK(syncs == 2);
+    /* a buffer of another type than the stream's: a plain, settled upload */
+    static struct ggml_backend_buffer_type other_buft = { .iface = { .get_name = fake_name, .is_host = fake_is_host } };
+    ggml_backend_buffer_t other = ggml_backend_buffer_init(&other_buft, iface, NULL, sizeof(device_mem));
+    CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
+    idx->buffer = other;
+    CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
+    CHECK(uploads == 1 && syncs == 3 && s->uploads_in_flight == 0);
+    ggml_backend_buffer_free(other);
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    apir_session_free(s);
+}
+
+TEST_MAIN("mirror", TEST(test_mirror), TEST(test_async_uploads))
