@@ -8,6 +8,9 @@
 #   bench/h200.sh bench        models + llama-bench ratios + apir-bench + test-backend-ops subset
 #   bench/h200.sh quick        1B F16 only, pp512/pp2048/tg128: native, apir, apir without its
 #                              host buffer type (APIR_HOST_BUFFER=0); host and guest profiles
+#   bench/h200.sh check        CUDA smoke of the data paths, then 1B F16 pp2048/tg128: native, apir,
+#                              apir without queued uploads, and CUDA graphs off on either side;
+#                              per-graph host timings of one pp2048 (host log at debug)
 #   bench/h200.sh diag         where apir's time goes on the 1B F16 model: native with and without
 #                              CUDA fusion, apir with guest and host profiles, per-op host profile,
 #                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
@@ -69,6 +72,32 @@ quick)
   (cd .deps/bin && "${guest[@]}" APIR_HOST_BUFFER=0 ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
   kill $hp; wait $hp 2>/dev/null
   grep -E 'page-lock|profile' $OUT/host-quick.log | sed 's/^apir host: info: //' | tee -a "$OUT/h200.log"
+  ;;
+check)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  sock=/tmp/apir-check.sock
+  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock)
+  lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 128 -r 3 -o md)
+  host_up() { env "$@" build/apir-host --listen unix:$sock --backend CUDA --log-level ${HOST_LOG:-info} >>$OUT/host-check.log 2>&1 & hp=$!; sleep 2; }
+  host_down() { kill $hp; wait $hp 2>/dev/null; }
+  rows() { grep -E '^\| llama' | sed 's/ \+/ /g' | tee -a "$OUT/h200.log"; }
+  host_up APIR_HOST_ASYNC_UPLOADS=1
+  log "smoke: test-backend-ops -b APIR0 (host CUDA), small uploads + graphs"
+  (cd .deps/bin && "${guest[@]}" timeout 60 ./test-backend-ops test -b APIR0 -o GET_ROWS,SET_ROWS,ADD,ROPE 2>&1 | grep -E 'tests passed|FAIL' | head -5 | tee -a "$OUT/h200.log")
+  log "native";                   (cd .deps/bin && ./llama-bench "${lb[@]}" 2>/dev/null | rows)
+  log "apir (queued uploads)";    (cd .deps/bin && "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | rows)
+  host_down; host_up APIR_HOST_ASYNC_UPLOADS=0
+  log "apir, APIR_HOST_ASYNC_UPLOADS=0"; (cd .deps/bin && "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | rows)
+  host_down; host_up GGML_CUDA_DISABLE_GRAPHS=1
+  log "apir, host GGML_CUDA_DISABLE_GRAPHS=1"; (cd .deps/bin && "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | rows)
+  host_down
+  log "native GGML_CUDA_DISABLE_GRAPHS=1"; (cd .deps/bin && GGML_CUDA_DISABLE_GRAPHS=1 ./llama-bench "${lb[@]}" 2>/dev/null | rows)
+  HOST_LOG=debug host_up
+  log "one pp2048 through apir, host per-graph timings"
+  (cd .deps/bin && "${guest[@]}" ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 0 -r 2 -o md -dev APIR0 2>/dev/null | rows)
+  host_down
+  grep -E 'piece|warmup|update' $OUT/host-check.log | sed 's/^apir host: debug: //' | tail -24 | tee -a "$OUT/h200.log"
   ;;
 diag)
   M=/tmp/models; mkdir -p $M

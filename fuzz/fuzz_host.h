@@ -387,7 +387,8 @@ static inline void fz_check_tensor(const struct apir_session *s, const struct gg
 static inline void fz_check_graph(const struct apir_session *s, struct ggml_cgraph *g)
 {
     int n = ggml_graph_n_nodes(g);
-    for (int i = 0; i < n; i++) {
+    FZ_ASSERT(n >= 2 && ggml_graph_node(g, 0) == s->graph_anchor, "graph does not start with the session's anchor");
+    for (int i = 1; i < n; i++) {  /* the anchor has no memory, and no op */
         const struct ggml_tensor *t = ggml_graph_node(g, i);
         fz_check_tensor(s, t, 1);
         for (int k = 0; k < GGML_MAX_SRC; k++)

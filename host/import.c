@@ -384,12 +384,12 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const 
  */
 static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
 {
-    const int n = ggml_graph_n_nodes(graph);
+    const int n = ggml_graph_n_nodes(graph) - 1;  /* after the anchor */
     const uint8_t *counts = apir_decode_inplace(dec, (size_t)n * 4);
     if (dec->fatal || !counts)
         return false;
     for (int i = 0; i < n; i++) {
-        struct ggml_tensor *node = ggml_graph_node(graph, i);
+        struct ggml_tensor *node = ggml_graph_node(graph, i + 1);
         size_t pos = ggml_hash_insert(&graph->visited_hash_set, node);
         if (pos == GGML_HASHSET_ALREADY_EXISTS)
             continue;
@@ -416,14 +416,15 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
     if (dec.fatal || !node_ids || !records)
         return fail("graph blob shorter than its counts");
 
-    if (!apir_import_begin(s, n_tensors, n_nodes))
+    if (!apir_import_begin(s, n_tensors, n_nodes + 1))
         return NULL;
     struct ggml_tensor **tensors = apir_import_list(s, n_tensors, records, true);
     if (!tensors)
         return NULL;
-    struct ggml_cgraph *graph = ggml_new_graph_custom(s->import_sc->ctx, n_nodes, false);
-    if (!graph)
+    struct ggml_cgraph *graph = ggml_new_graph_custom(s->import_sc->ctx, n_nodes + 1, false);
+    if (!graph || !s->graph_anchor)
         return fail("scratch context full");
+    ggml_graph_add_node(graph, s->graph_anchor);
     ggml_backend_dev_t dev = s->host->devices[s->device];
     for (uint32_t i = 0; i < n_nodes; i++) {
         uint64_t id;

@@ -30,7 +30,8 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir
 struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer);
 
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
- * records.  Every tensor must live in one of the session's buffers.
+ * records.  Every tensor must live in one of the session's buffers.  The
+ * graph starts with the session's anchor node (session.h), then the nodes.
  * use_counts (0.2 keyed graphs): the blob may go on with the nodes' use
  * counts (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow. */
 struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size, bool use_counts);

@@ -109,6 +109,17 @@ static int required_srcs(enum ggml_op op)
     }
 }
 
+/* The channels-last (CWHN) order in which CONV_2D_DW makes its result from
+ * a channels-last input (ggml_conv_2d_dw_direct): a permutation of one
+ * dense block, so its extent - what import bounds-checked - is exactly the
+ * block the kernel writes. */
+static bool is_dense_cwhn(const struct ggml_tensor *t)
+{
+    const size_t ts = ggml_type_size(t->type);
+    return ggml_blck_size(t->type) == 1 && (size_t)t->nb[2] == ts && (size_t)t->nb[0] == (size_t)t->ne[2] * ts &&
+           t->nb[1] == (size_t)t->ne[0] * t->nb[0] && t->nb[3] == (size_t)t->ne[1] * t->nb[1];
+}
+
 const char *apir_op_shape_error(const struct ggml_tensor *t)
 {
     const int need = required_srcs(t->op);
@@ -119,8 +130,10 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
 
     /* A result's elements are adjacent: ggml makes results as new tensors,
      * and kernels write them with unit stride (several assert it).  Only a
-     * copy may land in a transposed view of its destination. */
-    if (required_srcs(t->op) > 0 && t->op != GGML_OP_CPY && t->nb[0] != ggml_type_size(t->type))
+     * copy may land in a transposed view of its destination; a depthwise
+     * convolution keeps channels-last order. */
+    if (required_srcs(t->op) > 0 && t->op != GGML_OP_CPY && t->nb[0] != ggml_type_size(t->type) &&
+        !(t->op == GGML_OP_CONV_2D_DW && is_dense_cwhn(t)))
         return "result elements not adjacent";
 
     /* Kernels that exist for f32 sources only abort on anything else (the

@@ -38,6 +38,11 @@ struct apir_session *apir_session_new(struct apir_host *host, const char *name)
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "session");
     /* buffers + one buffer type per device */
     apir_handles_init(&s->handles, host->cfg.limits.max_buffers + APIR_HOST_MAX_DEVICES);
+    struct ggml_init_params anchor_params = { .mem_size = ggml_tensor_overhead(), .no_alloc = true };
+    s->anchor_ctx = ggml_init(anchor_params);
+    s->graph_anchor = s->anchor_ctx ? ggml_new_tensor_1d(s->anchor_ctx, GGML_TYPE_F32, 1) : NULL;
+    if (s->graph_anchor)
+        ggml_set_name(s->graph_anchor, "apir_graph_anchor");
     for (uint32_t i = 0; i < host->n_devices; i++) {
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(host->devices[i]);
         s->buft_handles[i] = apir_handle_new(&s->handles, APIR_HANDLE_BUFT, buft, i);
@@ -80,6 +85,8 @@ void apir_session_free(struct apir_session *s)
     for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
         apir_import_scratch_free(&s->graph_cache[i].scratch);
     apir_mirror_free(s);
+    if (s->anchor_ctx)
+        ggml_free(s->anchor_ctx);
     free(s->policy_scratch);
     free(s->policy_uses);
     free(s);

@@ -122,6 +122,19 @@ struct apir_session {
     struct apir_import_scratch scratch;
     struct apir_import_scratch *import_sc;   /* where imports go: &scratch or a graph slot's */
     struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];
+    /*
+     * Node 0 of every graph the session computes: an op-less tensor every
+     * backend skips.  CUDA keys its graph capture state by node 0's
+     * address.  A program's own graphs all start at one address (llama.cpp
+     * builds each in the same context), so a new graph - each prompt batch,
+     * whose KV length grows - finds the state changed and runs directly,
+     * and only a graph repeated unchanged (a token's) is captured and
+     * replayed.  Ours live in per-slot contexts: without the anchor a
+     * batch met its own slot's state from the previous run unchanged and
+     * was captured (~8 ms on the H200) to be replayed at most once.
+     */
+    struct ggml_context *anchor_ctx;
+    struct ggml_tensor *graph_anchor;
     /* Keyed graphs computed after their reply (see dispatch.c): the
      * transport sets defer_graphs when it runs apir_session_run_deferred
      * right after sending each reply. */

@@ -435,10 +435,10 @@ static void test_graph_use_counts(void)
         for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
             if (s->graph_cache[i].key == key)
                 g = s->graph_cache[i].graph;
-        CHECK(g && ggml_graph_n_nodes(g) == 2);
+        CHECK(g && ggml_graph_n_nodes(g) == 3 && ggml_graph_node(g, 0) == s->graph_anchor);
         if (g) {
-            CHECK(ggml_node_get_use_count(g, 0) == 1);
-            CHECK(ggml_node_get_use_count(g, 1) == 0);
+            CHECK(ggml_node_get_use_count(g, 1) == 1);
+            CHECK(ggml_node_get_use_count(g, 2) == 0);
         }
     }
     /* an unkeyed (0.1) graph never reads the section: trailing bytes ignored */
@@ -543,6 +543,38 @@ static void test_supports_op(void)
     t[0].op = GGML_OP_ADD;
     t[0].type = 1000;
     CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+
+    /* a depthwise convolution of a channels-last input keeps that order in
+     * its result (test-backend-ops CONV_2D_DW cwhn=1); any other result
+     * layout with non-adjacent elements is refused */
+    struct apir_tensor_rec cv[3] = { f32_rec(1, 0, 0, 8), f32_rec(2, 0, 0, 3), f32_rec(3, 0, 0, 10) };
+    const uint32_t W = 8, H = 6, C = 4;  /* result [W, H, C, 1] in CWHN order */
+    cv[0].op = GGML_OP_CONV_2D_DW;
+    cv[0].src[0] = 2;
+    cv[0].src[1] = 3;
+    cv[0].ne[1] = H;
+    cv[0].ne[2] = C;
+    cv[0].nb[2] = 4;
+    cv[0].nb[0] = C * 4;
+    cv[0].nb[1] = W * C * 4;
+    cv[0].nb[3] = H * W * C * 4;
+    cv[1].ne[0] = cv[1].ne[1] = 3;  /* kernel [3, 3, 1, C] */
+    cv[1].ne[3] = C;
+    cv[1].nb[1] = 12;
+    cv[1].nb[2] = cv[1].nb[3] = 36;
+    cv[2].ne[1] = H;  /* input [10, H, C, 1], channels last */
+    cv[2].ne[2] = C;
+    cv[2].nb[2] = 4;
+    cv[2].nb[0] = C * 4;
+    cv[2].nb[1] = 10 * C * 4;
+    cv[2].nb[3] = H * 10 * C * 4;
+    int32_t conv_params[6] = { 1, 1, 0, 0, 1, 1 };
+    memcpy(cv[0].op_params, conv_params, sizeof(conv_params));
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && yes);
+    cv[0].nb[3] = 4;  /* not one dense block any more */
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
     CHECK(apir_demarshal(&r, "b", &yes) && !yes);
 
     /* APIR 0.1 inline tensor: raw struct with garbage pointers that must
