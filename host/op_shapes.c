@@ -120,6 +120,13 @@ static bool is_dense_cwhn(const struct ggml_tensor *t)
            t->nb[1] == (size_t)t->ne[0] * t->nb[0] && t->nb[3] == (size_t)t->ne[1] * t->nb[1];
 }
 
+/* The kernel touches [data, data + nelements * type size) whatever the
+ * strides say: that block must lie inside what import bounds-checked. */
+static bool extent_covers_dense(const struct ggml_tensor *t)
+{
+    return ggml_blck_size(t->type) == 1 && ggml_nbytes(t) >= (size_t)ggml_nelements(t) * ggml_type_size(t->type);
+}
+
 const char *apir_op_shape_error(const struct ggml_tensor *t)
 {
     const int need = required_srcs(t->op);
@@ -177,6 +184,21 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
             c->ne[0] % b->ne[1] || a->ne[0] != b->ne[0] || c->ne[0] > a->ne[2])
             return "MUL_MAT_ID operands do not fit";
         return ne_is(t, a->ne[1], c->ne[0], b->ne[2], 1) && f32_rows(t) ? NULL : "MUL_MAT_ID result shape";
+    case GGML_OP_CONV_2D_DW:
+        /* kernel a [KW, KH, 1, C], input b [W, H, C, N], result [OW, OH, C, N]:
+         * the CPU kernels index all three densely from ne (channels from b,
+         * the result's channels unchecked: a short result was written past),
+         * assert the rest, and take the channels-last path for a
+         * channels-last input, which asserts the kernel's strides. */
+        if (a->ne[2] != 1 || a->ne[3] != b->ne[2] || t->ne[2] != b->ne[2] || t->ne[3] != b->ne[3])
+            return "CONV_2D_DW shapes do not fit";
+        if ((a->type != GGML_TYPE_F32 && a->type != GGML_TYPE_F16) || b->type != GGML_TYPE_F32 || t->type != GGML_TYPE_F32)
+            return "CONV_2D_DW types";
+        if (!extent_covers_dense(a) || !extent_covers_dense(b) || !extent_covers_dense(t))
+            return "CONV_2D_DW operand smaller than its elements";
+        if (!ggml_is_contiguous(b) && !(ggml_is_contiguous_channels(b) && a->nb[0] >= a->nb[2] && a->nb[1] >= a->nb[0]))
+            return "CONV_2D_DW input layout";
+        return NULL;
     case GGML_OP_OUT_PROD:
         if (!contiguous(t))
             return "OUT_PROD result layout";

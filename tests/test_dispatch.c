@@ -559,10 +559,11 @@ static void test_supports_op(void)
     cv[0].nb[0] = C * 4;
     cv[0].nb[1] = W * C * 4;
     cv[0].nb[3] = H * W * C * 4;
-    cv[1].ne[0] = cv[1].ne[1] = 3;  /* kernel [3, 3, 1, C] */
+    cv[1].ne[0] = cv[1].ne[1] = 3;  /* kernel [3, 3, 1, C], channels last too */
     cv[1].ne[3] = C;
-    cv[1].nb[1] = 12;
-    cv[1].nb[2] = cv[1].nb[3] = 36;
+    cv[1].nb[0] = cv[1].nb[2] = C * 4;
+    cv[1].nb[1] = 3 * C * 4;
+    cv[1].nb[3] = 4;
     cv[2].ne[1] = H;  /* input [10, H, C, 1], channels last */
     cv[2].ne[2] = C;
     cv[2].nb[2] = 4;
@@ -574,6 +575,18 @@ static void test_supports_op(void)
     CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
     CHECK(apir_demarshal(&r, "b", &yes) && yes);
     cv[0].nb[3] = 4;  /* not one dense block any more */
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    cv[0].nb[3] = H * W * C * 4;
+    struct apir_tensor_rec knl = cv[1];
+    cv[1].nb[0] = 4;  /* a channels-first kernel with a channels-last input: ggml asserts */
+    cv[1].nb[1] = 12;
+    cv[1].nb[2] = cv[1].nb[3] = 36;
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
+    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    cv[1] = knl;
+    cv[0].ne[2] = C - 1;  /* fewer channels than the input: the kernel wrote past it */
+    cv[0].nb[3] = H * W * (C - 1) * 4;
     CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
     CHECK(apir_demarshal(&r, "b", &yes) && !yes);
 
