@@ -8,6 +8,7 @@
 set -uo pipefail
 APIR_BUILD=$1 APIR_DEPS_BIN=$2 OPS=$3 PARAMS=${4:-}
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/tbo_lib.sh"
 trap apir_host_stop EXIT
 apir_host_start --threads 2 || exit 1
 
@@ -24,28 +25,15 @@ t_apir=$SECONDS
 rc_cpu=$?
 t_cpu=$SECONDS
 
-count() { # passed total notsupported
-  local log=$1
-  local line; line=$(grep -E '^ +[0-9]+/[0-9]+ tests passed' "$log" | tail -1)
-  local passed=${line%%/*}; passed=${passed// /}
-  local total=${line#*/}; total=${total%% *}
-  local ns; ns=$(grep -c 'not supported' "$log")
-  echo "${passed:-0} ${total:-0} $ns"
-}
-read -r ap at ans <<<"$(count "$out/apir.log")"
-read -r cp ct cns <<<"$(count "$out/cpu.log")"
+read -r ap at ans <<<"$(tbo_count "$out/apir.log")"
+read -r cp ct cns <<<"$(tbo_count "$out/cpu.log")"
 echo "test-backend-ops -o $OPS ${PARAMS:+-p $PARAMS}"
 echo "  APIR0 (host CPU): $ap/$at passed, $ans not supported (exit $rc_apir, $((t_apir - t0)) s)"
 echo "  CPU (native):     $cp/$ct passed, $cns not supported (exit $rc_cpu, $((t_cpu - t_apir)) s)"
 # Cases the CPU backend runs but APIR0 reports unsupported:
 grep 'not supported \[APIR0\]' "$out/apir.log" | head -5
 fail=0
-if [ "$rc_apir" != 0 ] || [ "$ap" != "$at" ] || [ "$at" = 0 ]; then
-  echo "FAIL: cases failed through APIR0:"; grep -E 'FAIL' "$out/apir.log" | head -20; fail=1
-fi
-if [ "$ap" != "$cp" ]; then
-  echo "FAIL: APIR0 passed $ap cases, the CPU backend $cp"; fail=1
-fi
+tbo_judge "$rc_apir" "$ap" "$at" "$cp" "$out/apir.log" || fail=1
 if ! apir_host_stop; then
   echo "FAIL: apir-host did not exit cleanly"; fail=1
 fi

@@ -13,6 +13,7 @@
 set -uo pipefail
 APIR_BUILD=$(cd "$1" && pwd) APIR_DEPS_BIN=$(cd "$2" && pwd) OPS=${3:?usage: run_backend_ops_virgl.sh APIR_BUILD DEPS_BIN OPS [PARAMS]} PARAMS=${4:-}
 . "$(dirname "$0")/rig_lib.sh"
+. "$(dirname "$0")/../tbo_lib.sh"
 trap rig_cleanup EXIT
 # shellcheck disable=SC2086
 rig_start --ggml-lib "$APIR_DEPS_BIN/libggml-cpu.so" --threads 2 ${RIG_ARGS:-} || exit 1
@@ -29,26 +30,13 @@ t1=$(date +%s)
 ./test-backend-ops "${args[@]}" -b CPU >"$out/cpu.log" 2>&1
 rc_cpu=$?
 
-count() { # passed total notsupported
-  local log=$1
-  local line; line=$(grep -E '^ +[0-9]+/[0-9]+ tests passed' "$log" | tail -1)
-  local passed=${line%%/*}; passed=${passed// /}
-  local total=${line#*/}; total=${total%% *}
-  local ns; ns=$(grep -c 'not supported' "$log")
-  echo "${passed:-0} ${total:-0} $ns"
-}
-read -r ap at ans <<<"$(count "$out/apir.log")"
-read -r cp ct cns <<<"$(count "$out/cpu.log")"
+read -r ap at ans <<<"$(tbo_count "$out/apir.log")"
+read -r cp ct cns <<<"$(tbo_count "$out/cpu.log")"
 echo "test-backend-ops -o $OPS ${PARAMS:+-p $PARAMS} (capset ${APIR_VIRTGPU_CAPSET:-apir}, rig ${RIG_ARGS:-default})"
 echo "  APIR0 via virtgpu (rig, libapir-virgl.so, CPU): $ap/$at passed, $ans not supported (exit $rc_apir, $((t1 - t0)) s)"
 echo "  CPU (native):                                    $cp/$ct passed, $cns not supported (exit $rc_cpu)"
 fail=0
-if [ "$rc_apir" != 0 ] || [ "$ap" != "$at" ] || [ "$at" = 0 ]; then
-  echo "FAIL: cases failed through APIR0:"; grep -E 'FAIL|error' "$out/apir.log" | head -20; fail=1
-fi
-if [ "$ap" != "$cp" ]; then
-  echo "FAIL: APIR0 passed $ap cases, the CPU backend $cp"; fail=1
-fi
+tbo_judge "$rc_apir" "$ap" "$at" "$cp" "$out/apir.log" || fail=1
 if ! rig_stop; then
   echo "FAIL: the rig did not exit cleanly"; fail=1
 fi
