@@ -9,6 +9,7 @@
 #include "ggml-impl.h"
 #include "host.h"
 #include "session.h"
+#include "test_records.h"
 #include "test_util.h"
 
 #include <stdarg.h>
@@ -69,19 +70,6 @@ static uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
     CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, &r, buft, size) == APIR_HANDLER_OK);
     apir_demarshal(&r, "h", &buf);
     return buf;
-}
-
-static struct apir_tensor_rec f32_rec(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t n)
-{
-    struct apir_tensor_rec t;
-    memset(&t, 0, sizeof(t));
-    t.id = id;
-    t.type = GGML_TYPE_F32;
-    t.buffer = buffer;
-    t.ne[0] = n; t.ne[1] = 1; t.ne[2] = 1; t.ne[3] = 1;
-    t.nb[0] = 4; t.nb[1] = 4 * n; t.nb[2] = 4 * n; t.nb[3] = 4 * n;
-    t.data = offset;
-    return t;
 }
 
 static void test_handshake(void)

@@ -15,26 +15,12 @@
 #include "apir_proto.h"
 #include "ggml.h"
 #include "remote.h"
+#include "test_records.h"
 #include "test_util.h"
 
 #include <string.h>
 
 static unsigned expected_minor = 0;
-
-static struct apir_tensor_rec f32_rec(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t n)
-{
-    struct apir_tensor_rec t;
-    memset(&t, 0, sizeof(t));
-    t.id = id;
-    t.type = GGML_TYPE_F32;
-    t.buffer = buffer;
-    t.ne[0] = n;
-    t.ne[1] = t.ne[2] = t.ne[3] = 1;
-    t.nb[0] = 4;
-    t.nb[1] = t.nb[2] = t.nb[3] = 4 * n;
-    t.data = offset;
-    return t;
-}
 
 static void test_reference_subset(void)
 {
