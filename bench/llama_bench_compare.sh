@@ -66,6 +66,16 @@ for round in $(seq 1 "$ROUNDS"); do
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$RPC" = 1 ] && run rpc env ${APIR_GUEST_ENV:-} ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
 done
+# Model load time (bench/model_load.c: median of 3 loads after a warm-up),
+# natively and through APIR0, interleaved like the rest.
+if [ -x "$BUILD/apir-load-bench" ]; then
+  if [ "$BACKEND" = CPU ]; then native_dev=CPU; else native_dev=${BACKEND}0; fi
+  for round in $(seq 1 "$ROUNDS"); do
+    (cd "$DEPS_BIN" && "$BUILD/apir-load-bench" -m "$MODEL" -d "$native_dev" -r 3) 2>>"$work/load.err" >>"$work/load"
+    (cd "$DEPS_BIN" && env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
+      "$BUILD/apir-load-bench" -m "$MODEL" -d APIR0 -r 3) 2>>"$work/load.err" >>"$work/load"
+  done
+fi
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND, llama-bench ${common[*]}"
 awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
      END {
@@ -77,8 +87,12 @@ awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
          printf "%-8s %12.2f %12.2f %12.2f %10.3f %10.3f\n", t, n, a, r, (n ? a / n : 0), (n ? r / n : 0);
        }
      }' "$work/results" | sort
+[ -s "$work/load" ] && awk -v nd="${native_dev:-CPU}" '
+  { if ($2 == "APIR0") { a += $3; na++ } else if ($2 == nd) { n += $3; nn++ } }
+  END { if (na && nn) printf "%-8s %12.1f %12.1f %12s %10.3f   (milliseconds: apir/native is a time ratio, target <= 1.2)\n",
+                             "load ms", n / nn, a / na, "", (a / na) / (n / nn) }' "$work/load"
 echo "apir host profile (last guest):"
-grep -E 'disconnected after|profile:' "$work/host.log" | tail -7 | sed 's/^apir host: info: /  /'
+grep -E 'disconnected after|profile:' "$work/host.log" | tail -8 | sed 's/^apir host: info: /  /'
 if [ ! -s "$work/results" ] || ! grep -q '^apir' "$work/results"; then
   echo "no apir results; errors:"; tail -5 "$work"/*.err "$work/host.log"; exit 1
 fi

@@ -12,6 +12,7 @@
  * signature.
  */
 #include "fuzz_host.h"
+#include "weight_copies.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_collect_handles(cmd, enc.start, apir_encoder_used(&enc), &k);
         }
         FZ_ASSERT(s->device < s->host->n_devices, "current device %u out of range", s->device);
+        FZ_ASSERT(apir_weights_consistent(s), "%s: weight copies overlap or are broken", apir_command_name(cmd));
         free(req);
     }
     free(reply);

@@ -133,6 +133,31 @@ static size_t graph_mul_mat(uint8_t *out, size_t cap)
     return graph_blob(out, cap, nodes, 2, t, 4);
 }
 
+/* A Q4_0 weight w (256 x 16, buffer B) times x: what a CPU host keeps a
+ * repacked copy of once noted (host/weight_copies.h). */
+static struct apir_tensor_rec rec_q4_0_weight(void)
+{
+    struct apir_tensor_rec w = rec_f32(30, 256, 16, FZ_H_BUF_B, 0, GGML_OP_NONE);
+    w.type = GGML_TYPE_Q4_0;
+    w.nb[0] = 18;
+    w.nb[1] = 18 * 8;
+    w.nb[2] = w.nb[3] = 18 * 8 * 16;
+    return w;
+}
+
+static size_t graph_weight(uint8_t *out, size_t cap)
+{
+    struct apir_tensor_rec t[3] = {
+        rec_q4_0_weight(),
+        rec_f32(31, 256, 1, FZ_H_BUF_A, 0, GGML_OP_NONE),
+        rec_f32(32, 16, 1, FZ_H_BUF_A, 1024, GGML_OP_MUL_MAT),
+    };
+    t[2].src[0] = 30;
+    t[2].src[1] = 31;
+    uint64_t nodes[1] = { 32 };
+    return graph_blob(out, cap, nodes, 1, t, 3);
+}
+
 /* v = view of the second half of a; c = cpy(v, dst). */
 static size_t graph_view_cpy(uint8_t *out, size_t cap)
 {
@@ -421,6 +446,28 @@ static void seeds_dispatch(void)
     REQ(BACKEND_GRAPH_COMPUTE_AT, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)glen);
     REQ0(BACKEND_SYNCHRONIZE);
     write_writer("fuzz_dispatch", "extensions", &w);
+
+    /* apir 0.3: a weight noted, computed with, written, noted, freed. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    glen = graph_weight(graph, sizeof(graph));
+    fz_put_le(&w, glen, 2);
+    fz_put(&w, graph, glen);
+    {
+        struct apir_tensor_rec wq = rec_q4_0_weight();
+        REQ(BUFFER_TYPE_ALLOC_BUFFER, (uint64_t)FZ_H_BUFT, (uint64_t)FZ_BUF_B_SIZE);
+        REQ(BUFFER_SET_TENSOR, (uint64_t)FZ_H_BUF_B, &wq, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)(18 * 8 * 16));
+        REQ(BUFFER_NOTE_WEIGHT, (uint64_t)FZ_H_BUF_B, &wq);
+        REQ(BACKEND_GRAPH_COMPUTE, FZ_BLOB_RES_ID, (uint64_t)glen);
+        REQ(BUFFER_WRITTEN, (uint64_t)FZ_H_BUF_B, (uint64_t)18, (uint64_t)18);
+        REQ(BUFFER_NOTE_WEIGHT, (uint64_t)FZ_H_BUF_B, &wq);
+        REQ(BACKEND_GRAPH_COMPUTE_KEYED, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)glen, (uint64_t)7);
+        REQ(BUFFER_MEMSET_TENSOR, (uint64_t)FZ_H_BUF_B, &wq, 0x3fu, (uint64_t)0, (uint64_t)64);
+        REQ(BACKEND_GRAPH_RECOMPUTE, (uint64_t)7);
+        REQ(BUFFER_NOTE_WEIGHT, (uint64_t)FZ_H_BUF_B, &wq);
+        REQ(BUFFER_FREE_BUFFER, (uint64_t)FZ_H_BUF_B);
+        REQ(BACKEND_GRAPH_RECOMPUTE, (uint64_t)7);
+    }
+    write_writer("fuzz_dispatch", "weights", &w);
 
     /* 0.1 inline tensors, and a handshake back to 0.1. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };

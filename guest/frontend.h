@@ -67,6 +67,7 @@ struct apir_device {
     struct ggml_backend_buffer_type buft;
     struct apir_buft_ctx buft_ctx;
     bool has_host_buft;               /* offered as the device's host buffer type */
+    bool weight_notes_off;            /* the host keeps no weight copies: stop noting */
     struct ggml_backend_buffer_type host_buft;
     char host_buft_name[24];
     pthread_mutex_t host_blobs_lock;
@@ -89,6 +90,7 @@ struct apir_buffer_ctx {
     uint8_t *mapped;      /* zero copy: the buffer's memory, shared with the host */
     size_t mapped_size;
     uint32_t res_id;
+    bool has_weight_copies; /* the host keeps copies of weights in it (apir 0.3) */
 };
 
 /* frontend_buffer.c */

@@ -138,10 +138,46 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     pthread_mutex_unlock(&r->lock);
 }
 
+/*
+ * Weight copies (apir 0.3, host/weight_copies.h): once a weight is written
+ * whole, the host may keep it in its device's own layout (a CPU's repacked
+ * matrices) and compute with that.  Other writes into a buffer it keeps
+ * copies of must reach it: the host sees its own writes, not the ones this
+ * side makes in a shared-memory buffer, which are reported.
+ */
+static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, size_t offset, size_t size,
+                        bool set)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    struct apir_device *d = bc->device;
+    struct apir_remote *r = &d->remote;
+    if (r->minor < 3 || size == 0)
+        return;
+    if (set && !d->weight_notes_off && offset == 0 && size == ggml_nbytes(tensor) && !tensor->view_src &&
+        ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
+        struct apir_tensor_rec rec;
+        uint32_t kept = APIR_WEIGHT_NOT_KEPT;
+        if (!apir_tensor_to_rec(tensor, &rec, true))
+            return;
+        if (apir_call(r, APIR_CMD_BUFFER_NOTE_WEIGHT, bc->handle, &rec, &kept) != APIR_HANDLER_OK ||
+            kept == APIR_WEIGHT_NEVER) {
+            APIR_DEBUG("guest", "%s: the host keeps no weight copies", d->name);
+            d->weight_notes_off = true;
+        } else if (kept == APIR_WEIGHT_KEPT) {
+            bc->has_weight_copies = true;
+        }
+        return;  /* the note replaces what the host kept of these bytes */
+    }
+    if (bc->mapped && bc->has_weight_copies)
+        apir_call(r, APIR_CMD_BUFFER_WRITTEN, bc->handle, (uint64_t)((uintptr_t)tensor->data - bc->base + offset),
+                  (uint64_t)size);
+}
+
 static void buffer_set_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor, const void *data, size_t offset,
                               size_t size)
 {
     tensor_io(buffer, tensor, true, (void *)data, offset, size);
+    after_write(buffer, tensor, offset, size, true);
 }
 
 static void buffer_get_tensor(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, void *data, size_t offset,
@@ -157,6 +193,7 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
     if (bc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memset(mapped_at(bc, tensor, offset), value, size);
+        after_write(buffer, tensor, offset, size, false);
         return;
     }
     struct apir_tensor_rec rec;
@@ -187,6 +224,7 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
     if (bc->mapped && sbc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memcpy(mapped_at(bc, dst, 0), mapped_at(sbc, src, 0), ggml_nbytes(src));
+        after_write(buffer, dst, 0, ggml_nbytes(src), false);
         return true;
     }
     struct apir_tensor_rec src_rec, dst_rec;
@@ -204,6 +242,8 @@ static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
     if (bc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memset(bc->mapped, value, buffer->size);
+        if (bc->has_weight_copies && bc->device->remote.minor >= 3)
+            apir_call(&bc->device->remote, APIR_CMD_BUFFER_WRITTEN, bc->handle, (uint64_t)0, (uint64_t)buffer->size);
         return;
     }
     apir_call(&bc->device->remote, APIR_CMD_BUFFER_CLEAR, bc->handle, (unsigned)value);

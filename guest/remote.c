@@ -25,7 +25,7 @@ size_t apir_remote_data_default(void)
 static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
 {
     const struct apir_command_info *info = &apir_command_table[cmd];
-    if (cmd >= APIR_CMD_COUNT_0_1 && r->minor < 2)
+    if (r->minor < apir_command_minor(cmd))
         return APIR_HANDLER_INVALID_INDEX;
     struct apir_encoder *enc = r->t->ops->begin(r->t);
     if (!apir_vmarshal(enc, info->request, ap)) {

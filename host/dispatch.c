@@ -18,6 +18,7 @@
 #include "inline_tensor.h"
 #include "op_policy.h"
 #include "upload_mirror.h"
+#include "weight_copies.h"
 #include "session.h"
 #include "wait.h"
 
@@ -323,6 +324,7 @@ static uint32_t tensor_io(struct apir_session *s, const char *cmd, bool set, uin
     if (!data)
         return bad(s, cmd, "shared-memory range outside its blob");
     if (set) {
+        apir_weights_forget_range(s, (uint8_t *)t->data + offset, (size_t)size);
         if (!apir_mirror_upload(s, t, data, offset, size)) {
             apir_session_settle(s);
             apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
@@ -390,6 +392,7 @@ HANDLER(BUFFER_MEMSET_TENSOR)
         return APIR_HANDLER_BAD_REQUEST;
     if (size) {
         apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
+        apir_weights_forget_range(s, (uint8_t *)t->data + offset, (size_t)size);
         ggml_backend_tensor_memset(t, value, (size_t)offset, (size_t)size);
     }
     return APIR_HANDLER_OK;
@@ -425,6 +428,7 @@ HANDLER(BUFFER_CPY_TENSOR)
     if (!same_layout(src, dst))
         return bad(s, "BUFFER_CPY_TENSOR", "source and destination layouts differ");
     apir_mirror_forget_range(s, dst->buffer, dst->data, ggml_nbytes(dst));
+    apir_weights_forget_range(s, dst->data, ggml_nbytes(dst));
     bool ok = ggml_backend_buffer_copy_tensor(src, dst);
     ENCODE(BUFFER_CPY_TENSOR, (int)ok);
     return APIR_HANDLER_OK;
@@ -441,6 +445,7 @@ HANDLER(BUFFER_CLEAR)
     if (!hb)
         return APIR_HANDLER_BAD_HANDLE;
     apir_mirror_forget_buffer(s, hb->buffer);
+    apir_weights_forget_buffer(s, hb->buffer);
     ggml_backend_buffer_clear(hb->buffer, value);
     return APIR_HANDLER_OK;
 }
@@ -455,6 +460,7 @@ HANDLER(BUFFER_FREE_BUFFER)
     if (!hb)
         return APIR_HANDLER_BAD_HANDLE;
     apir_mirror_forget_buffer(s, hb->buffer);
+    apir_weights_forget_buffer(s, hb->buffer);
     ggml_backend_buffer_free(hb->buffer);
     if (hb->pinned_blob)
         apir_session_blob_unpin(s, hb->pinned_blob);
@@ -486,8 +492,46 @@ HANDLER(BUFFER_INIT_TENSOR)
     if (__builtin_add_overflow(rec.data, (uint64_t)alloc, &end) || end > hb->size)
         return bad(s, "BUFFER_INIT_TENSOR", "tensor allocation outside its buffer");
     apir_mirror_forget_range(s, hb->buffer, t->data, alloc);
+    apir_weights_forget_range(s, t->data, alloc);
     enum ggml_status st = ggml_backend_buffer_init_tensor(hb->buffer, t);
     ENCODE(BUFFER_INIT_TENSOR, (uint32_t)st);
+    return APIR_HANDLER_OK;
+}
+
+/* The guest wrote a weight whole (weight_copies.h).  The answer is advice:
+ * the guest's results are the same whatever the host keeps. */
+HANDLER(BUFFER_NOTE_WEIGHT)
+{
+    uint64_t h;
+    struct apir_tensor_rec rec;
+    if (!DECODE(BUFFER_NOTE_WEIGHT, &h, &rec))
+        return bad(s, "BUFFER_NOTE_WEIGHT", "malformed request");
+    if (!apir_weights_offered(s)) {
+        ENCODE(BUFFER_NOTE_WEIGHT, (uint32_t)APIR_WEIGHT_NEVER);
+        return APIR_HANDLER_OK;
+    }
+    struct ggml_tensor *t = data_tensor(s, "BUFFER_NOTE_WEIGHT", h, &rec, 0, 0);
+    if (!t)
+        return APIR_HANDLER_BAD_REQUEST;
+    ENCODE(BUFFER_NOTE_WEIGHT, (uint32_t)apir_weights_note(s, buffer_of(s, h), t));
+    return APIR_HANDLER_OK;
+}
+
+/* The guest wrote [offset, offset+size) of a buffer in shared memory itself:
+ * copies of those bytes are old. */
+HANDLER(BUFFER_WRITTEN)
+{
+    (void)reply;
+    uint64_t h, offset, size, end;
+    if (!DECODE(BUFFER_WRITTEN, &h, &offset, &size))
+        return bad(s, "BUFFER_WRITTEN", "malformed request");
+    struct apir_host_buffer *hb = buffer_of(s, h);
+    if (!hb)
+        return APIR_HANDLER_BAD_HANDLE;
+    if (__builtin_add_overflow(offset, size, &end) || end > hb->size)
+        return bad(s, "BUFFER_WRITTEN", "range outside the buffer");
+    if (size)
+        apir_weights_forget_range(s, hb->base + offset, (size_t)size);
     return APIR_HANDLER_OK;
 }
 
@@ -758,8 +802,9 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         APIR_WARN("host", "%s: unknown command %u", s->name, cmd);
         return APIR_HANDLER_INVALID_INDEX;
     }
-    if (cmd >= APIR_CMD_COUNT_0_1 && s->minor < 2) {
-        APIR_WARN("host", "%s: %s needs protocol 0.2 (negotiated 0.%u)", s->name, apir_command_name(cmd), s->minor);
+    if (s->minor < apir_command_minor(cmd)) {
+        APIR_WARN("host", "%s: %s needs protocol 0.%u (negotiated 0.%u)", s->name, apir_command_name(cmd),
+                  apir_command_minor(cmd), s->minor);
         return APIR_HANDLER_INVALID_INDEX;
     }
     apir_session_run_deferred(s);

@@ -1,5 +1,6 @@
 #include "import.h"
 #include "op_shapes.h"
+#include "weight_copies.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -444,5 +445,6 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
         if (apir_decoder_left(&dec) != 0)
             return fail("bytes after the graph's use counts");
     }
+    apir_weights_apply(s, graph);
     return graph;
 }

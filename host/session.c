@@ -1,6 +1,7 @@
 #include "session.h"
 #include "pin.h"
 #include "upload_mirror.h"
+#include "weight_copies.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -65,6 +66,7 @@ void apir_session_free(struct apir_session *s)
     if (!s)
         return;
     apir_session_settle(s);
+    apir_weights_free(s);
     /* Buffers first: some wrap blobs. */
     for (uint32_t i = 0; i < s->handles.capacity; i++) {
         struct apir_handle_slot *slot = &s->handles.slots[i];
@@ -234,6 +236,9 @@ void apir_session_log_profile(const struct apir_session *s)
         APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs, %llu pieces)",
                   s->name, s->import_ns / 1e6, s->compute_ns / 1e6, (unsigned long long)s->n_graphs,
                   (unsigned long long)s->n_segments);
+    if (s->weight_copies_made)
+        APIR_INFO("host", "%s: profile: %llu weight copies kept in the device's own layout (%.1f MiB)", s->name,
+                  (unsigned long long)s->weight_copies_made, s->weight_copy_bytes_made / 1048576.0);
     /* With cfg.op_profile each node was computed alone and waited for: where
      * the device's time goes, op by op (launch and wait costs included). */
     bool op_shown[GGML_OP_COUNT] = { false };

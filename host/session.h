@@ -46,6 +46,8 @@ struct apir_host_buffer {
 
 /* Reusable scratch for tensor import: grows, never shrinks, so the token
  * path does not allocate once warmed up. */
+struct apir_weight_copy;
+
 struct apir_import_scratch {
     struct ggml_context *ctx;
     void *ctx_mem;
@@ -144,6 +146,10 @@ struct apir_session {
     const char *deferred_error;            /* a deferred graph failed: told at the next wait */
     uint64_t buffers_epoch;                  /* bumped when a buffer is freed */
     uint64_t graph_clock;
+    /* weight_copies.c: weights laid out for the host device, by address */
+    struct apir_weight_copy **weights;
+    uint32_t n_weights, weights_cap;
+    uint64_t weight_copies_made, weight_copy_bytes_made;  /* for the profile */
     struct apir_mirror_entry mirror[APIR_MIRROR_ENTRIES];
     uint32_t mirror_next;
     /* op_policy.c: index copies of device memory */

@@ -19,8 +19,9 @@
  *   T  inline tensor: the reference guest's raw struct ggml_tensor plus the
  *      trailing items of APIR 0.1 section 3 (accepted, never followed)
  *
- * Numbers 0..22 are APIR 0.1 and never change.  23 and above are apir 0.2
- * extensions: a guest sends them only after the handshake answered minor >= 2.
+ * Numbers 0..22 are APIR 0.1 and never change.  23..34 are apir 0.2
+ * extensions, 35 and above 0.3: a guest sends them only after the handshake
+ * answered that minor or more (apir_command_minor).
  */
 #ifndef APIR_COMMANDS_H
 #define APIR_COMMANDS_H
@@ -64,7 +65,10 @@
     X(31, BACKEND_GRAPH_COMPUTE_AT,         "rqq",   "e")                 \
     X(32, BUFFER_INIT_TENSOR,               "ht",    "e")                 \
     X(33, BACKEND_GRAPH_COMPUTE_KEYED,      "rqqq",  "e")                 \
-    X(34, BACKEND_GRAPH_RECOMPUTE,          "q",     "e")
+    X(34, BACKEND_GRAPH_RECOMPUTE,          "q",     "e")                 \
+    /* apir 0.3 extensions (host/weight_copies.h) */                      \
+    X(35, BUFFER_NOTE_WEIGHT,               "ht",    "u")                 \
+    X(36, BUFFER_WRITTEN,                   "hqq",   "")
 
 enum apir_command {
 #define APIR_X_ENUM(num, name, req, rep) APIR_CMD_##name = num,
@@ -73,8 +77,15 @@ enum apir_command {
     APIR_CMD_COUNT
 };
 
-/* Commands of the reference protocol; the rest need minor >= 2. */
+/* Commands of the reference protocol; 23..34 need minor >= 2, the rest 3. */
 #define APIR_CMD_COUNT_0_1 23
+#define APIR_CMD_COUNT_0_2 35
+
+/* The protocol minor a command needs. */
+static inline uint32_t apir_command_minor(uint32_t cmd)
+{
+    return cmd < APIR_CMD_COUNT_0_1 ? 1u : cmd < APIR_CMD_COUNT_0_2 ? 2u : 3u;
+}
 
 struct apir_command_info {
     const char *name;      /* "BUFFER_SET_TENSOR" */

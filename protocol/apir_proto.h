@@ -13,9 +13,10 @@
 #include <stdint.h>
 
 #define APIR_VERSION_MAJOR 0
-/* 0.1 is the reference protocol; 0.2 adds the extension commands (23+).
- * A host answers min(guest minor, its minor), so a 0.1 guest sees 0.1. */
-#define APIR_VERSION_MINOR 2
+/* 0.1 is the reference protocol; 0.2 adds the extension commands 23..34,
+ * 0.3 the weight copies (35, 36).  A host answers min(guest minor, its
+ * minor), so a 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 3
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu
@@ -58,6 +59,13 @@ enum apir_handler_result {
     APIR_HANDLER_REPLY_FULL    = 5, /* reply does not fit the reply blob  */
     APIR_HANDLER_INVALID_INDEX = 6, /* unknown command number (0.1)       */
     APIR_HANDLER_STALE         = 7, /* RECOMPUTE of a graph not kept: send it */
+};
+
+/* BUFFER_NOTE_WEIGHT's answer (apir 0.3, host/weight_copies.h). */
+enum apir_weight_note {
+    APIR_WEIGHT_NOT_KEPT = 0,   /* no copy of this one (no layout takes it) */
+    APIR_WEIGHT_KEPT     = 1,   /* a copy is kept and used */
+    APIR_WEIGHT_NEVER    = 2,   /* the host keeps no copies: do not ask again */
 };
 
 /* LOADLIBRARY: 0 success; 1..5 hypervisor codes; 6 + host library code. */

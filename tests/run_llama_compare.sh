@@ -25,6 +25,14 @@ for _ in $(seq 1 200); do grep -q 'disconnected after' "$APIR_TEST_DIR/host.log"
 graphs=$(grep -o 'disconnected after [0-9]* commands ([0-9]* graphs' "$APIR_TEST_DIR/host.log" | grep -o '([0-9]*' | tr -d '(' | sort -n | tail -1)
 echo "host computed ${graphs:-0} graphs for the APIR0 run"
 [ "${graphs:-0}" -ge 24 ] || { echo "FAIL: the host computed too few graphs"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+# APIR_EXPECT_WEIGHT_COPIES=1: the host must have computed with weight copies
+# in its CPU's own layout (host/weight_copies.h).
+if [ -n "${APIR_EXPECT_WEIGHT_COPIES:-}" ]; then
+  for _ in $(seq 1 200); do grep -q 'weight copies kept' "$APIR_TEST_DIR/host.log" && break; sleep 0.01; done
+  grep -q 'weight copies kept' "$APIR_TEST_DIR/host.log" ||
+    { echo "FAIL: the host kept no weight copies"; grep -i weight "$APIR_TEST_DIR/host.log"; exit 1; }
+  grep -o '[0-9]* weight copies kept.*' "$APIR_TEST_DIR/host.log" | head -1
+fi
 if [ -n "${APIR_EXPECT_COMMAND:-}" ]; then
   grep -q "apir profile APIR0: $APIR_EXPECT_COMMAND " "$work/apir.err" ||
     { echo "FAIL: the APIR0 run never used $APIR_EXPECT_COMMAND"; grep 'apir profile' "$work/apir.err"; exit 1; }

@@ -8,11 +8,14 @@
 #include "ggml.h"
 #include "ggml-impl.h"
 #include "host.h"
+#include "import.h"
 #include "session.h"
 #include "test_records.h"
 #include "test_util.h"
 
+#include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DATA_RES 10u
@@ -826,6 +829,127 @@ static void test_index_policy(void)
     apir_session_free(s);
 }
 
+/* Weight copies (host/weight_copies.h): a Q4_0 matrix noted whole is kept
+ * in the CPU's repacked layout and MUL_MAT reads it there; every write to
+ * its bytes, seen or reported, drops the copy. */
+#define WQ_K 256
+#define WQ_N 16
+static struct apir_tensor_rec q4_0_rec(uint64_t id, uint64_t buffer, uint64_t offset)
+{
+    struct apir_tensor_rec t = f32_rec(id, buffer, offset, WQ_K);
+    t.type = GGML_TYPE_Q4_0;
+    t.ne[1] = WQ_N;
+    t.nb[0] = ggml_type_size(GGML_TYPE_Q4_0);
+    t.nb[1] = ggml_row_size(GGML_TYPE_Q4_0, WQ_K);
+    t.nb[2] = t.nb[3] = t.nb[1] * WQ_N;
+    return t;
+}
+
+static uint32_t note_weight(struct apir_session *s, uint64_t buf, const struct apir_tensor_rec *w, uint32_t *answer)
+{
+    struct apir_decoder r;
+    *answer = 99;
+    uint32_t res = fwd(s, APIR_CMD_BUFFER_NOTE_WEIGHT, &r, buf, w, answer);
+    apir_demarshal(&r, "u", answer);
+    return res;
+}
+
+static void mul_mat(struct apir_session *s, uint64_t buf, const struct apir_tensor_rec t[3], float out[WQ_N])
+{
+    struct apir_decoder r;
+    size_t size = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &t[2].id, 1, t, 3);
+    uint32_t status = 99;
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)65536, (uint64_t)size) == APIR_HANDLER_OK);
+    apir_demarshal(&r, "e", &status);
+    CHECK(status == GGML_STATUS_SUCCESS);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)(4 * WQ_N)) == APIR_HANDLER_OK);
+    memcpy(out, data_blob, 4 * WQ_N);
+}
+
+static void test_weight_copies(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    const uint64_t wbytes = ggml_row_size(GGML_TYPE_Q4_0, WQ_K) * WQ_N;
+    struct apir_tensor_rec t[3] = { q4_0_rec(21, buf, 0), f32_rec(22, buf, 8192, WQ_K), f32_rec(23, buf, 12288, WQ_N) };
+    t[2].op = GGML_OP_MUL_MAT;
+    t[2].src[0] = 21;
+    t[2].src[1] = 22;
+    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    float wf[WQ_K * WQ_N];
+    for (int i = 0; i < WQ_K * WQ_N; i++)
+        wf[i] = (float)((i * 37) % 101 - 50) / 50.0f;
+    ggml_quantize_chunk(GGML_TYPE_Q4_0, wf, data_blob, 0, WQ_N, WQ_K, NULL);
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, wbytes) == APIR_HANDLER_OK);
+    float *x = (float *)data_blob;
+    for (int i = 0; i < WQ_K; i++)
+        x[i] = (float)(i % 7) - 3.0f;
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)(4 * WQ_K)) == APIR_HANDLER_OK);
+    float plain[WQ_N], copied[WQ_N];
+    mul_mat(s, buf, t, plain);
+
+    /* noted: kept, charged to the session, used by MUL_MAT */
+    uint64_t bytes0 = s->bytes_allocated, epoch0 = s->buffers_epoch;
+    uint32_t answer;
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
+    CHECK(s->n_weights == 1 && s->bytes_allocated >= bytes0 + wbytes && s->buffers_epoch > epoch0);
+    size_t size = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &t[2].id, 1, t, 3);
+    struct ggml_cgraph *g = apir_import_graph(s, data_blob + 65536, size, false);
+    CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer && !strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK"));
+    mul_mat(s, buf, t, copied);
+    for (int i = 0; i < WQ_N; i++)
+        CHECK(fabsf(copied[i] - plain[i]) <= 1e-2f * (1.0f + fabsf(plain[i])));
+    /* noting again replaces it */
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT && s->n_weights == 1);
+
+    /* a write the host sees: one block of row 0 */
+    memset(data_blob, 0x11, 18);
+    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)18, (uint64_t)18) == APIR_HANDLER_OK);
+    CHECK(s->n_weights == 0 && s->bytes_allocated == bytes0);
+    g = apir_import_graph(s, data_blob + 65536, size, false);
+    CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer != NULL &&
+          strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK") != 0);
+
+    /* a write the guest reports, in range and out of it */
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
+    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, (uint64_t)(1 << 16), (uint64_t)1) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, UINT64_MAX, (uint64_t)2) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, wbytes, (uint64_t)100) == APIR_HANDLER_OK && s->n_weights == 1);
+    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, wbytes - 1, (uint64_t)1) == APIR_HANDLER_OK && s->n_weights == 0);
+
+    /* a graph writing into the weight's bytes: the copy is dropped first */
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
+    struct apir_tensor_rec wr[2] = { f32_rec(22, buf, 8192, 64), f32_rec(24, buf, 64, 64) };
+    wr[1].op = GGML_OP_ADD;
+    wr[1].src[0] = wr[1].src[1] = 22;
+    size_t wsize = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &wr[1].id, 1, wr, 2);
+    CHECK(apir_import_graph(s, data_blob + 65536, wsize, false) != NULL && s->n_weights == 0);
+
+    /* memset, clear and free drop it too */
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && s->n_weights == 1);
+    CHECK(fwd(s, APIR_CMD_BUFFER_MEMSET_TENSOR, &r, buf, &t[0], 0u, (uint64_t)0, (uint64_t)1) == APIR_HANDLER_OK && s->n_weights == 0);
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && s->n_weights == 1);
+    CHECK(fwd(s, APIR_CMD_BUFFER_CLEAR, &r, buf, 0u) == APIR_HANDLER_OK && s->n_weights == 0);
+
+    /* what no layout takes, and what is not the guest's to name */
+    CHECK(note_weight(s, buf, &t[1], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_NOT_KEPT);
+    uint64_t other = alloc_buffer(s, 1 << 12);
+    CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_BAD_REQUEST);
+    struct apir_tensor_rec big = q4_0_rec(25, buf, (1 << 16) - 100);
+    CHECK(note_weight(s, buf, &big, &answer) == APIR_HANDLER_BAD_REQUEST && s->n_weights == 0);
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && s->n_weights == 1);
+    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_OK && s->n_weights == 0);
+    setenv("APIR_HOST_WEIGHT_COPIES", "0", 1);
+    CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_NEVER);
+    unsetenv("APIR_HOST_WEIGHT_COPIES");
+    /* 0.3 commands need 0.3 */
+    s->minor = 2;
+    CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_INVALID_INDEX);
+    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, other, (uint64_t)0, (uint64_t)1) == APIR_HANDLER_INVALID_INDEX);
+    apir_session_free(s);
+}
+
 static void setup(void)
 {
     struct apir_host_config cfg = { .backend_name = "CPU", .device = -1, .n_threads = 1, .backend_dir = APIR_GGML_BIN };
@@ -853,4 +977,5 @@ TEST_MAIN("dispatch",
           TEST(test_malformed),
           TEST(test_supports_op),
           TEST(test_isolation_and_limits),
-          TEST(test_index_policy))
+          TEST(test_index_policy),
+          TEST(test_weight_copies))

@@ -95,7 +95,10 @@ int apir_memfd_create(const char *name, size_t size, void **map)
         close(fd);
         return -1;
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Populated up front: on a VM, demand paging costs ~6 us per 4 KiB page
+     * (a 593 MB model copied into a fresh blob took 2.4 s faulting page by
+     * page, 0.16 s populating + 1.1 s copying). */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
         return -1;
@@ -118,7 +121,9 @@ void *apir_memfd_map_checked(int fd, size_t size, const char **why)
         *why = "blob is smaller than announced";
         return NULL;
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* The guest populated it: this only fills our page tables, at once
+     * (37 ms for 600 MB) instead of fault by fault (0.87 s). */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
         *why = "cannot map blob";
         return NULL;
