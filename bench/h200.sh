@@ -11,6 +11,8 @@
 #   bench/h200.sh check        CUDA smoke of the data paths, then 1B F16 pp2048/tg128: native, apir,
 #                              apir without queued uploads, and CUDA graphs off on either side;
 #                              per-graph host timings of one pp2048 (host log at debug)
+#   bench/h200.sh pp           where pp2048's time goes: native, apir with guest and host profiles,
+#                              apir with graphs computed before their reply
 #   bench/h200.sh diag         where apir's time goes on the 1B F16 model: native with and without
 #                              CUDA fusion, apir with guest and host profiles, per-op host profile,
 #                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
@@ -98,6 +100,28 @@ check)
   (cd .deps/bin && "${guest[@]}" ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 0 -r 2 -o md -dev APIR0 2>/dev/null | rows)
   host_down
   grep -E 'piece|warmup|update' $OUT/host-check.log | sed 's/^apir host: debug: //' | tail -24 | tee -a "$OUT/h200.log"
+  ;;
+pp)
+  # Where pp2048's time goes: native, then apir with the guest's per-command
+  # profile (APIR_PROFILE=1) and the host's (info); then apir with graphs
+  # computed before their reply (APIR_HOST_DEFER=0) for comparison.
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  sock=/tmp/apir-pp.sock
+  lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 0 -r 5 -o md)
+  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock)
+  rows() { grep -E '^\| llama' | sed 's/ \+/ /g' | tee -a "$OUT/h200.log"; }
+  log "native";  (cd .deps/bin && ./llama-bench "${lb[@]}" 2>/dev/null | rows)
+  build/apir-host --listen unix:$sock --backend CUDA --log-level info >$OUT/host-pp.log 2>&1 & hp=$!; sleep 2
+  log "apir, guest APIR_PROFILE=1"
+  (cd .deps/bin && "${guest[@]}" APIR_PROFILE=1 ./llama-bench "${lb[@]}" -dev APIR0 2>$OUT/guest-pp.err | rows)
+  grep 'apir profile' $OUT/guest-pp.err | sort -k7 -n -r | head -14 | tee -a "$OUT/h200.log"
+  kill $hp; wait $hp 2>/dev/null
+  grep -E 'profile' $OUT/host-pp.log | sed 's/^apir host: info: //' | tail -8 | tee -a "$OUT/h200.log"
+  APIR_HOST_DEFER=0 build/apir-host --listen unix:$sock --backend CUDA --log-level warn >>$OUT/host-pp.log 2>&1 & hp=$!; sleep 2
+  log "apir, host APIR_HOST_DEFER=0"
+  (cd .deps/bin && "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | rows)
+  kill $hp; wait $hp 2>/dev/null
   ;;
 diag)
   M=/tmp/models; mkdir -p $M

@@ -8,8 +8,10 @@
  * DEVICE is a ggml device name (default CPU).  A CPU-type device loads with
  * no offload device, as llama.cpp's own CPU runs do; any other gets every
  * layer.  The first load warms the page cache and is not counted.
- * APIR_LOAD_NO_EXTRA_BUFTS=1 loads without the CPU's repacked weights.  Prints
- * "load DEVICE median_ms min_ms" on stdout.
+ * APIR_LOAD_NO_EXTRA_BUFTS=1 loads without the CPU's repacked weights,
+ * APIR_LOAD_NO_MMAP=1 reads the file instead of mapping it.  Prints
+ * "load DEVICE median_ms min_ms cpu_ms" on stdout, cpu_ms being the
+ * process CPU time (user + system) of the median load.
  */
 #include "ggml-backend.h"
 #include "llama.h"
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static double now_ms(void)
@@ -24,6 +27,13 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static double cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -77,6 +87,8 @@ int main(int argc, char **argv)
     ggml_backend_dev_t devs[2] = { NULL, NULL };
     mp.devices = devs;
     mp.progress_callback = no_progress;  /* llama.cpp prints dots otherwise */
+    if (getenv("APIR_LOAD_NO_MMAP"))
+        mp.load_mode = LLAMA_LOAD_MODE_NONE;  /* read the file instead of mapping it */
     if (getenv("APIR_LOAD_NO_EXTRA_BUFTS"))
         mp.use_extra_bufts = false;      /* natively: no repacked weights */
     if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
@@ -86,23 +98,27 @@ int main(int argc, char **argv)
         mp.n_gpu_layers = 999;
         mp.split_mode = LLAMA_SPLIT_MODE_NONE;
     }
-    double *ms = calloc((size_t)rounds, sizeof(*ms));
-    if (!ms)
+    double *ms = calloc((size_t)rounds, sizeof(*ms)), *cpu = calloc((size_t)rounds, sizeof(*cpu));
+    if (!ms || !cpu)
         return 1;
     for (int i = -1; i < rounds; i++) {
-        double t0 = now_ms();
+        double t0 = now_ms(), c0 = cpu_ms();
         struct llama_model *model = llama_model_load_from_file(model_path, mp);
-        double dt = now_ms() - t0;
+        double dt = now_ms() - t0, dc = cpu_ms() - c0;
         if (!model) {
             fprintf(stderr, "apir-load-bench: loading %s on %s failed\n", model_path, dev_name);
             return 1;
         }
         llama_model_free(model);
-        if (i >= 0)
+        if (i >= 0) {
             ms[i] = dt;
+            cpu[i] = dc;
+        }
     }
     qsort(ms, (size_t)rounds, sizeof(*ms), cmp_double);
-    printf("load %s %.1f %.1f\n", dev_name, ms[rounds / 2], ms[0]);
+    qsort(cpu, (size_t)rounds, sizeof(*cpu), cmp_double);
+    printf("load %s %.1f %.1f %.1f\n", dev_name, ms[rounds / 2], ms[0], cpu[rounds / 2]);
     free(ms);
+    free(cpu);
     return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "wait.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -121,8 +122,11 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     size_t done = 0;
     while (done < size) {
         size_t chunk = size - done < r->data_size ? size - done : r->data_size;
+        uint64_t t0 = r->profile ? apir_now_ns() : 0;
         if (set)
             memcpy(r->data, (const uint8_t *)data + done, chunk);
+        if (r->profile && set)
+            r->copy_ns += apir_now_ns() - t0;
         int rc = apir_call_locked(r, set ? APIR_CMD_BUFFER_SET_TENSOR : APIR_CMD_BUFFER_GET_TENSOR, bc->handle, &rec,
                                   r->data_res_id, (uint64_t)(offset + done), (uint64_t)chunk);
         if (rc != APIR_HANDLER_OK) {
@@ -131,8 +135,14 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
                 memset((uint8_t *)data + done, 0, size - done);
             break;
         }
+        t0 = r->profile ? apir_now_ns() : 0;
         if (!set)
             memcpy((uint8_t *)data + done, r->data, chunk);
+        if (r->profile) {
+            if (!set)
+                r->copy_ns += apir_now_ns() - t0;
+            r->copy_bytes += chunk;
+        }
         done += chunk;
     }
     pthread_mutex_unlock(&r->lock);

@@ -36,6 +36,11 @@ static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props 
     props->caps.host_buffer = dev_ctx(dev)->has_host_buft;
     props->caps.buffer_from_host_ptr = false;
     props->caps.events = false;
+    /* llama.cpp reads the model file instead of mapping it for a device
+     * without this: a copy more per weight (a 2 GB model loaded in 2.5 s
+     * against 0.27 s natively on the H200).  Our set_tensor copies from any
+     * guest memory, a file mapping included. */
+    props->caps.mmap_support = true;
 }
 
 static ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char *params)
@@ -182,10 +187,10 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * crosses the connection.  A discrete GPU wrapping host memory would
      * compute over PCIe, so it keeps its own memory.  APIR_ZERO_COPY=0 turns
      * it off. */
-    bool async = false, host_buf = false, from_ptr = false, events = false;
+    bool async = false, host_buf = false, from_ptr = false, events = false, mmap_ok = false;
     const char *zc = getenv("APIR_ZERO_COPY");
     if (d->remote.t->blobs_shared && d->remote.minor >= 2 && !(zc && !strcmp(zc, "0")) &&
-        apir_call(&d->remote, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events) == APIR_HANDLER_OK)
+        apir_call(&d->remote, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events, &mmap_ok) == APIR_HANDLER_OK)
         d->zero_copy = from_ptr && (type == GGML_BACKEND_DEVICE_TYPE_CPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU);
     /* A CPU host on this machine computes on the cores the guest would spin
      * on: spinning through its graphs (APIR_SPIN_GRAPH_US) takes time from

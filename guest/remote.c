@@ -34,16 +34,21 @@ static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
     }
     uint32_t ret;
     struct apir_decoder reply;
-    /* Commands that wait for the device spin through its work; so does the
-     * first command after a keyed graph, which the host answered before
-     * computing it (host/dispatch.c). */
+    /* Commands that wait for the device spin through its work; so do those
+     * after a keyed graph, which the host answered before computing it and
+     * leaves running (host/dispatch.c). */
     bool waits_for_device = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
                             cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE ||
                             cmd == APIR_CMD_BACKEND_SYNCHRONIZE || r->host_computing;
     r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
     int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply);
-    r->host_computing = sub == 0 && (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE);
+    /* A keyed graph stays on the device until a command that is not a query
+     * or another graph or upload (apir_command_runs_beside_device). */
+    if (sub == 0 && (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE))
+        r->host_computing = true;
+    else if (sub == 0 && !apir_command_runs_beside_device(cmd))
+        r->host_computing = false;
     if (r->profile) {
         r->cmd_ns[cmd] += apir_now_ns() - t0;
         r->cmd_count[cmd]++;
@@ -191,4 +196,7 @@ void apir_remote_print_profile(const struct apir_remote *r, const char *name)
         if (r->cmd_count[c])
             fprintf(stderr, "apir profile %s: %-28s %8llu calls %10.2f ms %8.2f us each\n", name, apir_command_name((uint32_t)c),
                     (unsigned long long)r->cmd_count[c], r->cmd_ns[c] / 1e6, r->cmd_ns[c] / 1e3 / (double)r->cmd_count[c]);
+    if (r->copy_bytes)
+        fprintf(stderr, "apir profile %s: data area copies %10.1f MiB %10.2f ms %8.2f GB/s\n", name,
+                r->copy_bytes / 1048576.0, r->copy_ns / 1e6, r->copy_ns ? r->copy_bytes / (double)r->copy_ns : 0.0);
 }

@@ -31,6 +31,7 @@ struct apir_remote {
      * of the round trip) - printed at exit by the frontend. */
     bool profile;
     uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT];
+    uint64_t copy_ns, copy_bytes;  /* tensor bytes copied through the data area, guest side */
 };
 
 /* Connects, handshakes and selects a host device.  False with err set. */

@@ -139,8 +139,10 @@ HANDLER(DEVICE_GET_PROPS)
     (void)req;
     struct ggml_backend_dev_props props;
     ggml_backend_dev_get_props(cur_dev(s), &props);
-    /* Host buffers and events are host-local: not offered to the guest. */
-    ENCODE(DEVICE_GET_PROPS, 0, 0, (int)props.caps.buffer_from_host_ptr, 0);
+    /* Host buffers and events are host-local: not offered to the guest.
+     * The fifth item (mmap_support) is the pinned reference's: the spec's
+     * table has four, its guest reads five. */
+    ENCODE(DEVICE_GET_PROPS, 0, 0, (int)props.caps.buffer_from_host_ptr, 0, (int)props.caps.mmap_support);
     return APIR_HANDLER_OK;
 }
 
@@ -552,21 +554,33 @@ static struct apir_graph_slot *graph_slot_for(struct apir_session *s, uint64_t k
     return best;
 }
 
-/* Checks (op_policy.c) and computes an imported graph; the scratch it lives
- * in is s->import_sc for the duration. */
+/*
+ * Checks (op_policy.c) and computes an imported graph; the scratch it lives
+ * in is s->import_sc for the duration.
+ *
+ * A keyed graph (in_flight) is left running on the device: the host goes on
+ * to the next command at once, and answers queries - the supports_op and
+ * alloc-size questions a guest's scheduler asks about every new graph -
+ * while the device works, instead of after (on the H200 each new prompt
+ * batch's questions waited ~6 ms behind the previous batch).  Anything that
+ * is not such a query or another graph or upload on the same stream waits
+ * for it first (apir_command_runs_beside_device).  Only our guests send
+ * keyed graphs, and they know; a graph of APIR 0.1 is waited for before its
+ * reply.
+ */
 static enum ggml_status run_graph(struct apir_session *s, const char *cmd, ggml_backend_t backend,
-                                  struct ggml_cgraph *graph, uint32_t *result)
+                                  struct ggml_cgraph *graph, bool in_flight, uint32_t *result)
 {
     const char *why = NULL;
     uint64_t t0 = apir_now_ns(), segments0 = s->n_segments;
     enum ggml_status status = apir_policy_compute(s, backend, graph, &why);
+    s->compute_in_flight = backend;
+    if (!in_flight || status != GGML_STATUS_SUCCESS)
+        apir_session_settle(s);
     uint64_t dt = apir_now_ns() - t0;
     s->compute_ns += dt;
-    /* ggml_backend_graph_compute waited for its stream, queued uploads too */
-    if (status == GGML_STATUS_SUCCESS && backend == s->uploads_backend)
-        s->uploads_in_flight = 0;
-    APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us", s->name, cmd, ggml_graph_n_nodes(graph),
-               (unsigned long long)(s->n_segments - segments0), dt / 1e3);
+    APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us%s", s->name, cmd, ggml_graph_n_nodes(graph),
+               (unsigned long long)(s->n_segments - segments0), dt / 1e3, in_flight ? " (launch)" : "");
     apir_mirror_forget_written(s, graph);
     s->n_graphs++;
     if (why)
@@ -606,7 +620,7 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
                 s->deferred_cmd = APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED;
                 status = GGML_STATUS_SUCCESS;
             } else {
-                status = run_graph(s, cmd, backend, graph, &result);
+                status = run_graph(s, cmd, backend, graph, slot != NULL, &result);
             }
         } else {
             result = bad(s, cmd, apir_import_error());
@@ -670,7 +684,7 @@ HANDLER(BACKEND_GRAPH_RECOMPUTE)
     }
     uint32_t result = APIR_HANDLER_OK;
     s->import_sc = &slot->scratch;
-    enum ggml_status status = run_graph(s, "BACKEND_GRAPH_RECOMPUTE", backend, slot->graph, &result);
+    enum ggml_status status = run_graph(s, "BACKEND_GRAPH_RECOMPUTE", backend, slot->graph, true, &result);
     s->import_sc = &s->scratch;
     apir_encode_u32(reply, (uint32_t)status);
     return result;
@@ -696,20 +710,14 @@ void apir_session_run_deferred(struct apir_session *s)
     ggml_backend_t backend = apir_session_backend(s, slot->device);
     uint32_t result = APIR_HANDLER_OK;
     s->import_sc = &slot->scratch;
-    enum ggml_status status = backend ? run_graph(s, "deferred graph", backend, slot->graph, &result) : GGML_STATUS_FAILED;
+    enum ggml_status status =
+        backend ? run_graph(s, "deferred graph", backend, slot->graph, true, &result) : GGML_STATUS_FAILED;
     s->import_sc = &s->scratch;
     s->cmd_ns[s->deferred_cmd] += apir_now_ns() - t0;
     if (result != APIR_HANDLER_OK || status != GGML_STATUS_SUCCESS) {
         s->deferred_error = status == GGML_STATUS_ABORTED ? "a graph was refused while computing" : "a graph failed";
         slot->key = 0;  /* not kept: a recompute must send it again */
     }
-}
-
-static bool is_ordered_after_uploads(uint32_t cmd)
-{
-    return cmd == APIR_CMD_BUFFER_SET_TENSOR || cmd == APIR_CMD_BUFFER_SET_TENSOR_AT ||
-           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
-           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
 }
 
 static bool waits_for_results(uint32_t cmd)
@@ -808,10 +816,11 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         return APIR_HANDLER_INVALID_INDEX;
     }
     apir_session_run_deferred(s);
-    /* Queued uploads (upload_mirror.c) are ordered only with what runs on
-     * their stream: graphs, and further uploads, which see to it
-     * themselves; everything else waits for them. */
-    if (!is_ordered_after_uploads(cmd))
+    /* Queued uploads (upload_mirror.c) and a graph in flight (run_graph)
+     * are ordered only with what runs on their stream: graphs, and further
+     * uploads, which see to it themselves; queries touch no tensor memory.
+     * Everything else waits for them. */
+    if (!apir_command_runs_beside_device(cmd))
         apir_session_settle(s);
     if (s->deferred_error && waits_for_results(cmd)) {
         APIR_WARN("host", "%s: %s fails: %s before it", s->name, apir_command_name(cmd), s->deferred_error);

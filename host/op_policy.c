@@ -111,16 +111,20 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
     if (!u->idx->buffer || !u->idx->data)
         return "index tensor without memory";
     size_t nbytes = ggml_nbytes(t);
-    if (u->shadow)
-        memcpy(u->shadow->data, u->idx->data, nbytes);
     const uint8_t *base = t->data;
     const uint8_t *kept = NULL;
     if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer) && !u->late)
         kept = apir_mirror_find(s, t->buffer, t->data, nbytes);
+    /* Every other read of index memory waits for the device first: a graph
+     * left in flight (dispatch.c run_graph) may still be writing it, and
+     * queued uploads are on another stream than the read. */
+    if (!kept)
+        apir_session_settle(s);
+    if (u->shadow)
+        memcpy(u->shadow->data, u->idx->data, nbytes);
     if (kept) {
         base = kept;  /* the host copy of what the guest uploaded there */
     } else if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer)) {
-        apir_session_settle(s);  /* read from another stream than queued uploads */
         if (nbytes > s->policy_scratch_size) {
             void *p = realloc(s->policy_scratch, nbytes);
             if (!p)
@@ -237,8 +241,10 @@ static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t b
                                         int i0, int i1)
 {
     s->n_segments++;
+    /* Launched, not waited for: a piece followed by another is synchronized
+     * by the caller; the last one is left in flight (run_graph decides). */
     if (i0 == 0 && i1 == ggml_graph_n_nodes(graph))
-        return ggml_backend_graph_compute(backend, graph);
+        return ggml_backend_graph_compute_async(backend, graph);
     /* One segment graph per imported graph, in the context that holds it
      * (the import reserved room for it). */
     struct apir_import_scratch *sc = s->import_sc;
@@ -251,7 +257,7 @@ static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t b
     ggml_graph_clear(sc->segment_graph);
     for (int i = i0; i < i1; i++)
         ggml_graph_add_node(sc->segment_graph, ggml_graph_node(graph, i));
-    return ggml_backend_graph_compute(backend, sc->segment_graph);
+    return ggml_backend_graph_compute_async(backend, sc->segment_graph);
 }
 
 /* Indices computed by ARGSORT or TOP_K lie in [0, src->ne[0]) by

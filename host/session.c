@@ -209,6 +209,12 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
 
 void apir_session_settle(struct apir_session *s)
 {
+    if (s->compute_in_flight) {
+        ggml_backend_synchronize(s->compute_in_flight);
+        if (s->compute_in_flight == s->uploads_backend)
+            s->uploads_in_flight = 0;  /* they were on its stream, before the graph */
+        s->compute_in_flight = NULL;
+    }
     if (!s->uploads_in_flight)
         return;
     ggml_backend_synchronize(s->uploads_backend);

@@ -106,6 +106,9 @@ struct apir_session {
      * memory (upload_mirror.c), not yet known complete. */
     ggml_backend_t uploads_backend;
     uint32_t uploads_in_flight;
+    /* A keyed graph launched and not waited for (dispatch.c run_graph):
+     * queries are answered meanwhile; apir_session_settle waits for it. */
+    ggml_backend_t compute_in_flight;
     uint64_t buft_handles[APIR_HOST_MAX_DEVICES];
 
     struct apir_blob *blobs;
@@ -182,8 +185,8 @@ void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
  * on while the device works.  apir_session_forward calls it too, first. */
 void apir_session_run_deferred(struct apir_session *s);
 
-/* Waits for queued uploads: before anything that may reach the same memory
- * other than through the stream they are on. */
+/* Waits for queued uploads and a graph in flight: before anything that may
+ * reach the same memory other than through the stream they are on. */
 void apir_session_settle(struct apir_session *s);
 
 /* The session's backend stream for a device, created on first use. */

@@ -636,7 +636,7 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
         /* So none is offered: the reference guest allocates every buffer
          * with DEVICE_BUFFER_FROM_PTR when the host says it could.  Host
          * buffers and events are host-local anyway.  The fifth item is the
-         * pinned reference's mmap_support (our guest reads four). */
+         * pinned reference's mmap_support. */
         struct apir_encoder reply;
         apir_encoder_init(&reply, reply_cur, (size_t)(reply_end - reply_cur));
         apir_marshal(&reply, "bbbbb", 0, 0, 0, 0, 0);

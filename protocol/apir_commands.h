@@ -26,6 +26,7 @@
 #ifndef APIR_COMMANDS_H
 #define APIR_COMMANDS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /*  X(number, NAME,                         request, reply) */
@@ -38,7 +39,7 @@
     X( 5, DEVICE_GET_MEMORY,                "",      "qq")                \
     X( 6, DEVICE_SUPPORTS_OP,               "T",     "b")                 \
     X( 7, DEVICE_GET_BUFFER_TYPE,           "",      "h")                 \
-    X( 8, DEVICE_GET_PROPS,                 "",      "bbbb")              \
+    X( 8, DEVICE_GET_PROPS,                 "",      "bbbbb")             \
     X( 9, DEVICE_BUFFER_FROM_PTR,           "rqq",   "hh")                \
     X(10, BUFFER_TYPE_GET_NAME,             "h",     "s")                 \
     X(11, BUFFER_TYPE_GET_ALIGNMENT,        "h",     "q")                 \
@@ -92,6 +93,32 @@ struct apir_command_info {
     const char *request;   /* signature of the request items */
     const char *reply;     /* signature of the reply items */
 };
+
+/*
+ * Commands a host runs while a graph or upload it queued may still be on the
+ * device: queries, which touch no tensor memory, and graphs and uploads,
+ * which go on the device's stream in order (an upload that cannot waits
+ * itself).  Before anything else the host waits for the device.  A guest
+ * therefore counts the host as still computing across these commands and
+ * synchronizes before it reads shared memory a graph may be writing.
+ */
+static inline bool apir_command_runs_beside_device(uint32_t cmd)
+{
+    switch (cmd) {
+    case APIR_CMD_DEVICE_GET_DEVICE_COUNT: case APIR_CMD_DEVICE_GET_COUNT: case APIR_CMD_DEVICE_GET_NAME:
+    case APIR_CMD_DEVICE_GET_DESCRIPTION: case APIR_CMD_DEVICE_GET_TYPE: case APIR_CMD_DEVICE_GET_MEMORY:
+    case APIR_CMD_DEVICE_SUPPORTS_OP: case APIR_CMD_DEVICE_GET_BUFFER_TYPE: case APIR_CMD_DEVICE_GET_PROPS:
+    case APIR_CMD_BUFFER_TYPE_GET_NAME: case APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT: case APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE:
+    case APIR_CMD_BUFFER_TYPE_IS_HOST: case APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE: case APIR_CMD_BUFFER_GET_BASE:
+    case APIR_CMD_DEVICE_SUPPORTS_OP_L: case APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L: case APIR_CMD_DEVICE_OFFLOAD_OP_L:
+    case APIR_CMD_BUFFER_SET_TENSOR: case APIR_CMD_BUFFER_SET_TENSOR_AT:
+    case APIR_CMD_BACKEND_GRAPH_COMPUTE: case APIR_CMD_BACKEND_GRAPH_COMPUTE_AT:
+    case APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED: case APIR_CMD_BACKEND_GRAPH_RECOMPUTE:
+        return true;
+    default:
+        return false;
+    }
+}
 
 /* Indexed by command number; NULL name for a number that is not a command. */
 extern const struct apir_command_info apir_command_table[APIR_CMD_COUNT];

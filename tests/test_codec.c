@@ -594,7 +594,7 @@ static const struct {
     { "DEVICE_GET_NAME", "", "s" },             { "DEVICE_GET_DESCRIPTION", "", "s" },
     { "DEVICE_GET_TYPE", "", "e" },             { "DEVICE_GET_MEMORY", "", "qq" },
     { "DEVICE_SUPPORTS_OP", "T", "b" },         { "DEVICE_GET_BUFFER_TYPE", "", "h" },
-    { "DEVICE_GET_PROPS", "", "bbbb" },         { "DEVICE_BUFFER_FROM_PTR", "rqq", "hh" },
+    { "DEVICE_GET_PROPS", "", "bbbbb" },         { "DEVICE_BUFFER_FROM_PTR", "rqq", "hh" },
     { "BUFFER_TYPE_GET_NAME", "h", "s" },       { "BUFFER_TYPE_GET_ALIGNMENT", "h", "q" },
     { "BUFFER_TYPE_GET_MAX_SIZE", "h", "q" },   { "BUFFER_TYPE_IS_HOST", "h", "b" },
     { "BUFFER_TYPE_ALLOC_BUFFER", "hq", "h" },  { "BUFFER_TYPE_GET_ALLOC_SIZE", "hT", "q" },
@@ -643,6 +643,22 @@ static void test_command_table_extensions(void)
         CHECK(strcmp(apir_command_name(i), c->name) == 0);
     }
     CHECK(APIR_CMD_DEVICE_SELECT == APIR_CMD_COUNT_0_1);
+    CHECK(APIR_CMD_BUFFER_NOTE_WEIGHT == APIR_CMD_COUNT_0_2);
+    CHECK(apir_command_minor(APIR_CMD_BACKEND_GRAPH_COMPUTE) == 1 && apir_command_minor(APIR_CMD_DEVICE_SELECT) == 2 &&
+          apir_command_minor(APIR_CMD_BACKEND_GRAPH_RECOMPUTE) == 2 && apir_command_minor(APIR_CMD_BUFFER_WRITTEN) == 3);
+    /* What may run while a graph is on the device: queries, graphs, uploads;
+     * never a read, a synchronize, or anything freeing or writing memory
+     * outside the stream. */
+    const uint32_t beside[] = { APIR_CMD_DEVICE_SUPPORTS_OP_L, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, APIR_CMD_DEVICE_GET_MEMORY,
+                                APIR_CMD_BUFFER_SET_TENSOR_AT, APIR_CMD_BACKEND_GRAPH_RECOMPUTE };
+    const uint32_t waits[] = { APIR_CMD_BUFFER_GET_TENSOR, APIR_CMD_BUFFER_GET_TENSOR_AT, APIR_CMD_BACKEND_SYNCHRONIZE,
+                               APIR_CMD_BUFFER_FREE_BUFFER, APIR_CMD_BUFFER_CLEAR, APIR_CMD_BUFFER_MEMSET_TENSOR,
+                               APIR_CMD_BUFFER_CPY_TENSOR, APIR_CMD_BUFFER_INIT_TENSOR, APIR_CMD_DEVICE_SELECT,
+                               APIR_CMD_BUFFER_NOTE_WEIGHT, APIR_CMD_BUFFER_WRITTEN, APIR_CMD_COUNT };
+    for (size_t i = 0; i < sizeof(beside) / sizeof(beside[0]); i++)
+        CHECK_MSG(apir_command_runs_beside_device(beside[i]), "%s should run beside the device", apir_command_name(beside[i]));
+    for (size_t i = 0; i < sizeof(waits) / sizeof(waits[0]); i++)
+        CHECK_MSG(!apir_command_runs_beside_device(waits[i]), "%s must wait for the device", apir_command_name(waits[i]));
 }
 
 /* ---- every command: marshal, demarshal, truncate ------------------------------ */

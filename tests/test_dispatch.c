@@ -136,9 +136,10 @@ static void test_device_commands(void)
     uint64_t free_mem = 0, total = 0;
     CHECK(fwd(s, APIR_CMD_DEVICE_GET_MEMORY, &r) == APIR_HANDLER_OK);
     CHECK(apir_demarshal(&r, "qq", &free_mem, &total) && total > 0 && free_mem <= total);
-    bool a = true, hb = true, fp = false, ev = true;
+    bool a = true, hb = true, fp = false, ev = true, mm = false;
     CHECK(fwd(s, APIR_CMD_DEVICE_GET_PROPS, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "bbbb", &a, &hb, &fp, &ev) && !a && !hb && fp && !ev);
+    CHECK(apir_demarshal(&r, "bbbbb", &a, &hb, &fp, &ev, &mm) && !a && !hb && fp && !ev && mm);
+    CHECK(apir_decoder_left(&r) == 0);  /* five items, as the pinned reference reads */
     CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)0) == APIR_HANDLER_OK);
     CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)1) == APIR_HANDLER_BAD_REQUEST);
     CHECK(fwd(s, APIR_CMD_BACKEND_SYNCHRONIZE, &r) == APIR_HANDLER_OK);
@@ -729,6 +730,39 @@ static void test_deferred_graphs(void)
     apir_session_free(s);
 }
 
+/* A keyed graph is left in flight: queries and graphs do not wait for it,
+ * anything touching memory does (apir_command_runs_beside_device). */
+static void test_graph_in_flight(void)
+{
+    struct apir_session *s = new_session();
+    struct apir_decoder r;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[3];
+    get_rows_setup(s, buf, t);
+    int32_t ids[2] = { 7, 1 };
+    memcpy(data_blob, ids, 8);
+    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+    size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, &r, DATA_RES, (uint64_t)8192, (uint64_t)size, (uint64_t)77) ==
+          APIR_HANDLER_OK);
+    CHECK(s->compute_in_flight != NULL);
+    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, (const struct apir_tensor_rec *)t) == APIR_HANDLER_OK);
+    CHECK(fwd(s, APIR_CMD_DEVICE_GET_MEMORY, &r) == APIR_HANDLER_OK);
+    CHECK(s->compute_in_flight != NULL);  /* queries ran beside it */
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, &r, (uint64_t)77) == APIR_HANDLER_OK && s->compute_in_flight != NULL);
+    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32) == APIR_HANDLER_OK);
+    CHECK(s->compute_in_flight == NULL);  /* a read waited for it */
+    CHECK(((float *)data_blob)[0] == 28.0f);
+    /* a graph of APIR 0.1 is waited for before its reply */
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)8192, (uint64_t)size) == APIR_HANDLER_OK);
+    CHECK(s->compute_in_flight == NULL);
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, &r, (uint64_t)77) == APIR_HANDLER_OK && s->compute_in_flight != NULL);
+    CHECK(fwd(s, APIR_CMD_BUFFER_CLEAR, &r, buf, 0u) == APIR_HANDLER_OK && s->compute_in_flight == NULL);
+    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, &r, (uint64_t)77) == APIR_HANDLER_OK && s->compute_in_flight != NULL);
+    CHECK(fwd(s, APIR_CMD_BACKEND_SYNCHRONIZE, &r) == APIR_HANDLER_OK && s->compute_in_flight == NULL);
+    apir_session_free(s);
+}
+
 /* GET_ROWS / SET_ROWS row indices (ggml-rpc #26825, #26912): validated
  * values, never a host abort or an out-of-bounds access. */
 static void test_index_policy(void)
@@ -973,6 +1007,7 @@ TEST_MAIN("dispatch",
           TEST(test_graph_compute),
           TEST(test_graph_use_counts),
           TEST(test_deferred_graphs),
+          TEST(test_graph_in_flight),
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),

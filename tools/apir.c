@@ -95,12 +95,12 @@ static int cmd_info(const char *endpoint)
         char name[128] = "", desc[256] = "", buft_name[128] = "";
         uint32_t type = 0;
         uint64_t free_mem = 0, total = 0, buft = 0, align = 0, max_size = 0;
-        bool async = false, host_buf = false, from_ptr = false, events = false;
+        bool async = false, host_buf = false, from_ptr = false, events = false, mmap_ok = false;
         apir_call(&r, APIR_CMD_DEVICE_GET_NAME, name, sizeof(name));
         apir_call(&r, APIR_CMD_DEVICE_GET_DESCRIPTION, desc, sizeof(desc));
         apir_call(&r, APIR_CMD_DEVICE_GET_TYPE, &type);
         apir_call(&r, APIR_CMD_DEVICE_GET_MEMORY, &free_mem, &total);
-        apir_call(&r, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events);
+        apir_call(&r, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events, &mmap_ok);
         apir_call(&r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &buft);
         apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_NAME, buft, buft_name, sizeof(buft_name));
         apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, buft, &align);
