@@ -597,6 +597,9 @@ static uint32_t graph_compute(struct apir_session *s, const char *cmd, uint32_t 
     const uint8_t *blob = apir_session_blob_range(s, res_id, offset, size);
     struct apir_graph_slot *slot = key ? graph_slot_for(s, key) : NULL;
     if (slot) {
+        /* Its tensors may be those of the graph still in flight. */
+        if (slot->key)
+            apir_session_settle(s);
         slot->key = 0;  /* until this import succeeds */
         s->import_sc = &slot->scratch;
     }
