@@ -10,7 +10,8 @@
  *     unsealed or short memfds, pipes, too few or too many fds);
  *   - if accepted, commands written into the control blob with true or lying
  *     lengths, fd messages with right or wrong tags, SHM_BLOB_CREATE with
- *     lying sizes, replies aimed at any res_id.
+ *     lying sizes, SHM_BLOB_FILE (refused: this server has no worker
+ *     processes), replies aimed at any res_id.
  * Oracles: the host accepts a hello or a blob only when its fds are sealed
  * memfds at least as large as announced (else a guest could truncate them
  * and the host would fault); every command is answered or the guest is hung
@@ -349,6 +350,26 @@ static bool submit(struct guest *g, uint32_t cmd_len, uint32_t *ret)
 }
 
 /*
+ * A SHM_BLOB_FILE in the command area (apir 0.3): like SHM_BLOB_CREATE the
+ * host reads the oldest fd message once the request decoded.  This server
+ * serves its guests in threads of one process, so it must refuse every file
+ * blob (a guest shrinking its file would fault the whole host).
+ */
+static bool blob_file(struct guest *g, uint32_t cmd_len)
+{
+    bool reads_fd = cmd_len >= APIR_CMD_HEADER_SIZE + 28 && cmd_len <= APIR_SHM_CMD_AREA;
+    if (reads_fd && g->pending_head == g->pending_tail && !send_fd_msg(g, FD_GOOD, false, 4096))
+        return false;
+    if (reads_fd)
+        g->pending_head++;
+    uint32_t ret;
+    if (!submit(g, cmd_len, &ret))
+        return false;
+    FZ_ASSERT(ret != 0, "a file blob was accepted by a server without process isolation");
+    return true;
+}
+
+/*
  * A SHM_BLOB_CREATE in the command area: the host decodes res_id and size,
  * then (only if that decoded) reads the oldest fd message.  Sends a good fd
  * message first when none is pending, so the host never waits 2 s for one.
@@ -465,6 +486,8 @@ static void run_guest(struct fz_reader *r)
             bool framed = cmd_len >= APIR_CMD_HEADER_SIZE && cmd_len <= APIR_SHM_CMD_AREA;
             if (framed && type == APIR_CMD_TYPE_SHM_BLOB_CREATE)
                 alive = blob_create(&g, cmd_len);
+            else if (framed && type == APIR_CMD_TYPE_SHM_BLOB_FILE)
+                alive = blob_file(&g, cmd_len);
             else
                 alive = submit(&g, cmd_len, &ret);
             break;

@@ -605,6 +605,19 @@ static void seeds_shm(void)
     shm_blob(&w, 0x10, 8, 4096);  /* a wrong tag: the host hangs up, so last */
     write_writer("fuzz_shm_frame", "blobs", &w);
 
+    /* apir 0.3 file blobs: with an fd message ahead, without one, and lying
+     * ranges; this server runs its guests in threads and refuses them all. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    shm_hello(&w, 0x02);
+    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 3u);
+    fz_put_le(&w, 2, 1);
+    fz_put_le(&w, 0, 2);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uqqq", 11u, (uint64_t)0, (uint64_t)64, (uint64_t)0);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uqqq", 12u, (uint64_t)4096, (uint64_t)1 << 40, (uint64_t)64);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uq", 13u, (uint64_t)1);
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_NAME, R, "");
+    write_writer("fuzz_shm_frame", "file-blobs", &w);
+
     /* Framing: a lying cmd_len, a short header, an unknown reply blob. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
     shm_hello(&w, 0x02);

@@ -91,10 +91,14 @@ struct apir_buffer_ctx {
     size_t mapped_size;
     uint32_t res_id;
     bool has_weight_copies; /* the host keeps copies of weights in it (apir 0.3) */
+    bool prefilled;         /* from a host pointer: the bytes are there before init_tensor */
+    bool file_backed;       /* mapped is the program's own file mapping: read-only, not ours */
 };
 
 /* frontend_buffer.c */
 void apir_buft_setup(struct apir_device *d);
+/* The device's buffer_from_host_ptr (a model file llama.cpp mapped). */
+ggml_backend_buffer_t apir_buffer_from_host_ptr(ggml_backend_dev_t dev, void *ptr, size_t size, size_t max_tensor_size);
 bool apir_buffer_is_ours(ggml_backend_buffer_t buffer);
 
 /* frontend_host_buffer.c */

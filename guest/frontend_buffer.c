@@ -8,8 +8,13 @@
 #include "apir_proto.h"
 #include "wait.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 static const char *buft_get_name(ggml_backend_buffer_type_t buft)
 {
@@ -54,7 +59,7 @@ static void buffer_free(ggml_backend_buffer_t buffer)
     apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
     if (bc->mapped) {
         pthread_mutex_lock(&r->lock);
-        r->t->ops->blob_destroy(r->t, bc->res_id, bc->mapped, bc->mapped_size);
+        r->t->ops->blob_destroy(r->t, bc->res_id, bc->file_backed ? NULL : bc->mapped, bc->mapped_size);
         pthread_mutex_unlock(&r->lock);
     }
     free(bc);
@@ -71,7 +76,10 @@ static void *buffer_get_base(ggml_backend_buffer_t buffer)
     return (void *)(uintptr_t)((struct apir_buffer_ctx *)buffer->context)->base;
 }
 
-static enum ggml_status buffer_init_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor)
+static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, size_t offset, size_t size,
+                        bool set);
+
+static enum ggml_status init_remote(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor)
 {
     struct apir_buffer_ctx *bc = buffer->context;
     /* Only quantized weights may need their padding initialized (CUDA does). */
@@ -87,12 +95,27 @@ static enum ggml_status buffer_init_tensor(ggml_backend_buffer_t buffer, struct 
     return (enum ggml_status)status;
 }
 
+static enum ggml_status buffer_init_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor)
+{
+    struct apir_buffer_ctx *bc = buffer->context;
+    enum ggml_status st = init_remote(buffer, tensor);
+    /* A weight in a buffer made from the program's memory is complete now
+     * (llama.cpp places it in its mapped model file): as if just written. */
+    if (st == GGML_STATUS_SUCCESS && bc->prefilled && !tensor->view_src)
+        after_write(buffer, tensor, 0, ggml_nbytes(tensor), true);
+    return st;
+}
+
 /* Copies in chunks of the data area: SET or GET, data guest-side. */
 static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data, size_t offset,
                       size_t size)
 {
     struct apir_buffer_ctx *bc = buffer->context;
     struct apir_remote *r = &bc->device->remote;
+    if (set && bc->file_backed) {
+        APIR_ERROR("guest", "set_tensor of '%s': the buffer is a read-only file mapping", tensor->name);
+        return;
+    }
     if (bc->mapped) {
         /* The buffer is shared memory: a plain copy, as the CPU backend does. */
         apir_remote_wait_idle(r);
@@ -200,6 +223,10 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
                                  size_t size)
 {
     struct apir_buffer_ctx *bc = buffer->context;
+    if (bc->file_backed) {
+        APIR_ERROR("guest", "memset_tensor of '%s': the buffer is a read-only file mapping", tensor->name);
+        return;
+    }
     if (bc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memset(mapped_at(bc, tensor, offset), value, size);
@@ -231,6 +258,8 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
         ((struct apir_buffer_ctx *)src->buffer->context)->device != bc->device)
         return false;
     const struct apir_buffer_ctx *sbc = src->buffer->context;
+    if (bc->file_backed)
+        return false;  /* read-only: ggml's fallback fails the same way a CPU mapping would */
     if (bc->mapped && sbc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memcpy(mapped_at(bc, dst, 0), mapped_at(sbc, src, 0), ggml_nbytes(src));
@@ -249,6 +278,10 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
 static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
 {
     struct apir_buffer_ctx *bc = buffer->context;
+    if (bc->file_backed) {
+        APIR_ERROR("guest", "clear: the buffer is a read-only file mapping");
+        return;
+    }
     if (bc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memset(bc->mapped, value, buffer->size);
@@ -312,6 +345,109 @@ static ggml_backend_buffer_t alloc_zero_copy(ggml_backend_buffer_type_t buft, st
     bc->res_id = res_id;
     bc->base = (uint64_t)(uintptr_t)ptr;
     return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
+}
+
+/* The file mapping [ptr, ptr + size) lies in, from /proc/self/maps: a new
+ * descriptor of that file (device and inode checked against the mapping's)
+ * and ptr's offset in it; -1 when the range is not inside one file mapping. */
+static int file_of_mapping(const void *ptr, size_t size, uint64_t *file_offset)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return -1;
+    char line[4096 + 256];
+    int fd = -1;
+    const uintptr_t p = (uintptr_t)ptr;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long start, end, off, inode;
+        unsigned maj, min;
+        char perms[8];
+        int path_at = 0;
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %n", &start, &end, perms, &off, &maj, &min, &inode, &path_at) < 7)
+            continue;
+        if (p < start || p >= end)
+            continue;
+        if (size > end - p || inode == 0 || path_at == 0 || line[path_at] != '/')
+            break;
+        char *path = line + path_at;
+        path[strcspn(path, "\n")] = '\0';
+        int cand = open(path, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (cand >= 0 && fstat(cand, &st) == 0 && S_ISREG(st.st_mode) && st.st_ino == (ino_t)inode &&
+            major(st.st_dev) == maj && minor(st.st_dev) == min) {
+            fd = cand;
+            *file_offset = off + (p - start);
+        } else if (cand >= 0) {
+            close(cand);
+        }
+        break;
+    }
+    fclose(f);
+    return fd;
+}
+
+/*
+ * caps.buffer_from_host_ptr: llama.cpp maps the model file and hands a
+ * device that can wrap host memory the mapped range instead of copying the
+ * weights in.  On the same machine the host maps the same file (its
+ * descriptor crosses the socket): the weights are never copied, the page
+ * cache is shared.  Where that cannot be (not a file mapping, a host
+ * without process isolation or older than 0.3), the range is copied into a
+ * shared blob once.  Either way the tensors keep their addresses in the
+ * program's mapping (the buffer's base), and their bytes are there before
+ * init_tensor, which notes the weights (weight copies, apir 0.3).
+ */
+ggml_backend_buffer_t apir_buffer_from_host_ptr(ggml_backend_dev_t dev, void *ptr, size_t size, size_t max_tensor_size)
+{
+    (void)max_tensor_size;
+    struct apir_device *d = dev->context;
+    struct apir_remote *r = &d->remote;
+    uint64_t foff = 0;
+    int fd = r->t->ops->blob_share_file && r->minor >= 3 && size ? file_of_mapping(ptr, size, &foff) : -1;
+    if (fd >= 0) {
+        const uint64_t skip = foff % (uint64_t)sysconf(_SC_PAGESIZE);
+        uint32_t res_id = 0;
+        uint64_t handle = 0, buft_handle = 0;
+        pthread_mutex_lock(&r->lock);
+        int rc = r->t->ops->blob_share_file(r->t, fd, foff - skip, size + skip, skip, &res_id);
+        if (rc == 0) {
+            rc = apir_call_locked(r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)size, (uint64_t)size, &handle,
+                                  &buft_handle);
+            if (rc != APIR_HANDLER_OK)
+                r->t->ops->blob_destroy(r->t, res_id, NULL, size);
+        }
+        pthread_mutex_unlock(&r->lock);
+        close(fd);
+        struct apir_buffer_ctx *bc = rc == 0 ? calloc(1, sizeof(*bc)) : NULL;
+        if (bc) {
+            bc->device = d;
+            bc->handle = handle;
+            bc->mapped = ptr;
+            bc->mapped_size = size;
+            bc->res_id = res_id;
+            bc->base = (uint64_t)(uintptr_t)ptr;
+            bc->prefilled = true;
+            bc->file_backed = true;
+            APIR_INFO("guest", "%s: %.1f MiB of a mapped file shared with the host, not copied", d->name,
+                      size / 1048576.0);
+            return ggml_backend_buffer_init(&d->buft, apir_buffer_iface, bc, size);
+        }
+        if (rc == 0) {
+            apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, handle);
+            pthread_mutex_lock(&r->lock);
+            r->t->ops->blob_destroy(r->t, res_id, NULL, size);
+            pthread_mutex_unlock(&r->lock);
+        }
+        APIR_DEBUG("guest", "%s: the host did not map the file: copying %zu bytes", d->name, size);
+    }
+    ggml_backend_buffer_t buf = alloc_zero_copy(&d->buft, d, size);
+    if (!buf)
+        return NULL;
+    struct apir_buffer_ctx *bc = buf->context;
+    memcpy(bc->mapped, ptr, size);
+    bc->base = (uint64_t)(uintptr_t)ptr;
+    bc->prefilled = true;
+    return buf;
 }
 
 static ggml_backend_buffer_t buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size)

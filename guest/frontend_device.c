@@ -34,7 +34,10 @@ static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props 
     dev_get_memory(dev, &props->memory_free, &props->memory_total);
     props->caps.async = false;
     props->caps.host_buffer = dev_ctx(dev)->has_host_buft;
-    props->caps.buffer_from_host_ptr = false;
+    /* Zero copy only: the host then computes in host memory anyway (a CPU,
+     * an integrated GPU), so weights in the program's own file mapping are
+     * where they should be (apir_buffer_from_host_ptr). */
+    props->caps.buffer_from_host_ptr = dev_ctx(dev)->zero_copy;
     props->caps.events = false;
     /* llama.cpp reads the model file instead of mapping it for a device
      * without this: a copy more per weight (a 2 GB model loaded in 2.5 s
@@ -161,7 +164,7 @@ static const struct ggml_backend_device_i apir_device_iface = {
     .init_backend = dev_init_backend,
     .get_buffer_type = dev_get_buffer_type,
     .get_host_buffer_type = dev_get_host_buffer_type,
-    .buffer_from_host_ptr = NULL,
+    .buffer_from_host_ptr = apir_buffer_from_host_ptr,
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
     .offload_op = dev_offload_op,

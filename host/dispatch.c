@@ -188,6 +188,11 @@ HANDLER(DEVICE_BUFFER_FROM_PTR)
     struct apir_blob *blob = apir_session_blob_find(s, res_id);
     if (!blob || blob->size == SIZE_MAX || size == 0 || size > blob->size || size >= MAX_BUFFER_SIZE)
         return bad(s, "DEVICE_BUFFER_FROM_PTR", "blob unknown or smaller than the buffer");
+    /* Backends assert their buffers' alignment (the CPU's: 32 bytes); a
+     * file blob starts where the guest says in its first page. */
+    size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(cur_dev(s)));
+    if (align && (uintptr_t)blob->ptr % align != 0)
+        return bad(s, "DEVICE_BUFFER_FROM_PTR", "blob not aligned for the device's buffers");
     if (!buffer_quota_ok(s, size))
         return APIR_HANDLER_LIMIT;
     ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(cur_dev(s), blob->ptr, (size_t)size, (size_t)max_tensor_size);

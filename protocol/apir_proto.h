@@ -32,6 +32,9 @@ enum apir_cmd_type {
      * command stream as the backend commands (never part of APIR 0.1). */
     APIR_CMD_TYPE_SHM_BLOB_CREATE  = 100,
     APIR_CMD_TYPE_SHM_BLOB_DESTROY = 101,
+    /* A range of a file the guest has mapped (a model), shared without a
+     * copy: the host maps the same file (apir 0.3, transport/shm_server.c). */
+    APIR_CMD_TYPE_SHM_BLOB_FILE    = 102,
 };
 
 /* Offset added to every command type on the Venus capset (id 4). */

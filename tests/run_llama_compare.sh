@@ -10,7 +10,8 @@ APIR_BUILD=$1 APIR_DEPS_BIN=$2; shift 2
 trap 'apir_host_stop; rm -rf "$work"' EXIT
 work=$(mktemp -d)
 "$APIR_BUILD/apir-gguf-gen" -o "$work/model.gguf" --size tiny "$@" >/dev/null || exit 1
-APIR_HOST_LOG=info apir_host_start --threads 2 || exit 1
+# APIR_HOST_ARGS: more apir-host options (e.g. --isolation thread)
+APIR_HOST_LOG=info apir_host_start --threads 2 ${APIR_HOST_ARGS:-} || exit 1
 greedy="$APIR_BUILD/tests/apir-llama-greedy"
 "$greedy" -m "$work/model.gguf" -d CPU -n 24 -t 2 --dump-logits "$work/cpu.bin" >"$work/cpu.out" 2>"$work/cpu.err" \
   || { cat "$work/cpu.err"; exit 1; }
@@ -25,6 +26,19 @@ for _ in $(seq 1 200); do grep -q 'disconnected after' "$APIR_TEST_DIR/host.log"
 graphs=$(grep -o 'disconnected after [0-9]* commands ([0-9]* graphs' "$APIR_TEST_DIR/host.log" | grep -o '([0-9]*' | tr -d '(' | sort -n | tail -1)
 echo "host computed ${graphs:-0} graphs for the APIR0 run"
 [ "${graphs:-0}" -ge 24 ] || { echo "FAIL: the host computed too few graphs"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+# APIR_EXPECT_FILE_BLOB=1|0: the weights must (1) or must not (0) have reached
+# the host as the model file itself, mapped on both sides (no copy).
+if [ -n "${APIR_EXPECT_FILE_BLOB:-}" ]; then
+  shared=$(grep -c 'shared without a copy' "$APIR_TEST_DIR/host.log")
+  echo "file ranges shared with the host: $shared"
+  if [ "$APIR_EXPECT_FILE_BLOB" = 1 ] && [ "$shared" -lt 1 ]; then
+    echo "FAIL: the model file was not shared"; grep -i 'blob' "$APIR_TEST_DIR/host.log"; exit 1
+  fi
+  if [ "$APIR_EXPECT_FILE_BLOB" = 0 ]; then
+    [ "$shared" -eq 0 ] || { echo "FAIL: a file was shared"; exit 1; }
+    grep -q 'file blob .* refused' "$APIR_TEST_DIR/host.log" || { echo "FAIL: no file blob was refused"; exit 1; }
+  fi
+fi
 # APIR_EXPECT_WEIGHT_COPIES=1: the host must have computed with weight copies
 # in its CPU's own layout (host/weight_copies.h).
 if [ -n "${APIR_EXPECT_WEIGHT_COPIES:-}" ]; then

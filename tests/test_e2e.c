@@ -13,6 +13,7 @@
 #include "wait.h"
 
 #include <dirent.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -137,6 +138,62 @@ static void test_handshake_and_commands(void)
     CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
     CHECK(r.data[0] == 0 && r.data[1] == 1 && r.data[3999] == (uint8_t)3999);
     CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
+    apir_remote_close(&r);
+}
+
+/* A range of a file shared as a blob (SHM_BLOB_FILE): the host reads the
+ * file's bytes through it; bad ranges, non-files, and a host serving every
+ * guest in one process are refused. */
+static void test_file_blob(void)
+{
+    struct apir_remote r;
+    CHECK(open_remote(&r));
+    char path[] = "/tmp/apir-e2e-file-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    uint8_t bytes[3 * 4096];
+    for (size_t i = 0; i < sizeof(bytes); i++)
+        bytes[i] = (uint8_t)(i * 7);
+    CHECK(write(fd, bytes, sizeof(bytes)) == (ssize_t)sizeof(bytes));
+    unlink(path);
+    uint32_t res_id = 0;
+    /* the blob is [4096 + 64, 4096 + 8192) of the file */
+    int rc = r.t->ops->blob_share_file(r.t, fd, 4096, 8192, 64, &res_id);
+    if (!strcmp(isolation, "thread")) {
+        CHECK(rc == -1);  /* every guest in one process: never a file */
+    } else {
+        CHECK(rc == 0 && res_id != 0);
+        uint64_t buf = 0, buft = 0;
+        CHECK(apir_call(&r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)(8192 - 64), (uint64_t)(8192 - 64), &buf,
+                        &buft) == APIR_HANDLER_OK && buf != 0);
+        struct apir_tensor_rec t = rec_f32(buf, 0, 1000);
+        memset(r.data, 0, 4000);
+        CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
+        CHECK(memcmp(r.data, bytes + 4096 + 64, 4000) == 0);
+        /* the host's writes stay its own: the file is unchanged */
+        CHECK(apir_call(&r, APIR_CMD_BUFFER_CLEAR, buf, 0x55u) == APIR_HANDLER_OK);
+        uint8_t back[16];
+        CHECK(pread(fd, back, sizeof(back), 4096 + 64) == (ssize_t)sizeof(back) && memcmp(back, bytes + 4096 + 64, 16) == 0);
+        CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
+        r.t->ops->blob_destroy(r.t, res_id, NULL, 8192 - 64);
+        /* a blob starting off the backend's alignment: refused, never an abort */
+        CHECK(r.t->ops->blob_share_file(r.t, fd, 0, 4096, 100, &res_id) == 0);
+        CHECK(apir_call(&r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)64, (uint64_t)64, &buf, &buft) ==
+              APIR_HANDLER_BAD_REQUEST);
+        r.t->ops->blob_destroy(r.t, res_id, NULL, 4096 - 100);
+    }
+    CHECK(r.t->ops->blob_share_file(r.t, fd, 4096, 3 * 4096, 0, &res_id) == -1);  /* past the end */
+    CHECK(r.t->ops->blob_share_file(r.t, fd, 100, 4096, 0, &res_id) == -1);       /* misaligned */
+    CHECK(r.t->ops->blob_share_file(r.t, fd, 0, 4096, 4096, &res_id) == -1);      /* skip a page */
+    int p[2];
+    CHECK(pipe(p) == 0);
+    CHECK(r.t->ops->blob_share_file(r.t, p[0], 0, 4096, 0, &res_id) == -1);       /* not a file */
+    close(p[0]);
+    close(p[1]);
+    close(fd);
+    /* the connection is still good */
+    int32_t n = 0;
+    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
     apir_remote_close(&r);
 }
 
@@ -366,6 +423,7 @@ int main(int argc, char **argv)
         TEST(run_start),
         TEST(test_handshake_and_commands),
         TEST(test_isolation),
+        TEST(test_file_blob),
         TEST(test_killed_client_frees),
         TEST(test_malformed_messages),
         TEST(test_too_many_clients),

@@ -138,7 +138,31 @@ static void shm_blob_destroy(struct apir_transport *t, uint32_t res_id, void *pt
     uint32_t ret;
     struct apir_decoder dec;
     shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, 0, &ret, &dec);
-    munmap(ptr, size);
+    if (ptr)
+        munmap(ptr, size);
+}
+
+static int shm_blob_share_file(struct apir_transport *t, int fd, uint64_t offset, uint64_t size, uint64_t skip,
+                               uint32_t *res_id)
+{
+    struct shm_transport *s = (struct shm_transport *)t;
+    uint8_t tag = APIR_SHM_FD_MSG;
+    if (apir_send_fds(s->sock, &tag, 1, &fd, 1) != 1) {
+        t->broken = true;
+        return -1;
+    }
+    uint32_t id = s->next_res_id++;
+    struct apir_encoder *enc = shm_begin(t);
+    apir_encode_u32(enc, id);
+    apir_encode_u64(enc, offset);
+    apir_encode_u64(enc, size);
+    apir_encode_u64(enc, skip);
+    uint32_t ret;
+    struct apir_decoder dec;
+    if (shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, 0, &ret, &dec) != 0 || ret != 0)
+        return -1;
+    *res_id = id;
+    return 0;
 }
 
 static void shm_close(struct apir_transport *t)
@@ -155,6 +179,7 @@ static const struct apir_transport_ops shm_ops = {
     .submit = shm_submit,
     .blob_create = shm_blob_create,
     .blob_destroy = shm_blob_destroy,
+    .blob_share_file = shm_blob_share_file,
     .close = shm_close,
 };
 

@@ -106,23 +106,32 @@ static void client_put(struct shm_client *c)
     free(c);
 }
 
+/* The descriptor a blob command's guest sent just before it, or -1: then
+ * the connection is out of step and is hung up on. */
+static int recv_blob_fd(struct shm_client *c, const char *cmd)
+{
+    int fd = -1, n_fds = 0;
+    uint8_t tag = 0;
+    if (apir_recv_fds(c->fd, &tag, 1, &fd, 1, &n_fds, 2000) != 1 || n_fds != 1 || tag != APIR_SHM_FD_MSG) {
+        if (n_fds)
+            close(fd);
+        APIR_WARN("host", "%s: %s without its file descriptor", c->session->name, cmd);
+        atomic_store(&c->dead, true);
+        return -1;
+    }
+    return fd;
+}
+
 /* Transport commands: blobs arrive in order with the backend commands. */
 static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
 {
     uint32_t res_id = apir_decode_u32(req);
     uint64_t size = apir_decode_u64(req);
-    int fd = -1, n_fds = 0;
-    uint8_t tag = 0;
     if (req->fatal)
         return 1;
-    /* The guest sent the fd just before this command. */
-    if (apir_recv_fds(c->fd, &tag, 1, &fd, 1, &n_fds, 2000) != 1 || n_fds != 1 || tag != APIR_SHM_FD_MSG) {
-        if (n_fds)
-            close(fd);
-        APIR_WARN("host", "%s: SHM_BLOB_CREATE without its file descriptor", c->session->name);
-        atomic_store(&c->dead, true);
+    int fd = recv_blob_fd(c, "SHM_BLOB_CREATE");
+    if (fd < 0)
         return 1;
-    }
     const char *why = "size out of range";
     void *p = size && size <= SIZE_MAX ? apir_memfd_map_checked(fd, (size_t)size, &why) : NULL;
     close(fd);
@@ -135,6 +144,65 @@ static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
         munmap(p, (size_t)size);
         return 1;
     }
+    return 0;
+}
+
+/* A file blob maps whole pages; the blob starts skip bytes in. */
+static void file_unmap_release(void *ptr, size_t size, void *user)
+{
+    size_t skip = (size_t)(uintptr_t)user;
+    munmap((uint8_t *)ptr - skip, size + skip);
+}
+
+/*
+ * A range of a file the guest has mapped - a model, which llama.cpp maps and
+ * hands its device as host memory - mapped here too, so weights reach the
+ * backend without a copy (the page cache is shared).  Private and writable:
+ * nothing the host does reaches the file.  A regular file cannot be sealed
+ * like a memfd: if the guest shrank it, touching the lost pages would kill
+ * this process (SIGBUS).  So only a worker process serving one guest takes
+ * file blobs; it alone would go, as on any backend abort.
+ */
+static uint32_t blob_file(struct shm_client *c, struct apir_decoder *req)
+{
+    uint32_t res_id = apir_decode_u32(req);
+    uint64_t offset = apir_decode_u64(req), size = apir_decode_u64(req), skip = apir_decode_u64(req);
+    if (req->fatal)
+        return 1;
+    int fd = recv_blob_fd(c, "SHM_BLOB_FILE");
+    if (fd < 0)
+        return 1;
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    struct stat st;
+    const char *why = NULL;
+    uint64_t end;
+    if (c->srv->listen_fd >= 0)
+        why = "file blobs need a worker process per guest (process isolation)";
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        why = "not a regular file";
+    else if (offset % page != 0 || skip >= page || size <= skip || size > SIZE_MAX ||
+             __builtin_add_overflow(offset, size, &end) || end > (uint64_t)st.st_size || offset > (uint64_t)INT64_MAX)
+        why = "range outside the file or misaligned";
+    else if (res_id < APIR_SHM_FIRST_RES_ID)
+        why = "reserved blob id";
+    void *p = MAP_FAILED;
+    if (!why) {
+        p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_POPULATE, fd, (off_t)offset);
+        if (p == MAP_FAILED)
+            why = "cannot map the file";
+    }
+    close(fd);
+    if (why) {
+        APIR_WARN("host", "%s: file blob %u refused: %s", c->session->name, res_id, why);
+        return 1;
+    }
+    if (!apir_session_blob_add(c->session, res_id, (uint8_t *)p + skip, (size_t)(size - skip), file_unmap_release,
+                               (void *)(uintptr_t)skip)) {
+        munmap(p, (size_t)size);
+        return 1;
+    }
+    APIR_INFO("host", "%s: blob %u: %.1f MiB of a file the guest mapped, shared without a copy", c->session->name, res_id,
+              (size - skip) / 1048576.0);
     return 0;
 }
 
@@ -185,6 +253,9 @@ static bool serve_one(struct shm_client *c)
         break;
     case APIR_CMD_TYPE_SHM_BLOB_DESTROY:
         ret = blob_destroy(c, &req);
+        break;
+    case APIR_CMD_TYPE_SHM_BLOB_FILE:
+        ret = blob_file(c, &req);
         break;
     default:
         APIR_WARN("host", "%s: unknown command type %d", c->session->name, hdr.cmd_type);

@@ -26,7 +26,13 @@ struct apir_transport_ops {
                   struct apir_decoder *reply);
     /* A shared blob of at least size bytes, mapped at *ptr. */
     int (*blob_create)(struct apir_transport *t, size_t size, uint32_t *res_id, void **ptr);
+    /* ptr NULL: the blob is not ours to unmap (a shared file range). */
     void (*blob_destroy)(struct apir_transport *t, uint32_t res_id, void *ptr, size_t size);
+    /* The host maps [offset, offset + size) of file fd, page-aligned offset,
+     * as blob *res_id, less its first skip bytes.  NULL where the transport
+     * cannot pass files (virtio-gpu); -1 when the host refused. */
+    int (*blob_share_file)(struct apir_transport *t, int fd, uint64_t offset, uint64_t size, uint64_t skip,
+                           uint32_t *res_id);
     void (*close)(struct apir_transport *t);
 };
 
