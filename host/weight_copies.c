@@ -167,6 +167,19 @@ static struct apir_weight_copy *copy_in(struct apir_session *s, ggml_backend_buf
     for (int i = 2; i < GGML_MAX_DIMS; i++)
         w->nb[i] = w->nb[i - 1] * (size_t)w->ne[i - 1];
     snprintf(w->name, sizeof(w->name), "%s", t->name);
+    /* Asked first with a buffer of no memory, as llama.cpp asks: most
+     * weights (norms, F16 matrices) no extra type takes, and allocating
+     * for them would cost a model load its time. */
+    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(buft, 0);
+    w->buffer = probe;
+    bool takes = probe && backend_takes(s->host->devices[s->device], w);
+    w->buffer = NULL;
+    if (probe)
+        ggml_backend_buffer_free(probe);
+    if (!takes) {
+        free(c);
+        return NULL;
+    }
     size_t bytes = ggml_backend_buft_get_alloc_size(buft, w);
     if (bytes < ggml_nbytes(w) || bytes > lim->max_alloc_bytes - s->bytes_allocated) {
         free(c);
