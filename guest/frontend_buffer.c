@@ -311,39 +311,48 @@ bool apir_buffer_is_ours(ggml_backend_buffer_t buffer)
     return buffer->iface.free_buffer == buffer_free;
 }
 
+/* The host wraps blob res_id (size bytes, mapped here at mapped) as a
+ * buffer.  ours: the mapping is ours to unmap when the buffer goes (else it
+ * is the program's own file mapping).  Called with r->lock held; on failure
+ * the blob is destroyed. */
+static struct apir_buffer_ctx *wrap_blob_locked(struct apir_device *d, uint32_t res_id, uint8_t *mapped, size_t size,
+                                                bool ours)
+{
+    struct apir_remote *r = &d->remote;
+    uint64_t handle = 0, buft_handle = 0;
+    struct apir_buffer_ctx *bc = calloc(1, sizeof(*bc));
+    if (!bc || apir_call_locked(r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)size, (uint64_t)size, &handle,
+                                &buft_handle) != APIR_HANDLER_OK) {
+        free(bc);
+        r->t->ops->blob_destroy(r->t, res_id, ours ? mapped : NULL, size);
+        return NULL;
+    }
+    bc->device = d;
+    bc->handle = handle;
+    bc->mapped = mapped;
+    bc->mapped_size = size;
+    bc->res_id = res_id;
+    bc->base = (uint64_t)(uintptr_t)mapped;
+    bc->file_backed = !ours;
+    return bc;
+}
+
 /* A buffer whose memory is a shared blob the host wraps (zero copy). */
 static ggml_backend_buffer_t alloc_zero_copy(ggml_backend_buffer_type_t buft, struct apir_device *d, size_t size)
 {
     struct apir_remote *r = &d->remote;
     size_t blob_size = size ? size : 1;
     uint32_t res_id;
-    void *ptr;
-    uint64_t handle = 0, buft_handle = 0;
+    void *ptr = NULL;
     pthread_mutex_lock(&r->lock);
-    int rc = r->t->ops->blob_create(r->t, blob_size, &res_id, &ptr);
-    if (rc == 0)
-        rc = apir_call_locked(r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)blob_size, (uint64_t)blob_size,
-                              &handle, &buft_handle);
-    if (rc != 0 && rc != -1 && ptr)
-        r->t->ops->blob_destroy(r->t, res_id, ptr, blob_size);
+    struct apir_buffer_ctx *bc = r->t->ops->blob_create(r->t, blob_size, &res_id, &ptr) == 0
+                                     ? wrap_blob_locked(d, res_id, ptr, blob_size, true)
+                                     : NULL;
     pthread_mutex_unlock(&r->lock);
-    struct apir_buffer_ctx *bc = rc == 0 ? calloc(1, sizeof(*bc)) : NULL;
     if (!bc) {
         APIR_ERROR("guest", "%s: a %zu-byte shared buffer failed", d->name, size);
-        if (rc == 0) {
-            apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, handle);
-            pthread_mutex_lock(&r->lock);
-            r->t->ops->blob_destroy(r->t, res_id, ptr, blob_size);
-            pthread_mutex_unlock(&r->lock);
-        }
         return NULL;
     }
-    bc->device = d;
-    bc->handle = handle;
-    bc->mapped = ptr;
-    bc->mapped_size = blob_size;
-    bc->res_id = res_id;
-    bc->base = (uint64_t)(uintptr_t)ptr;
     return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
 }
 
@@ -407,36 +416,17 @@ ggml_backend_buffer_t apir_buffer_from_host_ptr(ggml_backend_dev_t dev, void *pt
     if (fd >= 0) {
         const uint64_t skip = foff % (uint64_t)sysconf(_SC_PAGESIZE);
         uint32_t res_id = 0;
-        uint64_t handle = 0, buft_handle = 0;
         pthread_mutex_lock(&r->lock);
-        int rc = r->t->ops->blob_share_file(r->t, fd, foff - skip, size + skip, skip, &res_id);
-        if (rc == 0) {
-            rc = apir_call_locked(r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)size, (uint64_t)size, &handle,
-                                  &buft_handle);
-            if (rc != APIR_HANDLER_OK)
-                r->t->ops->blob_destroy(r->t, res_id, NULL, size);
-        }
+        struct apir_buffer_ctx *bc = r->t->ops->blob_share_file(r->t, fd, foff - skip, size + skip, skip, &res_id) == 0
+                                         ? wrap_blob_locked(d, res_id, ptr, size, false)
+                                         : NULL;
         pthread_mutex_unlock(&r->lock);
         close(fd);
-        struct apir_buffer_ctx *bc = rc == 0 ? calloc(1, sizeof(*bc)) : NULL;
         if (bc) {
-            bc->device = d;
-            bc->handle = handle;
-            bc->mapped = ptr;
-            bc->mapped_size = size;
-            bc->res_id = res_id;
-            bc->base = (uint64_t)(uintptr_t)ptr;
             bc->prefilled = true;
-            bc->file_backed = true;
             APIR_INFO("guest", "%s: %.1f MiB of a mapped file shared with the host, not copied", d->name,
                       size / 1048576.0);
             return ggml_backend_buffer_init(&d->buft, apir_buffer_iface, bc, size);
-        }
-        if (rc == 0) {
-            apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, handle);
-            pthread_mutex_lock(&r->lock);
-            r->t->ops->blob_destroy(r->t, res_id, NULL, size);
-            pthread_mutex_unlock(&r->lock);
         }
         APIR_DEBUG("guest", "%s: the host did not map the file: copying %zu bytes", d->name, size);
     }
