@@ -171,6 +171,14 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     pthread_mutex_unlock(&r->lock);
 }
 
+/* A write this side made in a shared-memory buffer the host keeps weight
+ * copies of: [offset, offset+size) of the buffer, reported so they go. */
+static void report_written(struct apir_buffer_ctx *bc, uint64_t offset, uint64_t size)
+{
+    if (bc->mapped && bc->has_weight_copies && bc->device->remote.minor >= 3)
+        apir_call(&bc->device->remote, APIR_CMD_BUFFER_WRITTEN, bc->handle, offset, size);
+}
+
 /*
  * Weight copies (apir 0.3, host/weight_copies.h): once a weight is written
  * whole, the host may keep it in its device's own layout (a CPU's repacked
@@ -201,9 +209,7 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
         }
         return;  /* the note replaces what the host kept of these bytes */
     }
-    if (bc->mapped && bc->has_weight_copies)
-        apir_call(r, APIR_CMD_BUFFER_WRITTEN, bc->handle, (uint64_t)((uintptr_t)tensor->data - bc->base + offset),
-                  (uint64_t)size);
+    report_written(bc, (uint64_t)((uintptr_t)tensor->data - bc->base + offset), (uint64_t)size);
 }
 
 static void buffer_set_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor, const void *data, size_t offset,
@@ -285,8 +291,7 @@ static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
     if (bc->mapped) {
         apir_remote_wait_idle(&bc->device->remote);
         memset(bc->mapped, value, buffer->size);
-        if (bc->has_weight_copies && bc->device->remote.minor >= 3)
-            apir_call(&bc->device->remote, APIR_CMD_BUFFER_WRITTEN, bc->handle, (uint64_t)0, (uint64_t)buffer->size);
+        report_written(bc, 0, (uint64_t)buffer->size);
         return;
     }
     apir_call(&bc->device->remote, APIR_CMD_BUFFER_CLEAR, bc->handle, (unsigned)value);

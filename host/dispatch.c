@@ -294,6 +294,20 @@ HANDLER(BUFFER_GET_BASE)
     return APIR_HANDLER_OK;
 }
 
+/* [data, data+len) of buf is about to change: the host's copies of those
+ * bytes - upload mirrors (upload_mirror.c), weight copies
+ * (weight_copies.c) - are old.  len SIZE_MAX: the whole buffer. */
+static void forget_copies(struct apir_session *s, struct apir_host_buffer *hb, const void *data, size_t len)
+{
+    if (len == SIZE_MAX) {
+        apir_mirror_forget_buffer(s, hb->buffer);
+        apir_weights_forget_buffer(s, hb->buffer);
+    } else {
+        apir_mirror_forget_range(s, hb->buffer, data, len);
+        apir_weights_forget_range(s, data, len);
+    }
+}
+
 /* A tensor of a data command: it must lie in the buffer the command names,
  * and [offset, offset+size) must lie inside the tensor. */
 static struct ggml_tensor *data_tensor(struct apir_session *s, const char *cmd, uint64_t h,
@@ -331,10 +345,9 @@ static uint32_t tensor_io(struct apir_session *s, const char *cmd, bool set, uin
     if (!data)
         return bad(s, cmd, "shared-memory range outside its blob");
     if (set) {
-        apir_weights_forget_range(s, (uint8_t *)t->data + offset, (size_t)size);
+        forget_copies(s, buffer_of(s, h), (uint8_t *)t->data + offset, (size_t)size);
         if (!apir_mirror_upload(s, t, data, offset, size)) {
             apir_session_settle(s);
-            apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
             ggml_backend_tensor_set(t, data, (size_t)offset, (size_t)size);
         }
     } else
@@ -398,8 +411,7 @@ HANDLER(BUFFER_MEMSET_TENSOR)
     if (!t)
         return APIR_HANDLER_BAD_REQUEST;
     if (size) {
-        apir_mirror_forget_range(s, t->buffer, (uint8_t *)t->data + offset, (size_t)size);
-        apir_weights_forget_range(s, (uint8_t *)t->data + offset, (size_t)size);
+        forget_copies(s, buffer_of(s, h), (uint8_t *)t->data + offset, (size_t)size);
         ggml_backend_tensor_memset(t, value, (size_t)offset, (size_t)size);
     }
     return APIR_HANDLER_OK;
@@ -434,8 +446,7 @@ HANDLER(BUFFER_CPY_TENSOR)
      * match, as ggml itself asserts (an assert would abort the host). */
     if (!same_layout(src, dst))
         return bad(s, "BUFFER_CPY_TENSOR", "source and destination layouts differ");
-    apir_mirror_forget_range(s, dst->buffer, dst->data, ggml_nbytes(dst));
-    apir_weights_forget_range(s, dst->data, ggml_nbytes(dst));
+    forget_copies(s, hb, dst->data, ggml_nbytes(dst));
     bool ok = ggml_backend_buffer_copy_tensor(src, dst);
     ENCODE(BUFFER_CPY_TENSOR, (int)ok);
     return APIR_HANDLER_OK;
@@ -451,8 +462,7 @@ HANDLER(BUFFER_CLEAR)
     struct apir_host_buffer *hb = buffer_of(s, h);
     if (!hb)
         return APIR_HANDLER_BAD_HANDLE;
-    apir_mirror_forget_buffer(s, hb->buffer);
-    apir_weights_forget_buffer(s, hb->buffer);
+    forget_copies(s, hb, NULL, SIZE_MAX);
     ggml_backend_buffer_clear(hb->buffer, value);
     return APIR_HANDLER_OK;
 }
@@ -466,8 +476,7 @@ HANDLER(BUFFER_FREE_BUFFER)
     struct apir_host_buffer *hb = buffer_of(s, h);
     if (!hb)
         return APIR_HANDLER_BAD_HANDLE;
-    apir_mirror_forget_buffer(s, hb->buffer);
-    apir_weights_forget_buffer(s, hb->buffer);
+    forget_copies(s, hb, NULL, SIZE_MAX);
     ggml_backend_buffer_free(hb->buffer);
     if (hb->pinned_blob)
         apir_session_blob_unpin(s, hb->pinned_blob);
@@ -498,8 +507,7 @@ HANDLER(BUFFER_INIT_TENSOR)
     uint64_t end;
     if (__builtin_add_overflow(rec.data, (uint64_t)alloc, &end) || end > hb->size)
         return bad(s, "BUFFER_INIT_TENSOR", "tensor allocation outside its buffer");
-    apir_mirror_forget_range(s, hb->buffer, t->data, alloc);
-    apir_weights_forget_range(s, t->data, alloc);
+    forget_copies(s, hb, t->data, alloc);
     enum ggml_status st = ggml_backend_buffer_init_tensor(hb->buffer, t);
     ENCODE(BUFFER_INIT_TENSOR, (uint32_t)st);
     return APIR_HANDLER_OK;
@@ -538,7 +546,7 @@ HANDLER(BUFFER_WRITTEN)
     if (__builtin_add_overflow(offset, size, &end) || end > hb->size)
         return bad(s, "BUFFER_WRITTEN", "range outside the buffer");
     if (size)
-        apir_weights_forget_range(s, hb->base + offset, (size_t)size);
+        forget_copies(s, hb, hb->base + offset, (size_t)size);
     return APIR_HANDLER_OK;
 }
 
