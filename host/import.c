@@ -34,13 +34,6 @@ static void *fail(const char *why)
 
 /* Ops whose op_params carry host function pointers: a guest could make the
  * host call anything (ggml-rpc #25289).  Never accepted. */
-/* Ops that only reinterpret memory; backends skip them. */
-static bool op_is_view(enum ggml_op op)
-{
-    return op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
-           op == GGML_OP_TRANSPOSE;
-}
-
 static bool op_is_refused(uint32_t op)
 {
     switch (op) {
@@ -435,7 +428,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
             return fail("graph node id not in the tensor list");
         struct ggml_tensor *node = tensors[j];
         /* Never hand a backend an op it does not support: some abort. */
-        if (!op_is_view(node->op) && !ggml_backend_dev_supports_op(dev, node))
+        if (!ggml_op_is_empty(node->op) && !ggml_backend_dev_supports_op(dev, node))
             return fail("graph has an op the host backend does not support");
         ggml_graph_add_node(graph, node);
     }

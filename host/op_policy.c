@@ -3,6 +3,7 @@
 #include "wait.h"
 
 #include "ggml.h"
+#include "ggml-impl.h"
 #include "ggml-backend.h"
 
 #include <stdlib.h>
@@ -17,12 +18,6 @@ struct index_use {
     int last;                       /* last node that reads it */
     bool late;                      /* an earlier node writes its memory */
 };
-
-static bool is_view_op(enum ggml_op op)
-{
-    return op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
-           op == GGML_OP_TRANSPOSE;
-}
 
 /* The index input of a node (which src slot), if its op has one. */
 static bool index_input(const struct ggml_tensor *n, int *slot, int64_t *limit)
@@ -220,7 +215,7 @@ static enum ggml_status compute_profiled(struct apir_session *s, ggml_backend_t 
         ggml_backend_synchronize(backend);
         if (st != GGML_STATUS_SUCCESS)
             return st;
-        if (!is_view_op(node->op) && (unsigned)node->op < GGML_OP_COUNT) {
+        if (!ggml_op_is_empty(node->op) && (unsigned)node->op < GGML_OP_COUNT) {
             s->op_ns[node->op] += apir_now_ns() - t0;
             s->op_count[node->op]++;
         }
@@ -268,7 +263,7 @@ static bool written_by_sort_only(struct ggml_cgraph *graph, const struct index_u
     const struct ggml_tensor *sorter = NULL;
     for (int j = 0; j < u->last; j++) {
         const struct ggml_tensor *w = ggml_graph_node(graph, j);
-        if (is_view_op(w->op) || !ranges_overlap(w, u->idx))
+        if (ggml_op_is_empty(w->op) || !ranges_overlap(w, u->idx))
             continue;
         if ((w->op != GGML_OP_ARGSORT && w->op != GGML_OP_TOP_K) || sorter)
             return false;
@@ -353,7 +348,7 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
     for (int u = 0; u < s->policy_n_uses; u++) {
         for (int j = 0; j < uses[u].last && !uses[u].late; j++) {
             const struct ggml_tensor *w = ggml_graph_node(graph, j);
-            uses[u].late = !is_view_op(w->op) && ranges_overlap(w, uses[u].idx);
+            uses[u].late = !ggml_op_is_empty(w->op) && ranges_overlap(w, uses[u].idx);
         }
         /* A sort's output is in range by construction, but a shadow must
          * still be refreshed at the use. */

@@ -3,6 +3,7 @@
 #include "apir_log.h"
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "ggml-impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -241,12 +242,6 @@ enum apir_weight_note apir_weights_note(struct apir_session *s, struct apir_host
     return APIR_WEIGHT_NOT_KEPT;
 }
 
-static bool op_writes(enum ggml_op op)
-{
-    return !(op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
-             op == GGML_OP_TRANSPOSE);
-}
-
 static struct apir_weight_copy *copy_of(struct apir_session *s, const struct ggml_tensor *w)
 {
     if (!w || w->op != GGML_OP_NONE || w->view_src || !w->data)
@@ -270,7 +265,7 @@ void apir_weights_apply(struct apir_session *s, struct ggml_cgraph *graph)
     const int n = ggml_graph_n_nodes(graph);
     for (int i = 0; i < n; i++) {
         struct ggml_tensor *node = ggml_graph_node(graph, i);
-        if (op_writes(node->op) && node->data)
+        if (!ggml_op_is_empty(node->op) && node->data)
             apir_weights_forget_range(s, node->data, ggml_nbytes(node));
     }
     ggml_backend_dev_t dev = s->host->devices[s->device];
