@@ -13,6 +13,9 @@
 #                              per-graph host timings of one pp2048 (host log at debug)
 #   bench/h200.sh pp           where pp2048's time goes: native, apir with guest and host profiles,
 #                              apir with graphs computed before their reply
+#   bench/h200.sh sandbox      the worker sandbox on a CUDA host: --sandbox-log names every syscall it
+#                              refuses (test-backend-ops subset + a short llama-bench), then the same
+#                              enforcing: counts and tg/pp with the sandbox vs --no-sandbox
 #   bench/h200.sh diag         where apir's time goes on the 1B F16 model: native with and without
 #                              CUDA fusion, apir with guest and host profiles, per-op host profile,
 #                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
@@ -24,6 +27,10 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export APIR_SKIP_APT=1 APIR_CUDA=1 CUDA_ARCH=90a-real APIR_CACHE=/tmp/apircache
 export APIR_BUNDLE=$ROOT/.devcarry/gitRelease.bundle JOBS=$(nproc)
+# The device machine builds what the benchmarks need, not the CI's extra programs.
+export APIR_SKIP_EXTRAS=1 APIR_SKIP_WHISPER=1
+# No registry there: the worker sandbox's libseccomp comes carried (apt-get download).
+for deb in "$ROOT"/.devcarry/libseccomp*.deb; do [ -f "$deb" ] && dpkg -x "$deb" /; done
 export NCCL_NVLS_ENABLE=0
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/h200.log"; }
 
@@ -164,5 +171,38 @@ diag)
     done
   done
   kill $hp; wait $hp 2>/dev/null
+  ;;
+sandbox)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-sb.sock)
+  tbo_ops=MUL_MAT,SOFT_MAX,ROPE,GET_ROWS,CPY,SET_ROWS,RMS_NORM,MUL_MAT_ID
+  run_sandbox_case() { # name, with_tbo (0/1), host options...
+    local name=$1 tbo=$2; shift 2
+    build/apir-host --listen unix:/tmp/apir-sb.sock --backend CUDA --log-level info "$@" >"$OUT/host-$name.log" 2>&1 &
+    local hp=$!; sleep 3
+    log "sandbox $name ($*): llama-bench 1B F16 -p 512 -n 64"
+    (cd .deps/bin && "${guest[@]}" timeout 90 ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 -dev APIR0 2>&1 | grep -E '^\| llama|error|failed' | tee -a "$OUT/h200.log")
+    if [ "$tbo" = 1 ]; then
+      log "sandbox $name: test-backend-ops -b APIR0 -o $tbo_ops"
+      (cd .deps/bin && "${guest[@]}" timeout 150 ./test-backend-ops test -b APIR0 -o $tbo_ops >"$OUT/tbo-$name.log" 2>&1; echo "exit $?" >>"$OUT/tbo-$name.log")
+      grep -E "tests passed|exit" "$OUT/tbo-$name.log" | tail -3 | tee -a "$OUT/h200.log"
+    fi
+    kill $hp; wait $hp 2>/dev/null
+    grep -o 'refused syscall [a-z0-9_?]* ([0-9]*)' "$OUT/host-$name.log" | sort | uniq -c | sort -rn | tee -a "$OUT/h200.log"
+    grep -iE 'sandbox:|died|error' "$OUT/host-$name.log" | sort | uniq -c | head -8 | tee -a "$OUT/h200.log"
+  }
+  # Log rounds: each names what it refused; the next allows it, until none is left.
+  allow=""
+  for round in 1 2 3; do
+    run_sandbox_case log$round 0 --sandbox-log ${allow:+--sandbox-allow "$allow"}
+    found=$(grep -o 'refused syscall [a-z0-9_]* (' "$OUT/host-log$round.log" | awk '{print $3}' | sort -u | paste -sd, -)
+    log "round $round refused: ${found:-none}"
+    [ -n "$found" ] || break
+    allow=$(echo "$allow,$found" | tr , '\n' | grep -v '^$' | sort -u | paste -sd, -)
+  done
+  log "allowed beyond the GPU set: ${allow:-none}"
+  run_sandbox_case enforce 1 ${allow:+--sandbox-allow "$allow"}
+  run_sandbox_case none 0 --no-sandbox
   ;;
 esac

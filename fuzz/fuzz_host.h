@@ -73,6 +73,8 @@ static inline void fz_host_init(void)
     cfg.limits.max_blobs = 16;
     cfg.limits.max_blob_bytes = 256ull << 20;
     cfg.limits.max_clients = 4096;
+    cfg.limits.spawn_per_s = 0;          /* a connection per input: no pacing */
+    cfg.limits.max_clients_per_uid = 0;
     char err[256];
     if (!apir_host_init(&fz_host, &cfg, err, sizeof(err))) {
         fprintf(stderr, "fuzz: host init failed: %s\n", err);

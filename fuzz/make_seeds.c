@@ -643,6 +643,25 @@ static void seeds_shm(void)
     }
 }
 
+/*
+ * fuzz_op: per op, inputs that build it with its constructor (mode byte
+ * 0x11: constructed, no mutation) over a few shared shapes, and one raw
+ * node.  The bytes after the dims steer leaves and arguments; zeros are
+ * the plainest choices (contiguous F32 leaves of the shared shape).
+ */
+static void seeds_op(void)
+{
+    static const uint8_t dims[4][4] = { { 2, 2, 0, 0 }, { 4, 3, 1, 0 }, { 6, 4, 2, 1 }, { 5, 1, 3, 0 } };
+    for (unsigned op = 0; op < GGML_OP_COUNT; op++)
+        for (unsigned d = 0; d < 5; d++) {
+            uint8_t in[24] = { (uint8_t)op, d < 4 ? 0x11 : 0x10 };
+            memcpy(in + 2, dims[d % 4], 4);
+            char name[32];
+            snprintf(name, sizeof(name), "op%02u-%u", op, d);
+            write_seed("fuzz_op", name, in, sizeof(in));
+        }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -659,6 +678,7 @@ int main(int argc, char **argv)
     seeds_graph();
     seeds_inline();
     seeds_shm();
+    seeds_op();
     printf("make_seeds: %u seeds in %s\n", n_written, out_dir);
     return 0;
 }

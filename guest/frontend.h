@@ -21,12 +21,18 @@
 
 /* Answers the host gave for an op signature (supports_op, offload_op,
  * alloc size), kept so ggml's scheduler can ask per node and per graph
- * without a round trip.  Direct-mapped by a 128-bit hash of the op's
- * normalized records. */
-#define APIR_OP_CACHE_SIZE 4096
+ * without a round trip.  Keyed by a 128-bit hash of the question's
+ * normalized records (apir_op_records: only what decides the answer, so a
+ * view's moving offset is no new question); sets of APIR_OP_CACHE_WAYS
+ * entries, the least recently used one replaced, so that two questions a
+ * graph asks every step cannot keep evicting each other.  Fixed size: no
+ * allocation once the device is set up. */
+#define APIR_OP_CACHE_SETS 2048
+#define APIR_OP_CACHE_WAYS 4
 struct apir_op_cache_entry {
     uint64_t h1, h2;    /* 0,0: empty */
     uint64_t value;
+    uint64_t last_use;
 };
 
 /* Reusable scratch for serializing graphs: grows, never shrinks. */
@@ -41,8 +47,13 @@ struct apir_buft_ctx {
     uint64_t handle;
     size_t alignment;
     size_t max_size;
+    bool nbytes_alloc_size;   /* the host's buffer type sizes a tensor by ggml_nbytes */
     char name[64];
 };
+
+/* frontend_buffer.c: is a host buffer type, by its name, one whose
+ * get_alloc_size is ggml's default (ggml_nbytes)? */
+bool apir_buft_sizes_by_nbytes(const char *remote_name);
 
 /* Host buffers (frontend_host_buffer.c): shared blobs, found by address. */
 #define APIR_MAX_HOST_BLOBS 64
@@ -50,6 +61,7 @@ struct apir_host_blob {
     uint8_t *ptr;
     size_t size;
     uint32_t res_id;
+    uint32_t generation;  /* the connection that knows res_id */
 };
 
 /* Graph uids the host keeps (BACKEND_GRAPH_COMPUTE_KEYED), as many as its
@@ -74,17 +86,21 @@ struct apir_device {
     struct apir_host_blob host_blobs[APIR_MAX_HOST_BLOBS];
     uint32_t n_host_blobs;
     pthread_mutex_t cache_lock;
-    struct apir_op_cache_entry cache[APIR_OP_CACHE_SIZE];
+    struct apir_op_cache_entry cache[APIR_OP_CACHE_SETS][APIR_OP_CACHE_WAYS];
+    uint64_t cache_clock;
     struct apir_graph_scratch graph;
     uint64_t kept_uids[APIR_KEPT_GRAPHS];
     uint32_t kept_next;
     uint64_t serialize_ns, serialize_count;   /* APIR_PROFILE */
+    uint32_t generation;              /* connection the handles above belong to (lock held) */
 };
 
 /* A buffer's context: its handle and the opaque base the host gave; or, for
  * a zero-copy buffer, the shared blob that is its memory (base = mapping). */
 struct apir_buffer_ctx {
     struct apir_device *device;
+    struct apir_conn *conn;   /* the connection it was made on (a reference) */
+    uint32_t generation;      /* conn->generation */
     uint64_t handle;
     uint64_t base;
     uint8_t *mapped;      /* zero copy: the buffer's memory, shared with the host */
@@ -109,6 +125,17 @@ bool apir_host_blob_find(struct apir_device *d, const void *data, size_t size, u
 
 /* frontend_device.c */
 void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg);
+/* Before making something on the host (lock held): true when the host is
+ * reachable, reconnecting to a restarted host if need be (and then asking
+ * again what the device's handles are); false, logged, when it is not. */
+bool apir_device_ready_locked(struct apir_device *d, const char *what);
+
+/* Was the buffer made on the connection in use?  Else it lived on a host
+ * that is gone: its calls fail here, without reaching the new host. */
+static inline bool apir_buffer_live(const struct apir_buffer_ctx *bc)
+{
+    return bc->generation == atomic_load(&bc->device->remote.generation);
+}
 
 /* frontend_backend.c */
 ggml_backend_t apir_backend_new(struct apir_device *d);
@@ -120,10 +147,16 @@ bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec
  * memory, no buffers), for supports_op/offload_op/alloc size and the cache
  * key.  Returns the number of records (<= 1 + GGML_MAX_SRC), 0 on failure. */
 uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *recs);
+/* The one record an alloc-size question needs (type, shape, strides);
+ * returns 1, 0 when the tensor cannot be sent. */
+uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *rec);
 /* Serializes a graph into the device's data area; returns its size, 0 on
- * failure.  use_counts: append the nodes' use counts (0.2 keyed graphs
- * only, APIR_GRAPH_USE_COUNTS_TAG).  Lock held. */
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts);
+ * failure or when no node is left to send (*n_sent 0, against UINT32_MAX
+ * on failure: no-op views of other
+ * devices' memory are left out, see serialize.c).  use_counts: append the
+ * nodes' use counts (0.2 keyed graphs only, APIR_GRAPH_USE_COUNTS_TAG).
+ * Lock held. */
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent);
 
 /* Cached op queries (frontend_device.c); kind: which question. */
 enum apir_op_query { APIR_Q_SUPPORTS = 1, APIR_Q_OFFLOAD = 2, APIR_Q_ALLOC_SIZE = 3 };

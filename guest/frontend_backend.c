@@ -64,6 +64,14 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     const uint64_t uid = cgraph->uid;
     const bool keyed = uid != 0 && r->minor >= 2;
     pthread_mutex_lock(&r->lock);
+    if (apir_remote_gone_locked(r)) {
+        /* The scheduler placed this graph here while the host lived; it
+         * fails now, with a status the program sees (llama_decode's error). */
+        APIR_ERROR("guest", "%s: a graph of %d nodes not computed: the host at %s is gone", d->name,
+                   ggml_graph_n_nodes(cgraph), r->endpoint);
+        pthread_mutex_unlock(&r->lock);
+        return GGML_STATUS_FAILED;
+    }
     if (keyed && uid_is_kept(d, uid)) {
         int rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, uid, &status);
         if (rc == APIR_HANDLER_OK) {
@@ -78,10 +86,16 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         }
     }
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
-    size_t size = apir_graph_serialize(d, cgraph, keyed);
+    uint32_t n_sent = 0;
+    size_t size = apir_graph_serialize(d, cgraph, keyed, &n_sent);
     if (r->profile) {
         d->serialize_ns += apir_now_ns() - t0;
         d->serialize_count++;
+    }
+    if (!size && n_sent == 0) {
+        /* No node, or only no-op views of other devices' memory: nothing to compute. */
+        pthread_mutex_unlock(&r->lock);
+        return GGML_STATUS_SUCCESS;
     }
     int rc = -1;
     if (!size)

@@ -36,8 +36,26 @@ static struct apir_device *buft_device(ggml_backend_buffer_type_t buft)
     return buft->device->context;
 }
 
+/*
+ * Host buffer types whose get_alloc_size is ggml's default, ggml_nbytes: the
+ * guest answers alloc-size questions for them itself instead of asking per
+ * tensor shape (a decode step whose shapes grow asked about each new one).
+ * An allowlist of the pinned ggml's buffer types that leave get_alloc_size
+ * unset; any other (CUDA pads quantized rows, for one) is asked.
+ */
+bool apir_buft_sizes_by_nbytes(const char *remote_name)
+{
+    static const char *const by_nbytes[] = { "CPU" };
+    for (size_t i = 0; i < sizeof(by_nbytes) / sizeof(by_nbytes[0]); i++)
+        if (!strcmp(remote_name, by_nbytes[i]))
+            return true;
+    return false;
+}
+
 static size_t buft_get_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *tensor)
 {
+    if (((struct apir_buft_ctx *)buft->context)->nbytes_alloc_size)
+        return ggml_nbytes(tensor);
     uint64_t size;
     if (apir_op_query(buft_device(buft), APIR_Q_ALLOC_SIZE, tensor, &size) && size >= ggml_nbytes(tensor))
         return (size_t)size;
@@ -52,16 +70,34 @@ static bool buft_is_host(ggml_backend_buffer_type_t buft)
 
 /* ---- buffers ---- */
 
+/* False, logged, when the buffer lived on a host that is gone (made before
+ * a reconnection): nothing of it is asked of the new host. */
+static bool live_or_log(const struct apir_buffer_ctx *bc, const char *what, const struct ggml_tensor *t)
+{
+    if (apir_buffer_live(bc))
+        return true;
+    APIR_ERROR("guest", "%s: %s of '%s' failed: its buffer was on a host that is gone", bc->device->name, what,
+               t ? t->name : "");
+    return false;
+}
+
+/* A buffer made on a connection since replaced is not freed on the new host
+ * (it never knew it); its blob goes with the old connection, an unmap. */
 static void buffer_free(ggml_backend_buffer_t buffer)
 {
     struct apir_buffer_ctx *bc = buffer->context;
     struct apir_remote *r = &bc->device->remote;
-    apir_call(r, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
-    if (bc->mapped) {
-        pthread_mutex_lock(&r->lock);
-        r->t->ops->blob_destroy(r->t, bc->res_id, bc->file_backed ? NULL : bc->mapped, bc->mapped_size);
-        pthread_mutex_unlock(&r->lock);
+    pthread_mutex_lock(&r->lock);
+    if (bc->conn) {  /* else a stand-in: nothing anywhere */
+        if (bc->conn == r->conn)
+            apir_call_locked(r, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
+        if (bc->mapped) {
+            struct apir_transport *t = bc->conn->t;
+            t->ops->blob_destroy(t, bc->res_id, bc->file_backed ? NULL : bc->mapped, bc->mapped_size);
+        }
+        apir_conn_put_locked(r, bc->conn);
     }
+    pthread_mutex_unlock(&r->lock);
     free(bc);
 }
 
@@ -86,6 +122,8 @@ static enum ggml_status init_remote(ggml_backend_buffer_t buffer, struct ggml_te
     if (tensor->view_src || !ggml_is_quantized(tensor->type) ||
         ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE || bc->device->remote.minor < 2)
         return GGML_STATUS_SUCCESS;
+    if (!live_or_log(bc, "init_tensor", tensor))
+        return GGML_STATUS_FAILED;
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return GGML_STATUS_FAILED;
@@ -123,6 +161,11 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
             memcpy(mapped_at(bc, tensor, offset), data, size);
         else
             memcpy(data, mapped_at(bc, tensor, offset), size);
+        return;
+    }
+    if (!live_or_log(bc, set ? "set_tensor" : "get_tensor", tensor)) {
+        if (!set)
+            memset(data, 0, size);
         return;
     }
     struct apir_tensor_rec rec;
@@ -175,7 +218,7 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
  * copies of: [offset, offset+size) of the buffer, reported so they go. */
 static void report_written(struct apir_buffer_ctx *bc, uint64_t offset, uint64_t size)
 {
-    if (bc->mapped && bc->has_weight_copies && bc->device->remote.minor >= 3)
+    if (bc->mapped && bc->has_weight_copies && bc->device->remote.minor >= 3 && apir_buffer_live(bc))
         apir_call(&bc->device->remote, APIR_CMD_BUFFER_WRITTEN, bc->handle, offset, size);
 }
 
@@ -192,7 +235,7 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
     struct apir_buffer_ctx *bc = buffer->context;
     struct apir_device *d = bc->device;
     struct apir_remote *r = &d->remote;
-    if (r->minor < 3 || size == 0)
+    if (r->minor < 3 || size == 0 || !apir_buffer_live(bc))
         return;
     if (set && !d->weight_notes_off && offset == 0 && size == ggml_nbytes(tensor) && !tensor->view_src &&
         ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
@@ -239,6 +282,8 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
         after_write(buffer, tensor, offset, size, false);
         return;
     }
+    if (!live_or_log(bc, "memset_tensor", tensor))
+        return;
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
@@ -272,6 +317,8 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
         after_write(buffer, dst, 0, ggml_nbytes(src), false);
         return true;
     }
+    if (!live_or_log(bc, "cpy_tensor", dst) || !live_or_log(sbc, "cpy_tensor", src))
+        return false;
     struct apir_tensor_rec src_rec, dst_rec;
     if (!apir_tensor_to_rec(src, &src_rec, true) || !apir_tensor_to_rec(dst, &dst_rec, true))
         return false;
@@ -294,6 +341,8 @@ static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
         report_written(bc, 0, (uint64_t)buffer->size);
         return;
     }
+    if (!live_or_log(bc, "clear", NULL))
+        return;
     apir_call(&bc->device->remote, APIR_CMD_BUFFER_CLEAR, bc->handle, (unsigned)value);
 }
 
@@ -333,6 +382,8 @@ static struct apir_buffer_ctx *wrap_blob_locked(struct apir_device *d, uint32_t 
         return NULL;
     }
     bc->device = d;
+    bc->conn = apir_remote_conn_get_locked(r);
+    bc->generation = bc->conn->generation;
     bc->handle = handle;
     bc->mapped = mapped;
     bc->mapped_size = size;
@@ -349,16 +400,16 @@ static ggml_backend_buffer_t alloc_zero_copy(ggml_backend_buffer_type_t buft, st
     size_t blob_size = size ? size : 1;
     uint32_t res_id;
     void *ptr = NULL;
+    struct apir_buffer_ctx *bc = NULL;
     pthread_mutex_lock(&r->lock);
-    struct apir_buffer_ctx *bc = r->t->ops->blob_create(r->t, blob_size, &res_id, &ptr) == 0
-                                     ? wrap_blob_locked(d, res_id, ptr, blob_size, true)
-                                     : NULL;
-    pthread_mutex_unlock(&r->lock);
-    if (!bc) {
-        APIR_ERROR("guest", "%s: a %zu-byte shared buffer failed", d->name, size);
-        return NULL;
+    if (apir_device_ready_locked(d, "a shared buffer")) {  /* else logged */
+        bc = r->t->ops->blob_create(r->t, blob_size, &res_id, &ptr) == 0 ? wrap_blob_locked(d, res_id, ptr, blob_size, true)
+                                                                         : NULL;
+        if (!bc)
+            APIR_ERROR("guest", "%s: a %zu-byte shared buffer failed", d->name, size);
     }
-    return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
+    pthread_mutex_unlock(&r->lock);
+    return bc ? ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size) : NULL;
 }
 
 /* The file mapping [ptr, ptr + size) lies in, from /proc/self/maps: a new
@@ -422,7 +473,8 @@ ggml_backend_buffer_t apir_buffer_from_host_ptr(ggml_backend_dev_t dev, void *pt
         const uint64_t skip = foff % (uint64_t)sysconf(_SC_PAGESIZE);
         uint32_t res_id = 0;
         pthread_mutex_lock(&r->lock);
-        struct apir_buffer_ctx *bc = r->t->ops->blob_share_file(r->t, fd, foff - skip, size + skip, skip, &res_id) == 0
+        struct apir_buffer_ctx *bc = apir_device_ready_locked(d, "sharing a mapped file") &&
+                                             r->t->ops->blob_share_file(r->t, fd, foff - skip, size + skip, skip, &res_id) == 0
                                          ? wrap_blob_locked(d, res_id, ptr, size, false)
                                          : NULL;
         pthread_mutex_unlock(&r->lock);
@@ -445,31 +497,79 @@ ggml_backend_buffer_t apir_buffer_from_host_ptr(ggml_backend_dev_t dev, void *pt
     return buf;
 }
 
+/* A buffer in the host's device memory (not zero copy); NULL on failure. */
+static ggml_backend_buffer_t alloc_remote(ggml_backend_buffer_type_t buft, struct apir_device *d, size_t size)
+{
+    struct apir_buft_ctx *bctx = buft->context;
+    struct apir_remote *r = &d->remote;
+    uint64_t handle = 0, base = 0;
+    struct apir_buffer_ctx *bc = NULL;
+    pthread_mutex_lock(&r->lock);
+    if (!apir_device_ready_locked(d, "a buffer")) {
+    } else if (apir_call_locked(r, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, bctx->handle, (uint64_t)size, &handle) !=
+                   APIR_HANDLER_OK ||
+               !handle) {
+        APIR_ERROR("guest", "%s: allocating a %zu-byte buffer failed on the host", d->name, size);
+    } else if (apir_call_locked(r, APIR_CMD_BUFFER_GET_BASE, handle, &base) != APIR_HANDLER_OK ||
+               !(bc = calloc(1, sizeof(*bc)))) {
+        APIR_ERROR("guest", "%s: a %zu-byte buffer failed", d->name, size);
+        apir_call_locked(r, APIR_CMD_BUFFER_FREE_BUFFER, handle);
+    } else {
+        bc->device = d;
+        bc->conn = apir_remote_conn_get_locked(r);
+        bc->generation = bc->conn->generation;
+        bc->handle = handle;
+        bc->base = base;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return bc ? ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size) : NULL;
+}
+
+/*
+ * What an allocation gives when the host is gone (it died and is not back):
+ * a buffer with no memory behind it, whose every use fails and is logged,
+ * and whose graphs fail with an error status.  ggml's scheduler does not
+ * survive a NULL compute buffer (ggml_backend_sched_alloc_graph ignores the
+ * failed reserve and faults in ggml_gallocr_alloc_graph, as whisper.cpp
+ * did), while a failed graph is an error a program reports and survives
+ * (llama-server answers that request with an error).  A host that answers
+ * and refuses (over its quota, out of device memory) gets NULL, as a native
+ * backend out of memory gives.
+ */
+static ggml_backend_buffer_t alloc_stand_in(ggml_backend_buffer_type_t buft, struct apir_device *d, size_t size)
+{
+    struct apir_buffer_ctx *bc = calloc(1, sizeof(*bc));
+    if (!bc)
+        return NULL;
+    bc->device = d;
+    bc->generation = 0;  /* no connection has it: never live */
+    /* An address ggml can place tensors at; nothing ever reads it. */
+    bc->base = (uint64_t)((struct apir_buft_ctx *)buft->context)->alignment;
+    APIR_ERROR("guest", "%s: a %zu-byte buffer stands in for one the host at %s cannot give: every use of it fails",
+               d->name, size, d->remote.endpoint);
+    return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
+}
+
+static bool host_gone(struct apir_device *d)
+{
+    pthread_mutex_lock(&d->remote.lock);
+    const bool gone = apir_remote_gone_locked(&d->remote);
+    pthread_mutex_unlock(&d->remote.lock);
+    return gone;
+}
+
 static ggml_backend_buffer_t buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size)
 {
     struct apir_device *d = buft_device(buft);
-    if (d->zero_copy)
-        return alloc_zero_copy(buft, d, size);
-    struct apir_buft_ctx *bctx = buft->context;
-    uint64_t handle = 0, base = 0;
-    if (apir_call(&d->remote, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, bctx->handle, (uint64_t)size, &handle) != APIR_HANDLER_OK ||
-        !handle) {
-        APIR_ERROR("guest", "%s: allocating a %zu-byte buffer failed on the host", d->name, size);
-        return NULL;
+    ggml_backend_buffer_t buf = NULL;
+    /* A host found gone by the first attempt (it died since the last call)
+     * may be back already (restarted): the second attempt reconnects. */
+    for (int attempt = 0; attempt < 2 && !buf; attempt++) {
+        buf = d->zero_copy ? alloc_zero_copy(buft, d, size) : alloc_remote(buft, d, size);
+        if (!buf && !host_gone(d))
+            return NULL;
     }
-    if (apir_call(&d->remote, APIR_CMD_BUFFER_GET_BASE, handle, &base) != APIR_HANDLER_OK) {
-        apir_call(&d->remote, APIR_CMD_BUFFER_FREE_BUFFER, handle);
-        return NULL;
-    }
-    struct apir_buffer_ctx *bc = calloc(1, sizeof(*bc));
-    if (!bc) {
-        apir_call(&d->remote, APIR_CMD_BUFFER_FREE_BUFFER, handle);
-        return NULL;
-    }
-    bc->device = d;
-    bc->handle = handle;
-    bc->base = base;
-    return ggml_backend_buffer_init(buft, apir_buffer_iface, bc, size);
+    return buf ? buf : alloc_stand_in(buft, d, size);
 }
 
 static const struct ggml_backend_buffer_type_i apir_buft_iface = {
@@ -491,6 +591,7 @@ void apir_buft_setup(struct apir_device *d)
     apir_call(r, APIR_CMD_BUFFER_TYPE_GET_NAME, c->handle, remote_name, sizeof(remote_name));
     apir_call(r, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, c->handle, &alignment);
     apir_call(r, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, c->handle, &max_size);
+    c->nbytes_alloc_size = apir_buft_sizes_by_nbytes(remote_name);
     c->alignment = alignment ? (size_t)alignment : 32;
     c->max_size = (size_t)max_size;
     snprintf(c->name, sizeof(c->name), "%s(%s)", d->name, remote_name);

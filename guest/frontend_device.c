@@ -5,6 +5,7 @@
 
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "ggml-impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,39 +60,86 @@ static ggml_backend_buffer_type_t dev_get_host_buffer_type(ggml_backend_dev_t de
     return dev_ctx(dev)->has_host_buft ? &dev_ctx(dev)->host_buft : NULL;
 }
 
-/* Two independent 64-bit FNV-1a-style hashes: a false cache hit would
- * need both to collide. */
-static void hash_bytes(const void *p, size_t n, uint64_t *h1, uint64_t *h2)
+/* Two independent 64-bit hashes of whole words (records are 8-byte
+ * multiples): a false cache hit would need both to collide. */
+static void hash_words(const void *p, size_t n, uint64_t *h1, uint64_t *h2)
 {
     const uint8_t *b = p;
     uint64_t a = 0xcbf29ce484222325ull, c = 0x84222325cbf29ce4ull;
-    for (size_t i = 0; i < n; i++) {
-        a = (a ^ b[i]) * 0x100000001b3ull;
-        c = (c ^ b[i]) * 0x100000001b3ull + (c >> 29);
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        a = (a ^ w) * 0x100000001b3ull;
+        a ^= a >> 29;
+        c = (c + w) * 0xff51afd7ed558ccdull;
+        c ^= c >> 32;
     }
     *h1 = a;
     *h2 = c | 1;  /* never 0: (0,0) marks an empty entry */
 }
 
+static bool cache_lookup(struct apir_device *d, uint64_t h1, uint64_t h2, uint64_t *value)
+{
+    struct apir_op_cache_entry *set = d->cache[h1 % APIR_OP_CACHE_SETS];
+    bool hit = false;
+    pthread_mutex_lock(&d->cache_lock);
+    for (int w = 0; w < APIR_OP_CACHE_WAYS; w++) {
+        if (set[w].h1 == h1 && set[w].h2 == h2) {
+            set[w].last_use = ++d->cache_clock;
+            *value = set[w].value;
+            hit = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&d->cache_lock);
+    return hit;
+}
+
+static void cache_store(struct apir_device *d, uint64_t h1, uint64_t h2, uint64_t value)
+{
+    struct apir_op_cache_entry *set = d->cache[h1 % APIR_OP_CACHE_SETS];
+    pthread_mutex_lock(&d->cache_lock);
+    int victim = 0;
+    for (int w = 1; w < APIR_OP_CACHE_WAYS; w++)
+        if (set[w].last_use < set[victim].last_use)
+            victim = w;
+    set[victim] = (struct apir_op_cache_entry){ .h1 = h1, .h2 = h2, .value = value, .last_use = ++d->cache_clock };
+    pthread_mutex_unlock(&d->cache_lock);
+}
+
+/* What a device whose host is gone answers: it keeps running what it ran
+ * (a tensor already in its buffers must still have a backend that takes
+ * it, or ggml's scheduler aborts), and the compute then fails with an
+ * error.  Never cached: a host reached again answers for itself. */
+static bool answer_without_host(enum apir_op_query kind, uint64_t *value)
+{
+    switch (kind) {
+    case APIR_Q_SUPPORTS:
+        *value = 1;
+        return true;
+    case APIR_Q_OFFLOAD:
+        *value = 0;
+        return true;
+    default:
+        return false;  /* alloc size: the caller's ggml_nbytes */
+    }
+}
+
 bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct ggml_tensor *op, uint64_t *value)
 {
     struct apir_tensor_rec recs[1 + GGML_MAX_SRC];
-    uint32_t n = apir_op_records(op, recs);
+    uint32_t n = kind == APIR_Q_ALLOC_SIZE ? apir_alloc_size_record(op, recs) : apir_op_records(op, recs);
     if (!n)
         return false;
     uint64_t h1, h2;
     /* The question is part of the key. */
     recs[0].pad1 = (uint32_t)kind;
-    hash_bytes(recs, n * sizeof(recs[0]), &h1, &h2);
+    hash_words(recs, n * sizeof(recs[0]), &h1, &h2);
     recs[0].pad1 = 0;
-    struct apir_op_cache_entry *e = &d->cache[h1 % APIR_OP_CACHE_SIZE];
-    pthread_mutex_lock(&d->cache_lock);
-    if (e->h1 == h1 && e->h2 == h2) {
-        *value = e->value;
-        pthread_mutex_unlock(&d->cache_lock);
+    if (cache_lookup(d, h1, h2, value))
         return true;
-    }
-    pthread_mutex_unlock(&d->cache_lock);
+    APIR_DEBUG("guest", "%s: asking the host (question %d): %s '%s' %dx%dx%dx%d", d->name, (int)kind, ggml_op_desc(op),
+               op->name, (int)op->ne[0], (int)op->ne[1], (int)op->ne[2], (int)op->ne[3]);
 
     int rc;
     bool b = false;
@@ -99,34 +147,76 @@ bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct 
     struct apir_remote *r = &d->remote;
     if (r->minor < 2)
         return false;  /* 0.1 has only the raw inline format: we do not send our memory */
+    pthread_mutex_lock(&r->lock);
+    if (apir_remote_gone_locked(r)) {
+        pthread_mutex_unlock(&r->lock);
+        return answer_without_host(kind, value);
+    }
     switch (kind) {
     case APIR_Q_SUPPORTS:
-        rc = apir_call(r, APIR_CMD_DEVICE_SUPPORTS_OP_L, n, recs, &b);
+        rc = apir_call_locked(r, APIR_CMD_DEVICE_SUPPORTS_OP_L, n, recs, &b);
         v = b;
         break;
     case APIR_Q_OFFLOAD:
-        rc = apir_call(r, APIR_CMD_DEVICE_OFFLOAD_OP_L, n, recs, &b);
+        rc = apir_call_locked(r, APIR_CMD_DEVICE_OFFLOAD_OP_L, n, recs, &b);
         v = b;
         break;
     case APIR_Q_ALLOC_SIZE:
-        rc = apir_call(r, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, d->buft_ctx.handle, n, recs, &v);
+        rc = apir_call_locked(r, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, d->buft_ctx.handle, n, recs, &v);
         break;
     default:
-        return false;
+        rc = -1;
+        break;
     }
+    const bool gone = rc != APIR_HANDLER_OK && apir_remote_gone_locked(r);
+    pthread_mutex_unlock(&r->lock);
+    if (gone)
+        return answer_without_host(kind, value);
     if (rc != APIR_HANDLER_OK)
         return false;
-    pthread_mutex_lock(&d->cache_lock);
-    e->h1 = h1;
-    e->h2 = h2;
-    e->value = v;
-    pthread_mutex_unlock(&d->cache_lock);
+    cache_store(d, h1, h2, v);
     *value = v;
+    return true;
+}
+
+/* A new connection is a new host session: the buffer type's handle is asked
+ * again, and the answers of the old host are forgotten. */
+static void device_reconnected_locked(struct apir_device *d)
+{
+    struct apir_remote *r = &d->remote;
+    uint64_t handle = 0;
+    char remote_name[48] = "";
+    if (apir_call_locked(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &handle) == APIR_HANDLER_OK)
+        d->buft_ctx.handle = handle;
+    if (apir_call_locked(r, APIR_CMD_BUFFER_TYPE_GET_NAME, d->buft_ctx.handle, remote_name, sizeof(remote_name)) ==
+        APIR_HANDLER_OK)
+        d->buft_ctx.nbytes_alloc_size = apir_buft_sizes_by_nbytes(remote_name);
+    pthread_mutex_lock(&d->cache_lock);
+    memset(d->cache, 0, sizeof(d->cache));
+    pthread_mutex_unlock(&d->cache_lock);
+    memset(d->kept_uids, 0, sizeof(d->kept_uids));
+    d->generation = r->conn->generation;
+}
+
+bool apir_device_ready_locked(struct apir_device *d, const char *what)
+{
+    struct apir_remote *r = &d->remote;
+    if (!apir_remote_reconnect_locked(r)) {
+        APIR_ERROR("guest", "%s: %s failed: the host at %s is unreachable", d->name, what, r->endpoint);
+        return false;
+    }
+    if (d->generation != r->conn->generation)
+        device_reconnected_locked(d);
     return true;
 }
 
 static bool dev_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor *op)
 {
+    /* Views, reshapes, permutes and op-less tensors compute nothing: every
+     * ggml backend takes them (ggml's scheduler skips them when splitting).
+     * A view that moves each step (a growing cache's) is not asked about. */
+    if (ggml_op_is_empty(op->op))
+        return true;
     uint64_t v = 0;
     return apir_op_query(dev_ctx(dev), APIR_Q_SUPPORTS, op, &v) && v;
 }
@@ -202,6 +292,7 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
     if (type == GGML_BACKEND_DEVICE_TYPE_CPU && d->remote.t->blobs_shared && !getenv("APIR_SPIN_GRAPH_US"))
         d->remote.graph_spin_ns = 0;
     pthread_mutex_init(&d->cache_lock, NULL);
+    d->generation = d->remote.conn->generation;
     d->dev.iface = apir_device_iface;
     d->dev.reg = reg;
     d->dev.context = d;

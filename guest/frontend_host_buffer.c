@@ -23,6 +23,7 @@
 
 struct apir_host_buffer_ctx {
     struct apir_device *device;
+    struct apir_conn *conn;    /* the connection that knows res_id (a reference) */
     uint8_t *ptr;
     size_t size;
     uint32_t res_id;
@@ -64,6 +65,9 @@ bool apir_host_blob_find(struct apir_device *d, const void *data, size_t size, u
     pthread_mutex_lock(&d->host_blobs_lock);
     for (uint32_t i = 0; i < d->n_host_blobs && !found; i++) {
         const struct apir_host_blob *b = &d->host_blobs[i];
+        /* A blob of a connection since replaced: unknown to this host. */
+        if (b->generation != atomic_load(&d->remote.generation))
+            continue;
         if (p >= b->ptr && size <= b->size && (size_t)(p - b->ptr) <= b->size - size) {
             *res_id = b->res_id;
             *blob_offset = (uint64_t)(p - b->ptr);
@@ -80,7 +84,8 @@ static void host_buffer_free(ggml_backend_buffer_t buffer)
     struct apir_remote *r = &hc->device->remote;
     host_blobs_forget(hc->device, hc->ptr);
     pthread_mutex_lock(&r->lock);
-    r->t->ops->blob_destroy(r->t, hc->res_id, hc->ptr, hc->size);
+    hc->conn->t->ops->blob_destroy(hc->conn->t, hc->res_id, hc->ptr, hc->size);
+    apir_conn_put_locked(r, hc->conn);
     pthread_mutex_unlock(&r->lock);
     free(hc);
 }
@@ -151,22 +156,26 @@ static ggml_backend_buffer_t host_buft_alloc_buffer(ggml_backend_buffer_type_t b
     hc->size = size ? size : 1;
     void *ptr = NULL;
     pthread_mutex_lock(&r->lock);
-    int rc = r->t->ops->blob_create(r->t, hc->size, &hc->res_id, &ptr);
+    int rc = apir_device_ready_locked(d, "a shared host buffer") ? r->t->ops->blob_create(r->t, hc->size, &hc->res_id, &ptr)
+                                                                 : -1;
+    hc->conn = apir_remote_conn_get_locked(r);
     pthread_mutex_unlock(&r->lock);
     hc->ptr = ptr;
     pthread_mutex_lock(&d->host_blobs_lock);
     bool listed = rc == 0 && d->n_host_blobs < APIR_MAX_HOST_BLOBS;
     if (listed)
-        d->host_blobs[d->n_host_blobs++] = (struct apir_host_blob){ .ptr = hc->ptr, .size = hc->size, .res_id = hc->res_id };
+        d->host_blobs[d->n_host_blobs++] = (struct apir_host_blob){
+            .ptr = hc->ptr, .size = hc->size, .res_id = hc->res_id, .generation = hc->conn->generation,
+        };
     pthread_mutex_unlock(&d->host_blobs_lock);
     if (!listed) {
         /* Out of shared memory or of table slots: a plain CPU buffer does. */
         APIR_WARN("guest", "%s: no shared host buffer of %zu bytes; using a CPU buffer", d->name, size);
-        if (rc == 0) {
-            pthread_mutex_lock(&r->lock);
-            r->t->ops->blob_destroy(r->t, hc->res_id, hc->ptr, hc->size);
-            pthread_mutex_unlock(&r->lock);
-        }
+        pthread_mutex_lock(&r->lock);
+        if (rc == 0)
+            hc->conn->t->ops->blob_destroy(hc->conn->t, hc->res_id, hc->ptr, hc->size);
+        apir_conn_put_locked(r, hc->conn);
+        pthread_mutex_unlock(&r->lock);
         free(hc);
         return ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), size);
     }

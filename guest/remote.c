@@ -43,6 +43,11 @@ static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
     r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
     int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply);
+    if (sub != 0 && r->t->broken && !r->gone_logged) {
+        /* Said once per connection; each caller reports its own failure. */
+        r->gone_logged = true;
+        APIR_ERROR("guest", "the host at %s is gone: calls fail; new allocations try to reach it again", r->t->endpoint);
+    }
     /* A keyed graph stays on the device until a command that is not a query
      * or another graph or upload (apir_command_runs_beside_device). */
     if (sub == 0 && (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE))
@@ -128,53 +133,138 @@ bool apir_remote_data_reserve(struct apir_remote *r, size_t size)
     return true;
 }
 
-bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t device, char *err, size_t err_len)
+/* Opens a transport to r->endpoint, handshakes, selects r->device and
+ * shares a data area: r->t, r->conn, r->minor and the data area are set on
+ * success.  Nothing else of r is touched (the lock is held, or r is not yet
+ * shared). */
+static bool session_open(struct apir_remote *r, char *err, size_t err_len)
 {
-    memset(r, 0, sizeof(*r));
-    r->t = apir_transport_open(endpoint, err, err_len);
-    if (!r->t)
+    struct apir_transport *t = apir_transport_open(r->endpoint[0] ? r->endpoint : NULL, err, err_len);
+    if (!t)
         return false;
-    pthread_mutex_init(&r->lock, NULL);
-
-    struct apir_encoder *enc = r->t->ops->begin(r->t);
+    struct apir_conn *conn = calloc(1, sizeof(*conn));
+    if (!conn) {
+        snprintf(err, err_len, "out of memory");
+        t->ops->close(t);
+        return false;
+    }
+    struct apir_encoder *enc = t->ops->begin(t);
     apir_encode_u32(enc, APIR_VERSION_MAJOR);
     apir_encode_u32(enc, APIR_VERSION_MINOR);
     uint32_t ret, major = 0, minor = 0;
     struct apir_decoder reply;
-    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_HANDSHAKE, 0, HANDSHAKE_TIMEOUT_NS, &ret, &reply) != 0) {
-        snprintf(err, err_len, "no handshake answer from %s", r->t->endpoint);
+    if (t->ops->submit(t, APIR_CMD_TYPE_HANDSHAKE, 0, HANDSHAKE_TIMEOUT_NS, &ret, &reply) != 0) {
+        snprintf(err, err_len, "no handshake answer from %s", t->endpoint);
         goto fail;
     }
     major = apir_decode_u32(&reply);
     minor = apir_decode_u32(&reply);
     if (ret != APIR_HANDSHAKE_MAGIC || reply.fatal || major != APIR_VERSION_MAJOR) {
-        snprintf(err, err_len, "protocol mismatch with %s: host speaks APIR %u.%u, guest %u.%u", r->t->endpoint, major,
+        snprintf(err, err_len, "protocol mismatch with %s: host speaks APIR %u.%u, guest %u.%u", t->endpoint, major,
                  minor, APIR_VERSION_MAJOR, APIR_VERSION_MINOR);
         goto fail;
     }
-    r->minor = minor;
-    if (minor < 2 && device != 0) {
+    if (minor < 2 && r->device != 0) {
         snprintf(err, err_len, "host speaks APIR 0.%u: only device 0 is reachable", minor);
         goto fail;
     }
-    if (minor >= 2 && apir_call(r, APIR_CMD_DEVICE_SELECT, device) != APIR_HANDLER_OK) {
-        snprintf(err, err_len, "host refused device %u", device);
-        goto fail;
+    struct apir_transport *old_t = r->t;
+    struct apir_conn *old_conn = r->conn;
+    uint32_t old_minor = r->minor;
+    r->t = t;
+    r->minor = minor;
+    r->data = NULL;
+    r->data_size = 0;
+    if (minor >= 2 && apir_call_locked(r, APIR_CMD_DEVICE_SELECT, r->device) != APIR_HANDLER_OK) {
+        snprintf(err, err_len, "host refused device %u", r->device);
+    } else if (!apir_remote_data_reserve(r, apir_remote_data_default())) {
+        snprintf(err, err_len, "cannot share a data area with the host");
+    } else {
+        conn->t = t;
+        conn->refs = 1;
+        conn->generation = old_conn ? old_conn->generation + 1 : 1;
+        r->conn = conn;
+        atomic_store(&r->generation, conn->generation);
+        snprintf(r->endpoint, sizeof(r->endpoint), "%s", t->endpoint);
+        r->host_computing = false;
+        r->gone_logged = false;
+        return true;
     }
+    r->t = old_t;
+    r->minor = old_minor;
+fail:
+    t->ops->close(t);
+    free(conn);
+    return false;
+}
+
+bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t device, char *err, size_t err_len)
+{
+    memset(r, 0, sizeof(*r));
+    if (endpoint)
+        snprintf(r->endpoint, sizeof(r->endpoint), "%s", endpoint);
     r->device = device;
     const char *prof = getenv("APIR_PROFILE");
     r->profile = prof && !strcmp(prof, "1");
     r->graph_spin_ns = (uint64_t)apir_spin_graph_us() * 1000;
-    if (!apir_remote_data_reserve(r, apir_remote_data_default())) {
-        snprintf(err, err_len, "cannot share a data area with the host");
-        goto fail;
+    pthread_mutex_init(&r->lock, NULL);
+    if (!session_open(r, err, err_len)) {
+        pthread_mutex_destroy(&r->lock);
+        return false;
     }
     return true;
-fail:
-    r->t->ops->close(r->t);
-    r->t = NULL;
-    pthread_mutex_destroy(&r->lock);
-    return false;
+}
+
+bool apir_remote_gone_locked(const struct apir_remote *r)
+{
+    return r->t->broken;
+}
+
+struct apir_conn *apir_remote_conn_get_locked(struct apir_remote *r)
+{
+    r->conn->refs++;
+    return r->conn;
+}
+
+void apir_conn_put_locked(struct apir_remote *r, struct apir_conn *c)
+{
+    if (--c->refs > 0)
+        return;
+    if (c == r->conn)
+        r->conn = NULL;
+    c->t->ops->close(c->t);
+    free(c);
+}
+
+#define RECONNECT_INTERVAL_NS (1000ull * 1000 * 1000)
+
+bool apir_remote_reconnect_locked(struct apir_remote *r)
+{
+    if (!r->t->broken)
+        return true;
+    uint64_t now = apir_now_ns();
+    if (now < r->next_reconnect_ns)
+        return false;
+    r->next_reconnect_ns = now + RECONNECT_INTERVAL_NS;
+    struct apir_transport *old_t = r->t;
+    struct apir_conn *old_conn = r->conn;
+    uint8_t *old_data = r->data;
+    size_t old_data_size = r->data_size;
+    uint32_t old_data_id = r->data_res_id;
+    char err[256];
+    if (!session_open(r, err, sizeof(err))) {
+        r->data = old_data;
+        r->data_size = old_data_size;
+        r->data_res_id = old_data_id;
+        APIR_WARN("guest", "the host at %s is still unreachable: %s", r->endpoint, err);
+        return false;
+    }
+    /* The old data area goes with the dead connection (an unmap only). */
+    old_t->ops->blob_destroy(old_t, old_data_id, old_data, old_data_size);
+    apir_conn_put_locked(r, old_conn);
+    APIR_WARN("guest", "reached the host at %s again (connection %u): what was on the old host is gone", r->endpoint,
+              r->conn->generation);
+    return true;
 }
 
 void apir_remote_close(struct apir_remote *r)
@@ -184,6 +274,8 @@ void apir_remote_close(struct apir_remote *r)
     /* Closing the socket frees everything on the host; no need to unmap the
      * data area there first. */
     r->t->ops->close(r->t);
+    free(r->conn);
+    r->conn = NULL;
     r->t = NULL;
     pthread_mutex_destroy(&r->lock);
 }

@@ -10,6 +10,7 @@
 #define APIR_REMOTE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,9 +18,28 @@
 #include "apir_commands.h"
 #include "transport.h"
 
-struct apir_remote {
+/*
+ * One connection to the host.  What is made on a connection (buffers, shared
+ * blobs) holds a reference to it: when the host dies and a new one is
+ * reached (apir_remote_reconnect_locked), those objects stay valid in the
+ * program, fail their calls locally, and release their memory through the
+ * dead connection, which only unmaps.  Their contents lived on the dead host
+ * and are gone.  refs is changed under the remote's lock.
+ */
+struct apir_conn {
     struct apir_transport *t;
+    uint32_t refs;                /* the remote's own, plus one per object made on it */
+    uint32_t generation;          /* 1 for the first connection, +1 per reconnection */
+};
+
+struct apir_remote {
+    struct apir_transport *t;     /* conn->t: the current connection's transport */
+    struct apir_conn *conn;
     pthread_mutex_t lock;
+    char endpoint[128];           /* what a reconnection dials */
+    uint64_t next_reconnect_ns;   /* no attempt before this (one a second at most) */
+    bool gone_logged;             /* "the host is gone" said for this connection */
+    _Atomic uint32_t generation;  /* conn->generation, readable without the lock */
     uint32_t minor;               /* negotiated protocol minor */
     uint32_t device;              /* host device index */
     uint8_t *data;                /* data area blob */
@@ -36,7 +56,27 @@ struct apir_remote {
 
 /* Connects, handshakes and selects a host device.  False with err set. */
 bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t device, char *err, size_t err_len);
+/* Closes the connection; nothing made on it may be left (tools, tests and a
+ * device that failed its setup). */
 void apir_remote_close(struct apir_remote *r);
+
+/* The host stopped answering (it died, or hung up on us); lock held. */
+bool apir_remote_gone_locked(const struct apir_remote *r);
+
+/*
+ * Lock held.  True when the connection works: at once if it never broke,
+ * else after reaching the host again (a restarted host) - tried at most
+ * once a second, so a dead host costs a failed connect() per second, never
+ * a busy loop.  A new connection is a new host session: objects made on the
+ * old one are gone there (see struct apir_conn).
+ */
+bool apir_remote_reconnect_locked(struct apir_remote *r);
+
+/* The current connection, with a reference for an object made on it; lock
+ * held.  apir_conn_put drops it (lock held); a retired connection's
+ * transport closes with its last reference. */
+struct apir_conn *apir_remote_conn_get_locked(struct apir_remote *r);
+void apir_conn_put_locked(struct apir_remote *r, struct apir_conn *c);
 
 /*
  * A backend command: the request values in the order of the command's

@@ -41,6 +41,10 @@ bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec
             return false;
         }
         const struct apir_buffer_ctx *bc = buf->context;
+        if (!apir_buffer_live(bc)) {
+            APIR_ERROR("guest", "tensor '%s' was on a host that is gone (its buffer went with it)", t->name);
+            return false;
+        }
         rec->buffer = bc->handle;
         rec->data = (uint64_t)((uintptr_t)t->data - (uintptr_t)bc->base);
     }
@@ -65,18 +69,47 @@ uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *r
         recs[0].src[i] = recs[n].id;
         n++;
     }
-    /* Placement does not change the answer; leaving it out keeps the
-     * questions cacheable and the guest's addresses private. */
+    /*
+     * Only what decides the answer is sent, and so keys the cache
+     * (frontend_device.c): the op, its parameters, and the type, shape,
+     * strides and flags of it and of its sources (an optimizer step takes
+     * only a parameter).  Placement and names do not decide it (leaving them
+     * out also keeps the guest's addresses private); nor does how the
+     * sources were made: a source goes as an op-less tensor.
+     * A view's parameter is its offset, which moves every token in a graph
+     * that views a growing cache (whisper's positional embeddings): left
+     * out, the same question is the same key from one step to the next.
+     */
     for (uint32_t i = 0; i < n; i++) {
         recs[i].buffer = 0;
         recs[i].data = 0;
         recs[i].view_src = 0;
         recs[i].view_offs = 0;
         memset(recs[i].name, 0, sizeof(recs[i].name));
-        if (i > 0)
+        if (i > 0) {
             memset(recs[i].src, 0, sizeof(recs[i].src));
+            recs[i].op = GGML_OP_NONE;
+        }
+        if (i > 0 || recs[i].op == GGML_OP_VIEW)
+            memset(recs[i].op_params, 0, sizeof(recs[i].op_params));
     }
     return n;
+}
+
+uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *rec)
+{
+    if (!apir_tensor_to_rec(t, rec, false))
+        return 0;
+    /* A buffer type's size for a tensor follows from its type and shape. */
+    struct apir_tensor_rec plain;
+    memset(&plain, 0, sizeof(plain));
+    plain.id = 1;
+    plain.type = rec->type;
+    memcpy(plain.ne, rec->ne, sizeof(plain.ne));
+    memcpy(plain.nb, rec->nb, sizeof(plain.nb));
+    plain.op = GGML_OP_NONE;
+    *rec = plain;
+    return 1;
 }
 
 static uint32_t ptr_hash(const void *p)
@@ -143,10 +176,30 @@ static uint32_t node_use_count(const struct ggml_cgraph *graph, int i)
     return n > 0 ? (uint32_t)n : 0;
 }
 
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts)
+/*
+ * A node no backend computes (a view, reshape, permute, transpose or an
+ * op-less tensor) whose memory is not in one of our buffers.  ggml's
+ * scheduler cuts a graph into splits by the nodes that compute and leaves
+ * such no-ops in whichever split their position falls: a recurrent or
+ * encoder-decoder model's graph puts views of tensors in the CPU's buffers
+ * among a device's nodes, though no node of that device reads them (a node
+ * that did would read a copy the scheduler made).  They are left out of the
+ * graph sent; a node that computes with one still pulls it in as a source,
+ * and its record is refused as before.
+ */
+static bool node_is_foreign_noop(const struct ggml_tensor *t)
+{
+    if (!ggml_op_is_empty(t->op))
+        return false;
+    ggml_backend_buffer_t buf = t->view_src ? t->view_src->buffer : t->buffer;
+    return buf != NULL && !apir_buffer_is_ours(buf);
+}
+
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent)
 {
     struct apir_graph_scratch *g = &d->graph;
     const int n_nodes = ggml_graph_n_nodes((struct ggml_cgraph *)graph);
+    *n_sent = UINT32_MAX;  /* until the nodes to send are known */
     /* Every tensor reachable from a node: nodes, srcs, view sources.  The
      * worst case is bounded by nodes * (1 + srcs + view); grow to it. */
     uint32_t bound = (uint32_t)n_nodes * (GGML_MAX_SRC + 2) + 16;
@@ -155,9 +208,11 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
     uint32_t n = 0;
     for (int i = 0; i < n_nodes; i++) {
         const struct ggml_tensor *node = ggml_graph_node((struct ggml_cgraph *)graph, i);
-        if (!visit_add(g, &n, node))
+        if (!node_is_foreign_noop(node) && !visit_add(g, &n, node))
             return 0;
     }
+    /* The nodes sent are the first n_kept entries, in graph order. */
+    const uint32_t n_kept = n;
     /* Walk the list as it grows: srcs and view sources of every entry. */
     for (uint32_t k = 0; k < n; k++) {
         const struct ggml_tensor *t = g->list[k];
@@ -167,16 +222,19 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
         if (t->view_src && !visit_add(g, &n, t->view_src))
             return 0;
     }
-    size_t size = 4 + (size_t)n_nodes * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
+    *n_sent = n_kept;
+    if (n_kept == 0)
+        return 0;
+    size_t size = 4 + (size_t)n_kept * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
     if (use_counts)
-        size += 4 + (size_t)n_nodes * 4;
+        size += 4 + (size_t)n_kept * 4;
     if (!apir_remote_data_reserve(&d->remote, size))
         return 0;
     struct apir_encoder enc;
     apir_encoder_init(&enc, d->remote.data, d->remote.data_size);
-    apir_encode_u32(&enc, (uint32_t)n_nodes);
-    for (int i = 0; i < n_nodes; i++)
-        apir_encode_u64(&enc, tensor_id(ggml_graph_node((struct ggml_cgraph *)graph, i)));
+    apir_encode_u32(&enc, n_kept);
+    for (uint32_t k = 0; k < n_kept; k++)
+        apir_encode_u64(&enc, tensor_id(g->list[k]));
     apir_encode_u32(&enc, n);
     for (uint32_t k = 0; k < n; k++) {
         struct apir_tensor_rec *rec = apir_encode_reserve(&enc, APIR_TENSOR_REC_SIZE);
@@ -186,7 +244,8 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
     if (use_counts) {
         apir_encode_u32(&enc, APIR_GRAPH_USE_COUNTS_TAG);
         for (int i = 0; i < n_nodes; i++)
-            apir_encode_u32(&enc, node_use_count(graph, i));
+            if (!node_is_foreign_noop(ggml_graph_node((struct ggml_cgraph *)graph, i)))
+                apir_encode_u32(&enc, node_use_count(graph, i));
     }
     return enc.fatal ? 0 : apir_encoder_used(&enc);
 }

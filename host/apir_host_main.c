@@ -1,14 +1,33 @@
 /*
  * apir-host: serves a real ggml backend to guests over the shm transport.
+ *
+ * What runs as root (when started as root): the daemon - it binds the
+ * socket, accepts connections, reads each peer's uid (SO_PEERCRED), paces
+ * them and forks and re-executes itself as a worker per guest; it never
+ * parses a byte a guest sends (a refused connection is only drained).  A
+ * worker loads the backend as root (the backend libraries and a GPU's device
+ * nodes need it), then enters the sandbox (sandbox.c) - its own uid,
+ * seccomp - before the guest's hello.
+ * With --isolation thread this process serves every guest itself, without
+ * a sandbox: for trusted guests only.
  */
 #include "apir_log.h"
 #include "host.h"
+#include "sandbox.h"
 #include "shm_server.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#ifdef APIR_TEST_HOOKS
+/* tests/worker_attack.c, linked into the test build apir-host-hooks only:
+ * "attacker code" run inside a sandboxed worker (tests/test_hostile.c). */
+void apir_test_attack_prepare(void);
+void apir_test_attack_run(void);
+#endif
 
 static struct apir_shm_server *g_server;  /* for the signal handler only */
 
@@ -30,8 +49,14 @@ static void usage(FILE *out)
             "  --backend-dir DIR      where ggml's backend libraries are (default: %s)\n"
             "  --list-devices         list the backends and devices found, then exit\n"
             "  --log-level LEVEL      error|warn|info|debug (default info)\n"
-            "  --isolation MODE       process: each guest in its own worker process (default);\n"
-            "                         thread: all guests in this process\n"
+            "  --isolation MODE       process: each guest in its own sandboxed worker process (default);\n"
+            "                         thread: all guests in this process, unsandboxed - TRUSTED GUESTS ONLY\n"
+            "                         (a guest that crashes or compromises it reaches every other guest)\n"
+            "worker sandbox (process isolation):\n"
+            "  --worker-uid-base N    as root, worker k runs as uid/gid N+k (default %u)\n"
+            "  --no-sandbox           workers keep the daemon's uid and every syscall (debugging only)\n"
+            "  --sandbox-log          name each refused syscall in the worker's log (still refused)\n"
+            "  --sandbox-allow LIST   also allow these syscalls (comma-separated names), e.g. for a GPU driver\n"
             "limits per guest (over a limit the call fails; other guests go on):\n"
             "  --max-clients N        concurrent guests (64)\n"
             "  --max-buffers N        live buffers (4096)\n"
@@ -39,8 +64,14 @@ static void usage(FILE *out)
             "  --max-graph-nodes N    nodes per graph (65536)\n"
             "  --max-graph-tensors N  tensors per graph (262144)\n"
             "  --max-blobs N          shared-memory blobs (1024)\n"
-            "  --max-blob-mib N       MiB of shared memory mapped (65536)\n",
-            APIR_GGML_BIN);
+            "  --max-blob-mib N       MiB of shared memory mapped (half the RAM, at most 65536)\n"
+            "denial of service:\n"
+            "  --max-clients-per-uid N  concurrent connections of one peer uid, root's too (16; 0: no limit)\n"
+            "  --spawn-rate N         new connections per second, all peers (20; 0: no limit)\n"
+            "  --spawn-burst N        ... at once (40)\n"
+            "  --handshake-timeout-ms N  a connection's hello must come by then (5000)\n"
+            "  --graph-timeout-ms N   one command's time; a worker over it is ended (60000; 0: none)\n",
+            APIR_GGML_BIN, APIR_SANDBOX_UID_BASE_DEFAULT);
 }
 
 static int parse_u64(const char *s, unsigned long long *out)
@@ -60,6 +91,9 @@ int main(int argc, char **argv)
     apir_shm_default_path(path, sizeof(path));
     bool list = false, isolate = true;
     int serve_fd = -1;
+    unsigned long long worker_slot = 0;
+    struct apir_sandbox_config sandbox;
+    apir_sandbox_config_default(&sandbox);
     unsigned long long client_id = 0;
     apir_log_set_level(APIR_LOG_INFO);
     /* An environment variable, not a flag: worker processes inherit it. */
@@ -111,6 +145,38 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--client-id")) {
             NEED_NUM();
             client_id = n;
+        } else if (!strcmp(a, "--worker-slot")) {
+            NEED_NUM();
+            worker_slot = n;
+        } else if (!strcmp(a, "--worker-uid-base")) {
+            NEED_NUM();
+            if (n == 0 || n >= 0xFFFFFFFFull) {
+                fprintf(stderr, "apir-host: --worker-uid-base out of range\n");
+                return 2;
+            }
+            sandbox.uid_base = (uint32_t)n;
+        } else if (!strcmp(a, "--no-sandbox")) {
+            sandbox.enabled = false;
+        } else if (!strcmp(a, "--sandbox-log")) {
+            sandbox.log_only = true;
+        } else if (!strcmp(a, "--sandbox-allow") && v) {
+            sandbox.extra_allow = v;
+            i++;
+        } else if (!strcmp(a, "--max-clients-per-uid")) {
+            NEED_NUM();
+            cfg.limits.max_clients_per_uid = (uint32_t)n;
+        } else if (!strcmp(a, "--spawn-rate")) {
+            NEED_NUM();
+            cfg.limits.spawn_per_s = (uint32_t)n;
+        } else if (!strcmp(a, "--spawn-burst")) {
+            NEED_NUM();
+            cfg.limits.spawn_burst = (uint32_t)n;
+        } else if (!strcmp(a, "--handshake-timeout-ms")) {
+            NEED_NUM();
+            cfg.limits.handshake_timeout_ms = (uint32_t)(n > 600000 ? 600000 : n);
+        } else if (!strcmp(a, "--graph-timeout-ms")) {
+            NEED_NUM();
+            cfg.limits.graph_timeout_ms = (uint32_t)(n > 0xFFFFFFFFull ? 0xFFFFFFFFull : n);
         } else if (!strcmp(a, "--list-devices")) {
             list = true;
         } else if (!strcmp(a, "--log-level") && v) {
@@ -162,7 +228,25 @@ int main(int argc, char **argv)
             fprintf(stderr, "apir-host worker: %s\n", err);
             return 1;
         }
-        return apir_shm_serve_fd(&host, serve_fd, client_id) == 0 ? 0 : 1;
+        apir_sandbox_prepare(&host);
+#ifdef APIR_TEST_HOOKS
+        apir_test_attack_prepare();
+#endif
+        if (worker_slot >= cfg.limits.max_clients ||
+            !apir_sandbox_enter(&sandbox, &host, (uint32_t)worker_slot, err, sizeof(err))) {
+            fprintf(stderr, "apir-host worker: sandbox: %s\n", worker_slot >= cfg.limits.max_clients ? "bad slot" : err);
+            return 1;
+        }
+#ifdef APIR_TEST_HOOKS
+        apir_test_attack_run();
+#endif
+        int rc = apir_shm_serve_fd(&host, serve_fd, client_id) == 0 ? 0 : 1;
+        /* Ends without exit-time handlers: what they may do is no longer
+         * allowed here (LeakSanitizer's exit check clones a tracer and
+         * ptraces; a backend's destructors may open files).  The guest's
+         * session was freed above; the kernel takes the rest. */
+        fflush(NULL);
+        _exit(rc);
     }
     if (isolate) {
         /* The daemon itself never touches a backend: workers do.  Only
@@ -175,6 +259,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "apir-host: %s\n", err);
         return 1;
     }
+    if (!isolate)
+        APIR_WARN("host", "--isolation thread: every guest is served in this one unsandboxed process; "
+                  "use it for trusted guests only");
+    else if (!sandbox.enabled)
+        APIR_WARN("host", "--no-sandbox: workers run with the daemon's privileges and every syscall (debugging only)");
     g_server = apir_shm_server_new(&host, path, err, sizeof(err));
     if (!g_server) {
         fprintf(stderr, "apir-host: %s\n", err);

@@ -6,6 +6,19 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+/* Blob bytes are memory the guest committed and the host maps: at most half
+ * the machine's RAM per guest, and never more than 64 GiB. */
+static uint64_t default_blob_bytes(void)
+{
+    const uint64_t cap = 64ull << 30;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return cap;
+    uint64_t half = (uint64_t)pages * (uint64_t)page / 2;
+    return half < cap ? half : cap;
+}
 
 void apir_limits_default(struct apir_limits *l)
 {
@@ -14,8 +27,13 @@ void apir_limits_default(struct apir_limits *l)
     l->max_graph_nodes = 65536;
     l->max_graph_tensors = 262144;
     l->max_blobs = 1024;
-    l->max_blob_bytes = 64ull << 30;
+    l->max_blob_bytes = default_blob_bytes();
     l->max_clients = 64;
+    l->max_clients_per_uid = 16;
+    l->spawn_per_s = 20;
+    l->spawn_burst = 40;
+    l->handshake_timeout_ms = 5000;
+    l->graph_timeout_ms = 60000;
 }
 
 /*

@@ -23,6 +23,12 @@ struct apir_limits {
     uint32_t max_blobs;          /* shared-memory blobs per session */
     uint64_t max_blob_bytes;     /* bytes of blobs mapped per session */
     uint32_t max_clients;        /* concurrent sessions (daemon) */
+    /* Denial of service (shm_server.c): a guest must not hold what others need. */
+    uint32_t max_clients_per_uid;  /* concurrent connections of one peer uid, root's too (0: no limit) */
+    uint32_t spawn_per_s;          /* new connections per second, all peers together (token bucket) */
+    uint32_t spawn_burst;          /* ... and at once */
+    uint32_t handshake_timeout_ms; /* a connection that sends no hello by then is closed */
+    uint32_t graph_timeout_ms;     /* one command's time (a graph's compute); over it the worker ends (0: none) */
 };
 
 void apir_limits_default(struct apir_limits *l);

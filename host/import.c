@@ -112,7 +112,10 @@ static const char *check_record(struct apir_session *s, const struct apir_tensor
         return "tensor names an unknown buffer handle";
     struct apir_host_buffer *hb = slot->object;
     uint64_t end;
-    if (__builtin_add_overflow(rec->data, nbytes, &end) || end > hb->size)
+    /* A tensor without elements touches no byte: ggml places an empty view
+     * anywhere past its (empty) source, even past the buffer's end, and
+     * make_tensor pins such a tensor inside its buffer. */
+    if (nbytes != 0 && (__builtin_add_overflow(rec->data, nbytes, &end) || end > hb->size))
         return "tensor data outside its buffer";
     *buf = hb;
     return NULL;
@@ -134,7 +137,9 @@ static struct ggml_tensor *make_tensor(struct apir_session *s, const struct apir
     t->name[sizeof(t->name) - 1] = '\0';
     if (hb) {
         t->buffer = hb->buffer;
-        t->data = hb->base + rec->data;
+        /* An empty tensor's address is clamped to the buffer: nothing is
+         * read or written there, and no pointer leaves the buffer. */
+        t->data = hb->base + (rec->data < hb->size ? rec->data : hb->size);
     }
     return t;
 }
@@ -349,18 +354,22 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const 
             const struct ggml_tensor *v = t->view_src;
             if (v->buffer != t->buffer)
                 return fail("view in another buffer than its source");
-            if (t->buffer && (t->view_offs > ggml_nbytes(v) ||
-                              (uintptr_t)t->data - (uintptr_t)v->data != (uintptr_t)t->view_offs))
+            /* A view with no elements touches no byte, wherever it starts
+             * (ggml checks only views with data against their source). */
+            if (t->buffer && ggml_nbytes(t) != 0 &&
+                (t->view_offs > ggml_nbytes(v) || (uintptr_t)t->data - (uintptr_t)v->data != (uintptr_t)t->view_offs))
                 return fail("view data does not match view_src + view_offs");
         } else if (t->view_offs != 0) {
             return fail("view_offs without view_src");
         }
     }
-    /* Only now are the srcs in place: does each node fit its op?  In a graph
-     * every tensor came with its srcs; in a query list only the subject did
-     * (its srcs' own srcs are left out). */
+    /* Only now are the srcs in place: is each node what ggml's constructor
+     * for its op would build from them (op_shapes.h)?  That looks at a
+     * node's direct srcs only, so it is safe before the cycle check.  In a
+     * graph every tensor came with its srcs; in a query list only the
+     * subject did (its srcs' own srcs are left out). */
     for (uint32_t i = 0; i < (need_buffer ? n : 1); i++) {
-        const char *why = apir_op_shape_error(sc->tensors[i]);
+        const char *why = apir_op_shape_error(sc->tensors[i], !need_buffer);
         if (why)
             return fail(why);
     }

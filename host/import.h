@@ -26,7 +26,8 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir
  * src/view_src ids refer to each other.  Returns the tensors in order, or
  * NULL.  need_buffer as above, applied to every record; it also marks a
  * graph, where every tensor is checked against its op (op_shapes.h), while
- * in a query list (supports_op, alloc size) only the first, the subject. */
+ * in a query list (supports_op, alloc size) only the first, the subject:
+ * rebuilt by ggml's own constructor and compared, an allowlist of ops. */
 struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer);
 
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
@@ -36,7 +37,8 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const 
  * counts (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow. */
 struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size, bool use_counts);
 
-/* Why the last import failed (static text; for log lines). */
+/* Why the last import failed (for log lines; valid until this thread's
+ * next import). */
 const char *apir_import_error(void);
 
 #endif

@@ -9,44 +9,187 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A distinct index input of a graph: one (tensor, limit) pair (every layer's
- * SET_ROWS shares the same k_idxs). */
+/*
+ * How a kernel reads an index tensor: elements of `type` at
+ *     data + i0*nb[0] + i1*nb[1] + i2*nb[2] + i3*nb[3],   ik in [0, n[k]),
+ * each of which must lie in [0, limit).  The walk is the kernel's own (the
+ * CPU kernels of the pinned ggml: ggml-cpu/ops.cpp, and ggml-cpu.c for
+ * MUL_MAT_ID): some read by the index tensor's strides over a range that
+ * ANOTHER tensor's shape gives, some read a dense array whatever the
+ * strides.  For a graph made by ggml's constructors those walks are the
+ * index tensor's own elements; for a hostile one they are not, and it is
+ * the kernel's walk that touches memory, so that is what is checked.
+ */
+struct index_read {
+    int64_t n[GGML_MAX_DIMS];
+    uint64_t nb[GGML_MAX_DIMS];
+    enum ggml_type type;            /* what the kernel reads: I32 or I64 */
+    int64_t limit;                  /* values must be in [0, limit) */
+};
+
+/* A distinct index input of a graph: one (tensor, read) pair (every layer's
+ * SET_ROWS shares the same k_idxs, read the same way). */
 struct index_use {
     struct ggml_tensor *idx;        /* the guest's tensor */
     struct ggml_tensor *shadow;     /* host-private copy the ops read, or NULL */
-    int64_t limit;                  /* values must be in [0, limit) */
-    int last;                       /* last node that reads it */
+    struct index_read read;
+    int first, last;                /* first and last node that read it */
     bool late;                      /* an earlier node writes its memory */
 };
 
-/* The index input of a node (which src slot), if its op has one. */
-static bool index_input(const struct ggml_tensor *n, int *slot, int64_t *limit)
+static void read_strided(struct index_read *rd, const struct ggml_tensor *idx, int64_t n0, int64_t n1, int64_t n2,
+                         int64_t n3)
 {
+    const int64_t n[GGML_MAX_DIMS] = { n0, n1, n2, n3 };
+    for (int k = 0; k < GGML_MAX_DIMS; k++) {
+        rd->n[k] = n[k];
+        rd->nb[k] = idx->nb[k];
+    }
+}
+
+/* count elements of elem_size bytes, one after the other from data. */
+static void read_dense(struct index_read *rd, int64_t count, size_t elem_size)
+{
+    for (int k = 0; k < GGML_MAX_DIMS; k++) {
+        rd->n[k] = 1;
+        rd->nb[k] = 0;
+    }
+    rd->n[0] = count;
+    rd->nb[0] = elem_size;
+}
+
+static int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+/*
+ * The index input of a node (which src slot) and how its kernel reads it,
+ * if its op has one.  Every op whose kernel uses int values as addresses is
+ * here.  ROPE's positions are values in trigonometry (a wrong one is a wrong
+ * angle, not an access; the kernel reads them as a dense array of as many
+ * elements as the constructor gives the tensor, which op_shapes.c keeps
+ * inside its extent); COUNT_EQUAL's are compared; ARGSORT/TOP_K/ARGMAX
+ * write indices; no other CPU kernel reads an int tensor's values.
+ * *why is set when the node cannot be read safely at all.
+ */
+static bool index_read_of(const struct ggml_tensor *n, int *slot, struct index_read *rd, const char **why)
+{
+    const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1];
+    *why = NULL;
+    rd->type = GGML_TYPE_I32;  /* all but SET_ROWS cast the data to int32_t */
     switch (n->op) {
-    case GGML_OP_GET_ROWS:
+    case GGML_OP_GET_ROWS: {
+        /* get_rows_*: i over nelements(src1), split by ne10 and ne11: the
+         * third index runs to ne12*ne13, by nb12. */
+        int64_t n2;
         *slot = 1;
-        *limit = n->src[0] ? n->src[0]->ne[1] : 0;
+        if (!s0 || !s1 || __builtin_mul_overflow(s1->ne[2], s1->ne[3], &n2))
+            break;
+        read_strided(rd, s1, s1->ne[0], s1->ne[1], n2, 1);
+        rd->nb[3] = 0;
+        rd->limit = s0->ne[1];
         return true;
+    }
     case GGML_OP_GET_ROWS_BACK:
-    case GGML_OP_SET_ROWS:
+        /* ((int32_t *) src1->data)[i], i < nelements(src1): dense. */
         *slot = 1;
-        *limit = n->ne[1];
+        if (!s1)
+            break;
+        read_dense(rd, ggml_nelements(s1), sizeof(int32_t));
+        rd->limit = n->ne[1];
+        return true;
+    case GGML_OP_SET_ROWS:
+        /* set_rows_impl: i < ne01 along nb10, i02 % ne11 along nb11,
+         * i03 % ne12 along nb12; idx_t is src1's type. */
+        *slot = 1;
+        if (!s0 || !s1)
+            break;
+        if (s1->ne[1] <= 0 || s1->ne[2] <= 0) {
+            *why = "SET_ROWS index tensor with an empty broadcast dimension";
+            return true;
+        }
+        read_strided(rd, s1, s0->ne[1], min64(s1->ne[1], s0->ne[2]), min64(s1->ne[2], s0->ne[3]), 1);
+        rd->type = s1->type;
+        rd->limit = n->ne[1];
         return true;
     case GGML_OP_MUL_MAT_ID:
+        /* mul_mat_id grouping: iid1 < ids->ne[1], id < ids->ne[0], by ids' strides. */
         *slot = 2;
-        *limit = n->src[0] ? n->src[0]->ne[2] : 0;
+        if (!s0 || !n->src[2])
+            break;
+        read_strided(rd, n->src[2], n->src[2]->ne[0], n->src[2]->ne[1], 1, 1);
+        rd->limit = s0->ne[2];
         return true;
     case GGML_OP_ADD_ID:
+        /* add_id_f32: i1 < ne1, i2 < ne2 of the RESULT, along nb20, nb21. */
         *slot = 2;
-        *limit = n->src[1] ? n->src[1]->ne[1] : 0;
+        if (!s1 || !n->src[2])
+            break;
+        read_strided(rd, n->src[2], n->ne[1], n->ne[2], 1, 1);
+        rd->limit = s1->ne[1];
         return true;
     case GGML_OP_SSM_SCAN:
+        /* ssm_scan_f32: ids[i3], i3 < ns = src1->ne[3]: dense. */
         *slot = 6;
-        *limit = n->src[0] ? n->src[0]->ne[3] : 0;
+        if (!s0 || !s1)
+            break;
+        read_dense(rd, s1->ne[3], sizeof(int32_t));
+        rd->limit = s0->ne[3];
         return true;
     default:
         return false;
     }
+    *why = "index op without its inputs";
+    return true;
+}
+
+/*
+ * Where the kernel's walk ends, past the index tensor's data: the largest
+ * offset it reads plus one element.  False when it overflows.  *count: how
+ * many elements the walk reads.  A walk of nothing (a zero count) reads no
+ * memory: *end is 0.
+ */
+static bool read_extent(const struct index_read *rd, uint64_t *end, uint64_t *count)
+{
+    *end = 0;
+    *count = 1;
+    for (int k = 0; k < GGML_MAX_DIMS; k++) {
+        if (rd->n[k] <= 0) {
+            *count = 0;
+            return true;
+        }
+        uint64_t term;
+        if (__builtin_mul_overflow((uint64_t)(rd->n[k] - 1), rd->nb[k], &term) ||
+            __builtin_add_overflow(*end, term, end) || __builtin_mul_overflow(*count, (uint64_t)rd->n[k], count))
+            return false;
+    }
+    return !__builtin_add_overflow(*end, (uint64_t)ggml_type_size(rd->type), end);
+}
+
+/*
+ * What must hold before the values are read at all: the kernel reads the
+ * type the tensor has (ggml's constructors allow I32, and I64 for SET_ROWS),
+ * inside the index tensor's bytes (import.c checked those against the
+ * buffer; a shadow copy is exactly that long), and no more elements than
+ * those bytes hold (elements at distinct places: it also bounds the
+ * validation loop by the buffer's size, not by a guest's ne).
+ */
+static const char *read_fits(const struct ggml_tensor *idx, const struct index_read *rd)
+{
+    if (idx->type != rd->type || (rd->type != GGML_TYPE_I32 && rd->type != GGML_TYPE_I64))
+        return "index tensor of a type its op does not read";
+    uint64_t end, count;
+    if (!read_extent(rd, &end, &count))
+        return "index read overflows";
+    if (count == 0)
+        return NULL;
+    uint64_t nbytes = ggml_nbytes(idx);
+    if (end > nbytes)
+        return "op reads indices outside its index tensor";
+    if (count > nbytes / ggml_type_size(rd->type))
+        return "op reads more indices than its index tensor holds";
+    return NULL;
 }
 
 /* The view [offset, offset + extent of src1 with strides nb1..3) inside dst. */
@@ -95,14 +238,35 @@ static bool ranges_overlap(const struct ggml_tensor *a, const struct ggml_tensor
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
+/* Checks the values of the kernel's walk over base (read_fits held). */
+static const char *check_values(const uint8_t *base, const struct index_read *rd)
+{
+    for (int64_t i3 = 0; i3 < rd->n[3]; i3++)
+        for (int64_t i2 = 0; i2 < rd->n[2]; i2++)
+            for (int64_t i1 = 0; i1 < rd->n[1]; i1++) {
+                const uint8_t *row = base + i1 * rd->nb[1] + i2 * rd->nb[2] + i3 * rd->nb[3];
+                for (int64_t i0 = 0; i0 < rd->n[0]; i0++) {
+                    int64_t v;
+                    if (rd->type == GGML_TYPE_I32) {
+                        int32_t x;
+                        memcpy(&x, row + i0 * rd->nb[0], 4);
+                        v = x;
+                    } else {
+                        memcpy(&v, row + i0 * rd->nb[0], 8);
+                    }
+                    if (v < 0 || v >= rd->limit)
+                        return "index value out of range";
+                }
+            }
+    return NULL;
+}
+
 /* Takes the values the op will read: for a shadowed index, copies the
  * guest's memory into the private copy first, so what is checked is what
- * is used.  Then checks each value against [0, limit). */
+ * is used.  Then checks the kernel's walk against [0, limit). */
 static const char *take_and_check(struct apir_session *s, const struct index_use *u)
 {
     const struct ggml_tensor *t = u->shadow ? u->shadow : u->idx;
-    if (t->type != GGML_TYPE_I32 && t->type != GGML_TYPE_I64)
-        return "index tensor is not I32/I64";
     if (!u->idx->buffer || !u->idx->data)
         return "index tensor without memory";
     size_t nbytes = ggml_nbytes(t);
@@ -130,24 +294,7 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
         ggml_backend_tensor_get((struct ggml_tensor *)t, s->policy_scratch, 0, nbytes);
         base = s->policy_scratch;
     }
-    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
-                const uint8_t *row = base + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
-                for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
-                    int64_t v;
-                    if (t->type == GGML_TYPE_I32) {
-                        int32_t x;
-                        memcpy(&x, row + i0 * t->nb[0], 4);
-                        v = x;
-                    } else {
-                        memcpy(&v, row + i0 * t->nb[0], 8);
-                    }
-                    if (v < 0 || v >= u->limit)
-                        return "index value out of range";
-                }
-            }
-    return NULL;
+    return check_values(base, &u->read);
 }
 
 static bool buffer_is_guest_shared(struct apir_session *s, ggml_backend_buffer_t buf)
@@ -255,31 +402,79 @@ static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t b
     return ggml_backend_graph_compute_async(backend, sc->segment_graph);
 }
 
-/* Indices computed by ARGSORT or TOP_K lie in [0, src->ne[0]) by
- * construction: when that is the only writer and it covers the index tensor,
- * no split is needed (MoE routing would otherwise split every layer). */
+/*
+ * Index values a sort wrote need no check when the sort provably wrote
+ * every element the consumer reads, with values below the consumer's limit.
+ * The CPU kernels write int32 row i < nrows(src0) at data + i*nb1, elements
+ * 0..ne0-1: ARGSORT a permutation of 0..ne0-1, TOP_K ne0 (<= src ne0) of
+ * 0..src ne0-1.  With a contiguous result and as many rows as its source,
+ * that is every element of the result.  The consumer's walk must then land
+ * on those elements: int32 reads at multiples of 4 from the sort's data,
+ * inside its bytes.  An index tensor laid over memory the sort does not
+ * write (past its end, or a non-contiguous result's gaps) is not covered.
+ */
+static bool sort_covers(const struct ggml_tensor *sorter, const struct index_use *u)
+{
+    const struct ggml_tensor *src = sorter->src[0];
+    if ((sorter->op != GGML_OP_ARGSORT && sorter->op != GGML_OP_TOP_K) || !src || sorter->type != GGML_TYPE_I32 ||
+        !ggml_is_contiguous(sorter) || ggml_nrows(src) != ggml_nrows(sorter))
+        return false;
+    if (sorter->op == GGML_OP_TOP_K && sorter->ne[0] > src->ne[0])
+        return false;  /* the kernel would copy indices it never computed */
+    int64_t bound = sorter->op == GGML_OP_ARGSORT ? sorter->ne[0] : src->ne[0];
+    if (bound > u->read.limit || u->read.type != GGML_TYPE_I32 || u->idx->buffer != sorter->buffer)
+        return false;
+    uint64_t end, count;
+    if (!read_extent(&u->read, &end, &count))
+        return false;
+    if (count == 0)
+        return true;
+    const uint8_t *w0 = sorter->data, *base = u->idx->data;
+    if (!w0 || !base || base < w0)
+        return false;
+    uint64_t off = (uint64_t)(base - w0);
+    if (off % sizeof(int32_t))
+        return false;
+    for (int k = 0; k < GGML_MAX_DIMS; k++)
+        if (u->read.n[k] > 1 && u->read.nb[k] % sizeof(int32_t))
+            return false;
+    return end <= ggml_nbytes(sorter) && off <= ggml_nbytes(sorter) - end;
+}
+
+/* Whether the only node before the last read that writes the index memory
+ * is a sort that runs before the first read and covers it (sort_covers):
+ * then no split is needed (MoE routing would otherwise split every layer). */
 static bool written_by_sort_only(struct ggml_cgraph *graph, const struct index_use *u)
 {
     const struct ggml_tensor *sorter = NULL;
+    int sorter_at = -1;
     for (int j = 0; j < u->last; j++) {
         const struct ggml_tensor *w = ggml_graph_node(graph, j);
         if (ggml_op_is_empty(w->op) || !ranges_overlap(w, u->idx))
             continue;
-        if ((w->op != GGML_OP_ARGSORT && w->op != GGML_OP_TOP_K) || sorter)
+        if (sorter)
             return false;
         sorter = w;
+        sorter_at = j;
     }
-    if (!sorter || !sorter->src[0] || sorter->src[0]->ne[0] > u->limit)
-        return false;
-    const uint8_t *w0 = sorter->data, *i0 = u->idx->data;
-    return i0 >= w0 && i0 + ggml_nbytes(u->idx) <= w0 + ggml_nbytes(sorter);
+    return sorter && sorter_at < u->first && sort_covers(sorter, u);
 }
 
-static struct index_use *find_use(struct apir_session *s, const struct ggml_tensor *idx, int64_t limit)
+static bool same_read(const struct index_read *a, const struct index_read *b)
+{
+    if (a->type != b->type || a->limit != b->limit)
+        return false;
+    for (int k = 0; k < GGML_MAX_DIMS; k++)
+        if (a->n[k] != b->n[k] || a->nb[k] != b->nb[k])
+            return false;
+    return true;
+}
+
+static struct index_use *find_use(struct apir_session *s, const struct ggml_tensor *idx, const struct index_read *rd)
 {
     struct index_use *uses = s->policy_uses;
     for (int u = 0; u < s->policy_n_uses; u++)
-        if (uses[u].idx == idx && uses[u].limit == limit)
+        if (uses[u].idx == idx && same_read(&uses[u].read, rd))
             return &uses[u];
     return NULL;
 }
@@ -299,6 +494,41 @@ static struct index_use *add_use(struct apir_session *s)
     return u;
 }
 
+/* The use of node i's index input: found or added, its read checked
+ * against the tensor, a shadow made for guest-shared memory. */
+static const char *note_use(struct apir_session *s, struct ggml_tensor *node, int i, int slot,
+                            const struct index_read *rd)
+{
+    struct apir_import_scratch *sc = s->import_sc;
+    struct ggml_tensor *idx = node->src[slot] ? orig_of(sc, node->src[slot]) : NULL;
+    if (!idx)
+        return "index op without its index input";
+    /* The kernel would overwrite indices it has yet to read with values
+     * nobody checked. */
+    if (ranges_overlap(node, idx))
+        return "index op writes over its own indices";
+    struct index_use *u = find_use(s, idx, rd);
+    if (!u) {
+        const char *why = read_fits(idx, rd);
+        if (why)
+            return why;
+        if (!(u = add_use(s)))
+            return "out of memory for index validation";
+        u->idx = idx;
+        u->read = *rd;
+        u->first = i;
+        u->shadow = shadow_of(sc, idx);
+        if (!u->shadow && buffer_is_guest_shared(s, idx->buffer)) {
+            if (!ggml_backend_buffer_is_host(idx->buffer) || !(u->shadow = make_shadow(sc, idx)))
+                return "index tensor in guest-shared memory cannot be copied";
+        }
+    }
+    u->last = i;
+    if (u->shadow)
+        node->src[slot] = u->shadow;  /* the op reads the checked copy */
+    return NULL;
+}
+
 enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
                                      const char **why)
 {
@@ -312,33 +542,11 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
         if ((*why = check_params(node)))
             return GGML_STATUS_ABORTED;
         int slot;
-        int64_t limit;
-        if (!index_input(node, &slot, &limit))
+        struct index_read rd;
+        if (!index_read_of(node, &slot, &rd, why))
             continue;
-        struct ggml_tensor *idx = node->src[slot] ? orig_of(sc, node->src[slot]) : NULL;
-        if (!idx) {
-            *why = "index op without its index input";
+        if (*why || (*why = note_use(s, node, i, slot, &rd)))
             return GGML_STATUS_ABORTED;
-        }
-        struct index_use *u = find_use(s, idx, limit);
-        if (!u) {
-            if (!(u = add_use(s))) {
-                *why = "out of memory for index validation";
-                return GGML_STATUS_ABORTED;
-            }
-            u->idx = idx;
-            u->limit = limit;
-            u->shadow = shadow_of(sc, idx);
-            if (!u->shadow && buffer_is_guest_shared(s, idx->buffer)) {
-                if (!ggml_backend_buffer_is_host(idx->buffer) || !(u->shadow = make_shadow(sc, idx))) {
-                    *why = "index tensor in guest-shared memory cannot be copied";
-                    return GGML_STATUS_ABORTED;
-                }
-            }
-        }
-        u->last = i;
-        if (u->shadow)
-            node->src[slot] = u->shadow;  /* the op reads the checked copy */
     }
 
     /* Which index inputs does a node before their last use write (aliasing
@@ -350,8 +558,8 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
             const struct ggml_tensor *w = ggml_graph_node(graph, j);
             uses[u].late = !ggml_op_is_empty(w->op) && ranges_overlap(w, uses[u].idx);
         }
-        /* A sort's output is in range by construction, but a shadow must
-         * still be refreshed at the use. */
+        /* A covering sort's output is in range (sort_covers), but a shadow
+         * must still be refreshed at the use. */
         if (uses[u].late && !uses[u].shadow && written_by_sort_only(graph, &uses[u]))
             uses[u].late = false;
         else if (!uses[u].late && (*why = take_and_check(s, &uses[u])))
@@ -362,10 +570,15 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
     for (int i = 0; i < n; i++) {
         const struct ggml_tensor *node = ggml_graph_node(graph, i);
         int slot;
-        int64_t limit;
-        if (!index_input(node, &slot, &limit))
+        struct index_read rd;
+        const char *unused;
+        if (!index_read_of(node, &slot, &rd, &unused))
             continue;
-        struct index_use *u = find_use(s, orig_of(sc, node->src[slot]), limit);
+        struct index_use *u = find_use(s, orig_of(sc, node->src[slot]), &rd);
+        if (!u) {
+            *why = "index input changed while computing";  /* cannot happen: noted above */
+            return GGML_STATUS_ABORTED;
+        }
         if (!u->late)
             continue;
         if (i > start) {

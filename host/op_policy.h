@@ -5,10 +5,22 @@
  *
  * The per-op policy (also in README's security section):
  *   GET_ROWS, GET_ROWS_BACK, SET_ROWS, MUL_MAT_ID, ADD_ID, SSM_SCAN
- *       index values are validated against the dimension they index, right
- *       before the op reads them: up front when no earlier node of the graph
- *       writes their memory, otherwise the graph is computed in segments and
- *       validated at the split.  An index tensor in guest-shared memory
+ *       index values are validated against the dimension they index, over
+ *       exactly the elements the (CPU) kernel reads, walked as it walks
+ *       them: GET_ROWS by src1's strides over ne10 x ne11 x ne12*ne13;
+ *       SET_ROWS by src1's strides over src0's ne01 (and the broadcast
+ *       ne11, ne12); MUL_MAT_ID by ids' strides over ne0 x ne1; ADD_ID by
+ *       ids' strides over the result's ne1 x ne2; GET_ROWS_BACK as a dense
+ *       int32 array of nelements(src1); SSM_SCAN as a dense int32 array of
+ *       src1->ne[3].  The walk must stay inside the index tensor's bytes,
+ *       hold no more elements than they do, read the tensor's own type
+ *       (I32; SET_ROWS also I64), and the op must not write over its own
+ *       indices.  Values are checked right before the op reads them: up
+ *       front when no earlier node of the graph writes their memory,
+ *       otherwise the graph is computed in segments and validated at the
+ *       split.  The one writer needing no split is an ARGSORT/TOP_K that
+ *       runs before the first read and provably wrote every element read
+ *       (op_policy.c sort_covers).  An index tensor in guest-shared memory
  *       (DEVICE_BUFFER_FROM_PTR), which the guest could change after the
  *       check, is copied to host-private memory first; the op reads the copy.
  *   SET, ACC  the destination view (op_params: strides, offset) must lie

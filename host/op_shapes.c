@@ -1,82 +1,49 @@
 #include "op_shapes.h"
+#include "op_derive.h"
+#include "op_operands.h"
 
+#include "ggml-backend.h"
 #include "ggml.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
-static bool same_shape(const struct ggml_tensor *a, const struct ggml_tensor *b)
-{
-    for (int i = 0; i < GGML_MAX_DIMS; i++)
-        if (a->ne[i] != b->ne[i])
-            return false;
-    return true;
-}
+/* ---- every tensor: its extent covers its elements ------------------------ */
 
-static bool is_empty(const struct ggml_tensor *t)
+/* row_size(type, ne0) * ne1 * ne2 * ne3, overflow-checked; false when it
+ * does not fit 64 bits. */
+static bool dense_size(const struct ggml_tensor *t, uint64_t *out)
 {
-    for (int i = 0; i < GGML_MAX_DIMS; i++)
-        if (t->ne[i] == 0)
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (t->ne[i] == 0) {
+            *out = 0;
             return true;
-    return false;
-}
-
-/* a can be repeated (broadcast) to fill b. */
-static bool can_repeat(const struct ggml_tensor *a, const struct ggml_tensor *b)
-{
-    if (is_empty(a))
-        return is_empty(b);
-    for (int i = 0; i < GGML_MAX_DIMS; i++)
-        if (b->ne[i] % a->ne[i] != 0)
-            return false;
-    return true;
-}
-
-static bool ne_is(const struct ggml_tensor *t, int64_t n0, int64_t n1, int64_t n2, int64_t n3)
-{
-    return t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == n2 && t->ne[3] == n3;
-}
-
-/* f32 results are written row by row with unit stride. */
-static bool f32_rows(const struct ggml_tensor *t)
-{
-    return t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float);
-}
-
-/* Element count, or -1 when it does not fit 63 bits (strides of 0 let a
- * tensor that small in memory claim that many elements). */
-/* Laid out as ggml_new_tensor lays out a fresh result. */
-static bool contiguous(const struct ggml_tensor *t)
-{
-    size_t nb = ggml_type_size(t->type);
-    if ((size_t)t->nb[0] != nb)
-        return false;
-    nb = ggml_row_size(t->type, t->ne[0]);
-    for (int i = 1; i < GGML_MAX_DIMS; i++) {
-        if ((size_t)t->nb[i] != nb)
-            return false;
-        nb *= (size_t)t->ne[i];
+        }
     }
+    uint64_t n = (uint64_t)ggml_row_size(t->type, t->ne[0]);
+    for (int i = 1; i < GGML_MAX_DIMS; i++)
+        if (__builtin_mul_overflow(n, (uint64_t)t->ne[i], &n))
+            return false;
+    *out = n;
     return true;
 }
 
-static int64_t nelements(const struct ggml_tensor *t)
+/* Kernels that read or write densely, ignoring nb, stay inside what import
+ * bounds-checked (ggml_nbytes from the buffer's start); and every size a
+ * constructor computes from these shapes fits in 64 bits. */
+static bool extent_covers_dense(const struct ggml_tensor *t)
 {
-    int64_t n = 1;
-    for (int i = 0; i < GGML_MAX_DIMS; i++)
-        if (__builtin_mul_overflow(n, t->ne[i], &n))
-            return -1;
-    return n;
+    uint64_t dense;
+    return dense_size(t, &dense) && (uint64_t)ggml_nbytes(t) >= dense;
 }
 
-/* Same element count, both countable. */
-static bool same_count(const struct ggml_tensor *a, const struct ggml_tensor *b)
-{
-    int64_t na = nelements(a);
-    return na >= 0 && na == nelements(b);
-}
+/* ---- what a constructor needs before it can be called --------------------- */
 
 /* The sources an op cannot do without: those ggml's constructors always set
- * (optional ones - masks, sinks, frequency factors - are not counted). */
+ * and dereference (optional ones - masks, sinks, frequency factors, GLU's
+ * second half - are not counted). */
 static int required_srcs(enum ggml_op op)
 {
     switch (op) {
@@ -85,7 +52,7 @@ static int required_srcs(enum ggml_op op)
         return 0;
     case GGML_OP_ADD: case GGML_OP_ADD1: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV:
     case GGML_OP_MUL_MAT: case GGML_OP_OUT_PROD: case GGML_OP_CPY: case GGML_OP_SET: case GGML_OP_ACC:
-    case GGML_OP_GET_ROWS: case GGML_OP_GET_ROWS_BACK: case GGML_OP_SET_ROWS: case GGML_OP_CONCAT:
+    case GGML_OP_GET_ROWS: case GGML_OP_GET_ROWS_BACK: case GGML_OP_CONCAT:
     case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: case GGML_OP_COUNT_EQUAL: case GGML_OP_SSM_CONV:
     case GGML_OP_SOFT_MAX_BACK: case GGML_OP_SILU_BACK: case GGML_OP_RMS_NORM_BACK:
     case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_IM2COL: case GGML_OP_IM2COL_BACK: case GGML_OP_IM2COL_3D:
@@ -94,9 +61,9 @@ static int required_srcs(enum ggml_op op)
         return 2;
     case GGML_OP_MUL_MAT_ID: case GGML_OP_ADD_ID: case GGML_OP_FLASH_ATTN_EXT: case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
     case GGML_OP_ADD_REL_POS: case GGML_OP_FLASH_ATTN_BACK: case GGML_OP_OPT_STEP_SGD: case GGML_OP_DSV4_HC_COMB:
-    case GGML_OP_LIGHTNING_INDEXER:
+    case GGML_OP_SET_ROWS:
         return 3;
-    case GGML_OP_DSV4_HC_POST:
+    case GGML_OP_DSV4_HC_POST: case GGML_OP_LIGHTNING_INDEXER:
         return 4;
     case GGML_OP_GATED_LINEAR_ATTN: case GGML_OP_OPT_STEP_ADAMW:
         return 5;
@@ -109,39 +76,263 @@ static int required_srcs(enum ggml_op op)
     }
 }
 
+static bool dims_nonzero(const struct ggml_tensor *t, int from)
+{
+    for (int i = from; i < GGML_MAX_DIMS; i++)
+        if (t->ne[i] == 0)
+            return false;
+    return true;
+}
+
+static bool all_positive(const struct ggml_tensor *t, int first, int count)
+{
+    for (int i = first; i < first + count; i++)
+        if (t->op_params[i] <= 0)
+            return false;
+    return true;
+}
+
+/* Constructors (and a few kernels) divide by some source dimensions and
+ * params (a SIGFPE is no assert and cannot be trapped), index name tables by
+ * enum params, and convert float params to integers: those inputs are
+ * checked first. */
+static const char *constructor_inputs_error(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *a = t->src[0], *b = t->src[1];
+    switch (t->op) {
+    case GGML_OP_MUL_MAT: case GGML_OP_OUT_PROD:
+        return dims_nonzero(a, 2) ? NULL : "operand with an empty batch dimension";
+    case GGML_OP_MUL_MAT_ID:
+        return b->ne[1] != 0 ? NULL : "MUL_MAT_ID with no rows per expert";
+    case GGML_OP_FLASH_ATTN_EXT:
+        return dims_nonzero(b, 2) && (!t->src[3] || dims_nonzero(t->src[3], 2)) ? NULL : "FLASH_ATTN_EXT empty K or mask";
+    case GGML_OP_SOFT_MAX:
+        return !b || dims_nonzero(b, 2) ? NULL : "SOFT_MAX empty mask";
+    case GGML_OP_SET_ROWS:
+        return dims_nonzero(b, 1) ? NULL : "SET_ROWS empty indices";
+    case GGML_OP_LIGHTNING_INDEXER:
+        return t->src[3]->ne[3] != 0 ? NULL : "LIGHTNING_INDEXER empty mask";
+    case GGML_OP_IM2COL:
+        return all_positive(t, 0, 1) && (t->op_params[6] == 0 || all_positive(t, 1, 1)) ? NULL : "IM2COL stride";
+    case GGML_OP_IM2COL_3D:
+        return all_positive(t, 0, 3) && all_positive(t, 9, 1) ? NULL : "IM2COL_3D stride or channels";
+    case GGML_OP_CONV_2D: case GGML_OP_CONV_2D_DW:
+        return all_positive(t, 0, 2) ? NULL : "convolution stride";
+    case GGML_OP_CONV_3D:
+        return all_positive(t, 0, 3) ? NULL : "convolution stride";
+    case GGML_OP_POOL_1D:
+        if (t->op_params[0] != GGML_OP_POOL_MAX && t->op_params[0] != GGML_OP_POOL_AVG)
+            return "pool op";
+        return all_positive(t, 1, 2) ? NULL : "pool kernel or stride";
+    case GGML_OP_POOL_2D: case GGML_OP_POOL_2D_BACK:
+        if (t->op_params[0] != GGML_OP_POOL_MAX && t->op_params[0] != GGML_OP_POOL_AVG)
+            return "pool op";
+        return all_positive(t, 1, 4) ? NULL : "pool kernel or stride";
+    case GGML_OP_WIN_PART:
+        return all_positive(t, 2, 1) ? NULL : "WIN_PART window";
+    case GGML_OP_WIN_UNPART:
+        return all_positive(t, 0, 1) ? NULL : "WIN_UNPART window";
+    case GGML_OP_ROLL:
+        for (int i = 0; i < 4; i++)
+            if (t->op_params[i] == INT32_MIN)
+                return "ROLL shift";
+        return NULL;
+    case GGML_OP_ARANGE: {
+        /* ggml_arange converts ceil((stop - start) / step) to an integer. */
+        float start, stop, step;
+        memcpy(&start, &t->op_params[0], 4);
+        memcpy(&stop, &t->op_params[1], 4);
+        memcpy(&step, &t->op_params[2], 4);
+        const float n = ceilf((stop - start) / step);
+        return isfinite(start) && isfinite(stop) && step > 0 && n >= 0 && n <= (float)(1ull << 40) ? NULL : "ARANGE range";
+    }
+    case GGML_OP_UNARY:
+        return t->op_params[0] >= 0 && t->op_params[0] < GGML_UNARY_OP_COUNT ? NULL : "unary op out of range";
+    case GGML_OP_GLU:
+        return t->op_params[0] >= 0 && t->op_params[0] < GGML_GLU_OP_COUNT ? NULL : "GLU op out of range";
+    case GGML_OP_IM2COL_BACK:  /* its kernel divides by the strides */
+        return all_positive(t, 0, 1) && (t->op_params[6] == 0 || all_positive(t, 1, 1)) ? NULL : "IM2COL_BACK stride";
+    case GGML_OP_GROUP_NORM:  /* its kernel divides by the group count */
+        return all_positive(t, 0, 1) ? NULL : "GROUP_NORM group count";
+    default:
+        return NULL;
+    }
+}
+
+/* ---- what kernels rely on that no constructor checks -------------------- */
+
+/* ACC and SET write src1 into a view of dst made of params nb1..3 and
+ * offset (int32, meant as sizes); the kernels assert only where the last
+ * element starts: all of it must lie inside dst. */
+static bool acc_view_fits(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *b = t->src[1];
+    for (int i = 0; i < 4; i++)
+        if (t->op_params[i] < 0)
+            return false;
+    uint64_t end = (uint64_t)t->op_params[3] + ggml_type_size(t->type);
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        const uint64_t stride = i == 0 ? ggml_type_size(t->type) : (uint64_t)t->op_params[i - 1];
+        uint64_t term;
+        if (b->ne[i] > 0 && (__builtin_mul_overflow((uint64_t)(b->ne[i] - 1), stride, &term) ||
+                             __builtin_add_overflow(end, term, &end)))
+            return false;
+    }
+    return end <= ggml_nbytes(t);
+}
+
 /* The channels-last (CWHN) order in which CONV_2D_DW makes its result from
- * a channels-last input (ggml_conv_2d_dw_direct): a permutation of one
- * dense block, so its extent - what import bounds-checked - is exactly the
- * block the kernel writes. */
-static bool is_dense_cwhn(const struct ggml_tensor *t)
+ * a channels-last input: the kernel then also assumes the filter's order. */
+static bool conv_2d_dw_layout_ok(const struct ggml_tensor *t)
 {
-    const size_t ts = ggml_type_size(t->type);
-    return ggml_blck_size(t->type) == 1 && (size_t)t->nb[2] == ts && (size_t)t->nb[0] == (size_t)t->ne[2] * ts &&
-           t->nb[1] == (size_t)t->ne[0] * t->nb[0] && t->nb[3] == (size_t)t->ne[1] * t->nb[1];
+    const struct ggml_tensor *a = t->src[0], *b = t->src[1];
+    if ((a->type != GGML_TYPE_F32 && a->type != GGML_TYPE_F16) || b->type != GGML_TYPE_F32)
+        return false;
+    return ggml_is_contiguous(b) || (ggml_is_contiguous_channels(b) && a->nb[0] >= a->nb[2] && a->nb[1] >= a->nb[0]);
 }
 
-/* The kernel touches [data, data + nelements * type size) whatever the
- * strides say: that block must lie inside what import bounds-checked. */
-static bool extent_covers_dense(const struct ggml_tensor *t)
+/* ---- operand extents kernels derive from other tensors' shapes ---------- */
+
+static bool mul3(int64_t a, int64_t b, int64_t c, int64_t *out)
 {
-    return ggml_blck_size(t->type) == 1 && ggml_nbytes(t) >= (size_t)ggml_nelements(t) * ggml_type_size(t->type);
+    return !__builtin_mul_overflow(a, b, out) && !__builtin_mul_overflow(*out, c, out);
 }
 
-const char *apir_op_shape_error(const struct ggml_tensor *t)
+/* ggml_rope_cache_init and ggml_mrope_cache_init read freq_factors[i0/2]
+ * for every even i0 < ne0, ceil(ne0/2) floats from src2's data, while the
+ * constructor asks for n_dims/2 of them only - and test-backend-ops and
+ * llama.cpp (partial rotary) pass n_dims/2 with n_dims < ne0, the tail
+ * being read from whatever follows in the buffer.  So what the kernel
+ * reads must lie inside the factors' extent or at least inside their own
+ * buffer.  A supports_op subject without a buffer reads nothing. */
+static bool rope_freq_factors_readable(const struct ggml_tensor *t)
 {
-    const int need = required_srcs(t->op);
-    for (int i = 0; i < need; i++)
-        if (!t->src[i])
-            return "op without a source it requires";
-    const struct ggml_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
+    const struct ggml_tensor *c = t->src[2];
+    const uint64_t need = sizeof(float) * (((uint64_t)t->ne[0] + 1) / 2);
+    if (t->ne[0] <= 0 || (uint64_t)ggml_nbytes(c) >= need)
+        return true;
+    if (!c->buffer)
+        return !c->data;
+    const uintptr_t base = (uintptr_t)ggml_backend_buffer_get_base(c->buffer);
+    const uint64_t size = ggml_backend_buffer_get_size(c->buffer);
+    const uintptr_t data = (uintptr_t)c->data;
+    return data >= base && data - base <= size && need <= size - (data - base);
+}
 
-    /* A result's elements are adjacent: ggml makes results as new tensors,
-     * and kernels write them with unit stride (several assert it).  Only a
-     * copy may land in a transposed view of its destination; a depthwise
-     * convolution keeps channels-last order. */
-    if (required_srcs(t->op) > 0 && t->op != GGML_OP_CPY && t->nb[0] != ggml_type_size(t->type) &&
-        !(t->op == GGML_OP_CONV_2D_DW && is_dense_cwhn(t)))
-        return "result elements not adjacent";
+/* ggml_compute_forward_count_equal_i32 splits row number ir into
+ * i03 = ir/(ne02*ne01), i02 = (ir - i03*ne03)/ne01,
+ * i01 = ir - i03*ne03 - i02*ne02: those are the row's indices for every ir
+ * exactly when ne03 is 1 or ne02*ne01, and ne02 is 1 or ne01; otherwise
+ * it reads rows past both operands (same shape by construction). */
+static bool count_equal_rows_ok(const struct ggml_tensor *a)
+{
+    const int64_t n1 = a->ne[1], n2 = a->ne[2], n3 = a->ne[3];
+    int64_t n12;
+    if (__builtin_mul_overflow(n1, n2, &n12))
+        return false;
+    return (n3 == 1 || n3 == n12) && (n2 == 1 || n2 == n1);
+}
+
+/* ggml_compute_forward_im2col_back_f32 takes N, IC (and IH, IW) from the
+ * result, KW, KH from src1's ne0/ne1 (src1 is not read), OW, OH from src0's
+ * ne1/ne2, and reads src0 as dense f32 [N][OH][OW][IC*KH*KW]: src0 must be
+ * the im2col result of that shape.  It keeps the result's batch and channel
+ * strides in ints. */
+static bool im2col_back_fits(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *g = t->src[0], *k = t->src[1];
+    const bool is_2D = t->op_params[6] == 1;
+    const int64_t N = t->ne[is_2D ? 3 : 2], IC = t->ne[is_2D ? 2 : 1];
+    int64_t ickk;
+    if (!mul3(IC, is_2D ? k->ne[1] : 1, k->ne[0], &ickk))
+        return false;
+    if (g->type != GGML_TYPE_F32 || g->ne[0] != ickk || g->ne[is_2D ? 3 : 2] != N)
+        return false;
+    return (N <= 1 || t->nb[is_2D ? 3 : 2] <= INT_MAX) && (IC <= 1 || t->nb[is_2D ? 2 : 1] <= INT_MAX);
+}
+
+/* ggml_compute_forward_pool_2d_back walks the result plane by plane
+ * (ne2*ne3 planes), and per plane reads the next dense ne0*ne1 floats of
+ * src0 and the forward input src1 at the result's own strides, in the
+ * result's type: src0 must be f32 with the result's planes, src1 of the
+ * result's type (it has the result's shape by construction). */
+static bool pool_2d_back_fits(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *a = t->src[0], *af = t->src[1];
+    return a->type == GGML_TYPE_F32 && af->type == t->type && a->ne[2] == t->ne[2] && a->ne[3] == t->ne[3];
+}
+
+/* ggml_compute_forward_win_unpart_f32 reads, for result element
+ * (i0, i1, i2), src0 element i0 + (i1%w)*ne00 + (i2%w)*ne01*ne00 of window
+ * (i2/w)*npx + i1/w, npx = ceil(ne1/w): src0 must be what WIN_PART made,
+ * [ne0, w, w, npx*npy] (npy = ceil(ne2/w)); the window number is an int. */
+static bool win_unpart_fits(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *a = t->src[0];
+    const int64_t w = t->op_params[0];  /* > 0: constructor_inputs_error */
+    const int64_t npx = t->ne[1] / w + (t->ne[1] % w != 0), npy = t->ne[2] / w + (t->ne[2] % w != 0);
+    int64_t np;
+    if (__builtin_mul_overflow(npx, npy, &np) || np > INT_MAX)
+        return false;
+    return a->ne[1] == w && a->ne[2] == w && a->ne[3] == np;
+}
+
+/* Rows where a kernel that walks ggml_nrows rows by nb[1] alone finds
+ * them: nb0 the element size, dims 2 and 3 packed after dim 1. */
+static bool rows_by_nb1(const struct ggml_tensor *t)
+{
+    if (t->ne[0] > 1 && t->nb[0] != ggml_type_size(t->type))
+        return false;
+    uint64_t next;
+    if (__builtin_mul_overflow((uint64_t)t->nb[1], (uint64_t)t->ne[1], &next))
+        return false;
+    for (int i = 2; i < GGML_MAX_DIMS; i++) {
+        if (t->ne[i] > 1 && t->nb[i] != next)
+            return false;
+        if (__builtin_mul_overflow(next, (uint64_t)t->ne[i], &next))
+            return false;
+    }
+    return true;
+}
+
+/* ggml_compute_forward_silu_back_f32/_f16 (switched on src0's type) take
+ * the row length and count from src1 and walk rows of src0, src1 and the
+ * result by nb[1] alone, all in src0's type: src1 must have src0's shape
+ * and type, and both their rows where nb[1] puts them (the result is
+ * src0's shape, contiguous, by construction). */
+static bool silu_back_fits(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *a = t->src[0], *b = t->src[1];
+    return b->type == a->type && ggml_are_same_shape(a, b) && rows_by_nb1(a) && rows_by_nb1(b);
+}
+
+/* FLASH_ATTN_EXT (ggml_compute_forward_flash_attn_ext_f16_one_chunk and
+ * _tiled): for query row (iq1, iq2, iq3) and every K row ic < nek1 it reads
+ * K row (ic, iq2/(neq2/nek2), iq3) - the constructor's ggml_can_mul_mat
+ * makes nek2 divide neq2 -, V row (ic, iq2/(neq2/nev2), iq3) and mask
+ * element ic of row iq1 (planes taken modulo the mask's).  Nothing ties V
+ * to K or Q but ne3: V's heads must divide Q's (else the ratio is 0, a
+ * division by zero, or V's head index passes nev2), V must have a row for
+ * every K row, the mask an element per K row and a row per query.  The
+ * kernel numbers query rows with ints. */
+static const char *flash_attn_ext_error(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *m = t->src[3];
+    if (v->ne[2] <= 0 || q->ne[2] % v->ne[2] != 0)
+        return "FLASH_ATTN_EXT V heads do not divide Q heads";
+    if (v->ne[1] < k->ne[1])
+        return "FLASH_ATTN_EXT V has fewer rows than K";
+    if (m && (m->ne[0] < k->ne[1] || m->ne[1] < q->ne[1]))
+        return "FLASH_ATTN_EXT mask smaller than Q rows x K rows";
+    int64_t rows;
+    if (!mul3(q->ne[1], q->ne[2], q->ne[3], &rows) || rows > INT_MAX)
+        return "FLASH_ATTN_EXT too many query rows";
+    return NULL;
+}
+
+static const char *kernel_params_error(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *a = t->src[0], *b = t->src[1];
 
     /* Kernels that exist for f32 sources only abort on anything else (the
      * CPU backend's supports_op does not say so; found by fuzz_dispatch). */
@@ -160,134 +351,83 @@ const char *apir_op_shape_error(const struct ggml_tensor *t)
     }
 
     switch (t->op) {
-    case GGML_OP_ADD: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV:
-        return can_repeat(b, a) && same_shape(a, t) ? NULL : "binary op shapes do not broadcast";
-    case GGML_OP_ADD1:
-        return nelements(b) == 1 && same_shape(a, t) ? NULL : "ADD1 needs a scalar";
-    case GGML_OP_ADD_ID:
-        return a->ne[0] == b->ne[0] && a->ne[1] == c->ne[0] && a->ne[2] == c->ne[1] && c->type == GGML_TYPE_I32 &&
-               same_shape(a, t) ? NULL : "ADD_ID shapes do not match";
-    case GGML_OP_MUL_MAT:
-        /* The kernels step through rows of both operands with unit element
-         * stride and assert a fresh, ordered result. */
-        if (a->nb[0] != ggml_type_size(a->type) || b->nb[0] != ggml_type_size(b->type) || !contiguous(t))
-            return "MUL_MAT operand or result layout";
-        if (a->ne[0] != b->ne[0] || a->ne[2] == 0 || a->ne[3] == 0 || b->ne[2] % a->ne[2] || b->ne[3] % a->ne[3])
-            return "MUL_MAT operands do not fit";
-        if (a->nb[0] > a->nb[1] && a->ne[1] > 1)
-            return "MUL_MAT with a transposed first operand";
-        return ne_is(t, a->ne[1], b->ne[1], b->ne[2], b->ne[3]) && f32_rows(t) ? NULL : "MUL_MAT result shape";
-    case GGML_OP_MUL_MAT_ID:
-        if (a->nb[0] != ggml_type_size(a->type) || b->nb[0] != ggml_type_size(b->type) || !contiguous(t))
-            return "MUL_MAT_ID operand or result layout";
-        if (c->type != GGML_TYPE_I32 || c->ne[2] != 1 || b->ne[3] != 1 || c->ne[1] != b->ne[2] || b->ne[1] == 0 ||
-            c->ne[0] % b->ne[1] || a->ne[0] != b->ne[0] || c->ne[0] > a->ne[2])
-            return "MUL_MAT_ID operands do not fit";
-        return ne_is(t, a->ne[1], c->ne[0], b->ne[2], 1) && f32_rows(t) ? NULL : "MUL_MAT_ID result shape";
-    case GGML_OP_CONV_2D_DW:
-        /* kernel a [KW, KH, 1, C], input b [W, H, C, N], result [OW, OH, C, N]:
-         * the CPU kernels index all three densely from ne (channels from b,
-         * the result's channels unchecked: a short result was written past),
-         * assert the rest, and take the channels-last path for a
-         * channels-last input, which asserts the kernel's strides. */
-        if (a->ne[2] != 1 || a->ne[3] != b->ne[2] || t->ne[2] != b->ne[2] || t->ne[3] != b->ne[3])
-            return "CONV_2D_DW shapes do not fit";
-        if ((a->type != GGML_TYPE_F32 && a->type != GGML_TYPE_F16) || b->type != GGML_TYPE_F32 || t->type != GGML_TYPE_F32)
-            return "CONV_2D_DW types";
-        if (!extent_covers_dense(a) || !extent_covers_dense(b) || !extent_covers_dense(t))
-            return "CONV_2D_DW operand smaller than its elements";
-        if (!ggml_is_contiguous(b) && !(ggml_is_contiguous_channels(b) && a->nb[0] >= a->nb[2] && a->nb[1] >= a->nb[0]))
-            return "CONV_2D_DW input layout";
-        return NULL;
-    case GGML_OP_OUT_PROD:
-        if (!contiguous(t))
-            return "OUT_PROD result layout";
-        if (a->ne[1] != b->ne[1] || a->ne[2] == 0 || a->ne[3] == 0 || b->ne[2] % a->ne[2] || b->ne[3] % a->ne[3])
-            return "OUT_PROD operands do not fit";
-        return ne_is(t, a->ne[0], b->ne[0], b->ne[2], b->ne[3]) && f32_rows(t) ? NULL : "OUT_PROD result shape";
-    case GGML_OP_DUP: case GGML_OP_CONT:
-        return same_count(a, t) ? NULL : "copy sizes differ";
-    case GGML_OP_CPY:
-        return same_count(a, b) && same_count(t, b) ? NULL : "copy sizes differ";
-    case GGML_OP_GET_ROWS:
-        if (b->type != GGML_TYPE_I32 || a->ne[2] != b->ne[1] || b->ne[3] != 1)
-            return "GET_ROWS operands do not fit";
-        return ne_is(t, a->ne[0], b->ne[0], b->ne[1], b->ne[2]) ? NULL : "GET_ROWS result shape";
-    case GGML_OP_GET_ROWS_BACK:
-        return b->type == GGML_TYPE_I32 && a->ne[2] == 1 && a->ne[3] == 1 && t->ne[0] == a->ne[0] &&
-               nelements(b) >= 0 && nelements(b) <= a->ne[1] && t->ne[2] == 1 && t->ne[3] == 1 ? NULL : "GET_ROWS_BACK shapes";
-    case GGML_OP_SET_ROWS:
-        /* dst is the destination view a; src0 the rows b; src1 the indices c */
-        if ((b->type != GGML_TYPE_I64 && b->type != GGML_TYPE_I32) || t->ne[0] != a->ne[0] || t->ne[2] != a->ne[2] ||
-            t->ne[3] != a->ne[3] || a->ne[1] != b->ne[0] || b->ne[1] == 0 || b->ne[2] == 0 || a->ne[2] % b->ne[1] ||
-            a->ne[3] % b->ne[2] || b->ne[3] != 1)
-            return "SET_ROWS operands do not fit";
-        return NULL;
-    case GGML_OP_SOFT_MAX:
-        if (!same_shape(a, t))
-            return "SOFT_MAX result shape";
-        if (b && (b->ne[0] != a->ne[0] || b->ne[1] < a->ne[1] || b->ne[2] == 0 || b->ne[3] == 0 ||
-                  a->ne[2] % b->ne[2] || a->ne[3] % b->ne[3]))
-            return "SOFT_MAX mask shape";
-        if (c && c->ne[0] != a->ne[2])
-            return "SOFT_MAX sinks shape";
-        return NULL;
-    case GGML_OP_ROPE: {
-        const int mode = t->op_params[2], n_dims = t->op_params[1];
-        if (!same_shape(a, t) || b->type != GGML_TYPE_I32)
-            return "ROPE shapes";
-        if (n_dims < 0 || n_dims > a->ne[0] || (n_dims & 1))
+    case GGML_OP_MUL_MAT: case GGML_OP_MUL_MAT_ID:
+        /* The kernels step through rows of both operands with unit
+         * element stride. */
+        return a->nb[0] == ggml_type_size(a->type) && b->nb[0] == ggml_type_size(b->type) ? NULL
+                                                                                        : "MUL_MAT operand layout";
+    case GGML_OP_ACC: case GGML_OP_SET:
+        return acc_view_fits(t) ? NULL : "ACC/SET view outside its destination";
+    case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: {
+        const int n_dims = t->op_params[1], n_offs = t->op_params[15];
+        /* The pass-through loop skips the rotated channels with
+         * i0 += n_dims - 2 at i0 == n_offs: with n_dims = 0 it never ends. */
+        if (n_dims <= 0 || n_dims > a->ne[0] || (n_dims & 1))
             return "ROPE dimensions out of range";
-        if (b->ne[0] < ((mode & 8) ? 4 * a->ne[2] : a->ne[2]))
-            return "ROPE needs a position per row";
-        if (c && (c->type != GGML_TYPE_F32 || c->ne[0] < n_dims / 2))
-            return "ROPE frequency factors";
-        return NULL;
-    }
-    case GGML_OP_CONCAT: {
-        const int dim = t->op_params[0];
-        if (dim < 0 || dim >= GGML_MAX_DIMS)
-            return "CONCAT dimension out of range";
-        for (int d = 0; d < GGML_MAX_DIMS; d++) {
-            int64_t want = d == dim ? a->ne[d] + b->ne[d] : a->ne[d];
-            if ((d != dim && b->ne[d] != a->ne[d]) || t->ne[d] != want)
-                return "CONCAT shapes";
+        if (n_offs < 0 || (n_offs & 1) || (int64_t)n_offs + n_dims > a->ne[0])
+            return "ROPE offset out of range";
+        /* Outside vision mode that loop copies channel pairs i0, i0 + 1
+         * for even i0 < ne0: with an odd ne0 one past each row. */
+        if (t->op_params[2] != GGML_ROPE_TYPE_VISION && (t->ne[0] & 1))
+            return "ROPE odd row length";
+        if (t->src[2] && !rope_freq_factors_readable(t))
+            return "ROPE frequency factors shorter than the rows";
+        if (t->op_params[2] & GGML_ROPE_TYPE_MROPE) {
+            /* The M-RoPE kernel takes dimensions modulo the sections' sum
+             * and asserts it is positive and within the row. */
+            int64_t sum = 0;
+            for (int i = 11; i < 11 + GGML_MROPE_SECTIONS; i++) {
+                if (t->op_params[i] < 0)
+                    return "ROPE sections out of range";
+                sum += t->op_params[i];
+            }
+            if (sum - t->op_params[14] <= 0 || sum > a->ne[0])
+                return "ROPE sections out of range";
         }
         return NULL;
     }
-    case GGML_OP_FLASH_ATTN_EXT: {
-        const struct ggml_tensor *q = a, *k = b, *v = c, *mask = t->src[3], *sinks = t->src[4];
-        if (k->ne[0] != q->ne[0] || k->ne[2] == 0 || q->ne[2] % k->ne[2] || q->ne[3] != k->ne[3] ||
-            q->ne[3] != v->ne[3] || v->ne[1] != k->ne[1] || v->ne[2] != k->ne[2])
-            return "FLASH_ATTN_EXT operands do not fit";
-        if (mask && (mask->ne[0] != k->ne[1] || mask->ne[1] < q->ne[1] || mask->ne[2] == 0 || mask->ne[3] == 0 ||
-                     q->ne[2] % mask->ne[2] || q->ne[3] % mask->ne[3]))
-            return "FLASH_ATTN_EXT mask shape";
-        if (sinks && sinks->ne[0] != q->ne[2])
-            return "FLASH_ATTN_EXT sinks shape";
-        return ne_is(t, v->ne[0], q->ne[2], q->ne[1], q->ne[3]) ? NULL : "FLASH_ATTN_EXT result shape";
-    }
-    case GGML_OP_GLU:
-        if (b)
-            return same_shape(a, b) && same_shape(a, t) ? NULL : "GLU shapes";
-        return t->ne[0] == a->ne[0] / 2 && t->ne[1] == a->ne[1] && t->ne[2] == a->ne[2] && t->ne[3] == a->ne[3]
-                   ? NULL : "GLU result shape";
-    case GGML_OP_UNARY: case GGML_OP_SCALE: case GGML_OP_RMS_NORM: case GGML_OP_NORM: case GGML_OP_L2_NORM:
-    case GGML_OP_SQR: case GGML_OP_SQRT: case GGML_OP_LOG: case GGML_OP_SIN: case GGML_OP_COS: case GGML_OP_CLAMP:
-    case GGML_OP_LEAKY_RELU: case GGML_OP_DIAG_MASK_INF: case GGML_OP_DIAG_MASK_ZERO: case GGML_OP_CUMSUM:
-    case GGML_OP_ARGSORT: case GGML_OP_GROUP_NORM:
-        return same_shape(a, t) ? NULL : "result shape differs from its source";
-    case GGML_OP_TOP_K:
-        return t->ne[0] <= a->ne[0] && t->ne[1] == a->ne[1] && t->ne[2] == a->ne[2] && t->ne[3] == a->ne[3]
-                   ? NULL : "TOP_K shapes";
-    case GGML_OP_SUM_ROWS: case GGML_OP_MEAN:
-        return t->ne[0] == 1 && t->ne[1] == a->ne[1] && t->ne[2] == a->ne[2] && t->ne[3] == a->ne[3]
-                   ? NULL : "row reduction shape";
-    case GGML_OP_REPEAT:
-        return can_repeat(a, t) ? NULL : "REPEAT shapes";
-    case GGML_OP_REPEAT_BACK:
-        return can_repeat(t, a) ? NULL : "REPEAT_BACK shapes";
+    case GGML_OP_CONV_2D_DW:
+        return conv_2d_dw_layout_ok(t) ? NULL : "CONV_2D_DW types or input layout";
+    case GGML_OP_COUNT_EQUAL:
+        return count_equal_rows_ok(a) ? NULL : "COUNT_EQUAL rows the kernel splits wrongly";
+    case GGML_OP_IM2COL_BACK:
+        return im2col_back_fits(t) ? NULL : "IM2COL_BACK gradient not of the result's im2col shape";
+    case GGML_OP_POOL_2D_BACK:
+        return pool_2d_back_fits(t) ? NULL : "POOL_2D_BACK operands not of the result's planes and type";
+    case GGML_OP_WIN_UNPART:
+        return win_unpart_fits(t) ? NULL : "WIN_UNPART source not the result's windows";
+    case GGML_OP_SILU_BACK:
+        return silu_back_fits(t) ? NULL : "SILU_BACK operands of different shapes, types or row layout";
+    case GGML_OP_FLASH_ATTN_EXT:
+        return flash_attn_ext_error(t);
+    case GGML_OP_ARGSORT:
+        return t->op_params[0] == GGML_SORT_ORDER_ASC || t->op_params[0] == GGML_SORT_ORDER_DESC ? NULL : "ARGSORT order";
+    case GGML_OP_TRI:
+        return t->op_params[0] >= GGML_TRI_TYPE_UPPER_DIAG && t->op_params[0] <= GGML_TRI_TYPE_LOWER ? NULL : "TRI type";
     default:
         return NULL;
     }
+}
+
+const char *apir_op_shape_error(const struct ggml_tensor *t, bool query)
+{
+    if (!extent_covers_dense(t))
+        return "tensor extent smaller than its elements";
+    if (t->op == GGML_OP_NONE || apir_op_is_view(t->op))
+        return NULL;
+    const int need = required_srcs(t->op);
+    for (int i = 0; i < need; i++)
+        if (!t->src[i])
+            return "op without a source it requires";
+    for (int i = 0; i < GGML_MAX_SRC; i++)
+        if (t->src[i] && !extent_covers_dense(t->src[i]))
+            return "source extent smaller than its elements";
+    const char *why = constructor_inputs_error(t);
+    if (!why)
+        why = kernel_params_error(t);
+    if (!why)
+        why = apir_op_derive_error(t, query);
+    if (!why)
+        why = apir_op_operands_error(t, query);  /* op_operands.h: types, overlap, recurrent extents */
+    return why;
 }

@@ -124,7 +124,7 @@ bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, s
         s->blobs_cap = cap;
     }
     s->blobs[s->n_blobs++] = (struct apir_blob){
-        .res_id = res_id, .ptr = ptr, .size = size, .release = release, .release_user = user,
+        .res_id = res_id, .serial = ++s->blob_serial, .ptr = ptr, .size = size, .release = release, .release_user = user,
         .page_locked = s->host->pin_shared && size != SIZE_MAX && apir_pin(ptr, size),
     };
     s->blob_bytes += size;

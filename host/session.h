@@ -20,9 +20,13 @@ struct ggml_context;
 struct ggml_tensor;
 struct ggml_cgraph;
 
-/* A shared-memory region the guest named by res_id. */
+/* A shared-memory region the guest named by res_id.  The table holding these
+ * moves (it grows with realloc, a removal fills the hole with the last entry):
+ * a pointer to an entry is good only until the next blob is added or removed.
+ * Code that must recognise a blob across a command keeps its serial. */
 struct apir_blob {
     uint32_t res_id;
+    uint64_t serial;        /* unique in the session, never reused */
     uint8_t *ptr;
     size_t size;            /* SIZE_MAX: unknown (virgl's callback gives none) */
     uint32_t pins;          /* buffers wrapping this blob (BUFFER_FROM_PTR) */
@@ -113,6 +117,7 @@ struct apir_session {
 
     struct apir_blob *blobs;
     uint32_t n_blobs, blobs_cap;
+    uint64_t blob_serial;                  /* the last serial given */
     uint64_t blob_bytes;
 
     uint32_t n_buffers;
@@ -175,6 +180,8 @@ bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, s
 bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id);
 /* [offset, offset+size) of blob res_id, or NULL (bounds are checked). */
 uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64_t offset, uint64_t size);
+/* The live blob res_id, or NULL; the pointer is good until a blob is added
+ * or removed (see struct apir_blob). */
 struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id);
 /* A buffer that wrapped blob res_id is gone; a blob the guest destroyed
  * meanwhile is unmapped now. */

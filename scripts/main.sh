@@ -3,7 +3,8 @@
 # An apir-host serves the CPU backend on a private socket; llama.cpp's
 # llama-bench runs a generated llama model through the remote device APIR0,
 # natively and through ggml-rpc for comparison; then a greedy decode through
-# APIR0 is checked token for token against the CPU backend.
+# APIR0 is checked token for token against the CPU backend; last, whisper.cpp's
+# whisper-cli transcribes a sample through APIR0 and on the CPU backend.
 #   scripts/main.sh [--size tiny|1b|8b] [--type f16|q4_0|q8_0] [bench options]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,3 +31,6 @@ echo
 echo "== the same through 'apir run' (any ggml program works the same way) =="
 model="${XDG_CACHE_HOME:-$HOME/.cache}/apir/models/llama-$SIZE-$TYPE.gguf"
 build/apir run --threads 2 -- build/tests/apir-llama-greedy -m "$model" -d APIR0 -n 8 2>&1 | grep -E "tokens:|apir run"
+echo
+echo "== whisper.cpp's whisper-cli through APIR0 vs the CPU backend (random-weight tiny model, jfk.wav) =="
+bash tests/run_whisper_compare.sh "$ROOT/build" "$ROOT/.whisper"

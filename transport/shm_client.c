@@ -111,6 +111,7 @@ static int shm_blob_create(struct apir_transport *t, size_t size, uint32_t *res_
     ssize_t n = apir_send_fds(s->sock, &tag, 1, &fd, 1);
     close(fd);
     if (n != 1) {
+        APIR_ERROR("guest", "host at %s hung up", t->endpoint);
         munmap(*ptr, size);
         t->broken = true;
         return -1;
@@ -148,6 +149,7 @@ static int shm_blob_share_file(struct apir_transport *t, int fd, uint64_t offset
     struct shm_transport *s = (struct shm_transport *)t;
     uint8_t tag = APIR_SHM_FD_MSG;
     if (apir_send_fds(s->sock, &tag, 1, &fd, 1) != 1) {
+        APIR_ERROR("guest", "host at %s hung up", t->endpoint);
         t->broken = true;
         return -1;
     }

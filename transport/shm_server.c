@@ -8,6 +8,17 @@
  * whichever of the two lets go last (a reference count), so a guest that dies
  * mid-graph is freed when the graph returns, and the main loop never blocks
  * on a worker.
+ *
+ * Denial of service: the accept loop never waits for a guest.  New
+ * connections are paced (a token bucket) and counted per peer uid
+ * (SO_PEERCRED) before anything else; with process isolation the daemon then
+ * only starts a worker, which reads the hello under a deadline; serving
+ * threads in this process, a connection waits in a pending set, polled with
+ * the rest, until its hello arrives or its deadline passes.  A worker
+ * process whose guest hangs up in the middle of a command, or whose command
+ * runs past the time budget, ends itself: a kernel cannot be interrupted
+ * otherwise.  In one process the CPU backend's abort callback stops a graph
+ * between nodes instead.
  */
 #include "shm_server.h"
 
@@ -34,6 +45,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_READ
@@ -44,6 +56,8 @@ struct shm_client {
     struct apir_shm_server *srv;
     int fd;
     int pid;
+    uid_t uid;                      /* the peer's (SO_PEERCRED) */
+    _Atomic uint64_t busy_since_ns; /* when the command being served began; 0: idle */
     atomic_int refs;
     atomic_bool dead;
     struct apir_shm_ctrl *ctrl;
@@ -63,9 +77,22 @@ struct apir_shm_server {
      * (this program re-executed with --serve-fd), so a guest that makes a
      * backend abort takes down only its own worker. */
     char **worker_argv;
-    pid_t *children;
+    struct worker_slot {
+        pid_t pid;                /* 0: free; the slot names the worker's uid (sandbox.h) */
+        uid_t peer_uid;
+    } *children;                  /* max_clients slots */
     uint32_t n_children;
     int child_pipe[2];
+    /* New connections: a token bucket refilled at spawn_per_s. */
+    double spawn_tokens;
+    uint64_t spawn_refill_ns;
+    /* Serving threads: connections whose hello has not arrived yet. */
+    struct pending_conn {
+        int fd;
+        uid_t uid;
+        uint64_t deadline_ns;
+    } pending[128];
+    uint32_t n_pending;
     /* Refused connections linger until the guest has read why: closing a
      * socket with its hello unread would reset the connection and lose the
      * answer.  Bounded; the oldest goes first. */
@@ -74,6 +101,13 @@ struct apir_shm_server {
 };
 
 static int sigchld_fd = -1;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static void on_sigchld(int sig)
 {
@@ -126,6 +160,31 @@ static int recv_blob_fd(struct shm_client *c, const char *cmd)
     return fd;
 }
 
+/*
+ * A blob's memory must be the guest's, not ours: the host maps blobs
+ * populated (MAP_POPULATE), so the pages of a sparse memfd - a sealed 1 GiB
+ * file never written - would be allocated by, and charged to, the host at
+ * no cost to the guest.  The guest commits its blobs before sending them
+ * (shm_client.c populates them), so a blob with holes is refused.  What a
+ * guest punches out later is faulted back in by the host at most up to its
+ * blob quota (max_blob_bytes).
+ */
+static bool guest_committed(int fd, uint64_t size, const char **why)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        *why = "cannot stat blob";
+        return false;
+    }
+    uint64_t need = size > UINT64_MAX - page ? UINT64_MAX : (size + page - 1) / page * page;
+    if ((uint64_t)st.st_blocks * 512u < need) {
+        *why = "blob memory not committed by the guest (sparse memfd)";
+        return false;
+    }
+    return true;
+}
+
 /* Transport commands: blobs arrive in order with the backend commands. */
 static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
 {
@@ -137,7 +196,9 @@ static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
     if (fd < 0)
         return 1;
     const char *why = "size out of range";
-    void *p = size && size <= SIZE_MAX ? apir_memfd_map_checked(fd, (size_t)size, &why) : NULL;
+    void *p = NULL;
+    if (size && size <= SIZE_MAX && guest_committed(fd, size, &why))
+        p = apir_memfd_map_checked(fd, (size_t)size, &why);
     close(fd);
     if (!p) {
         APIR_WARN("host", "%s: blob %u refused: %s", c->session->name, res_id, why);
@@ -242,6 +303,10 @@ static bool serve_one(struct shm_client *c)
         APIR_WARN("host", "%s: reply blob %u unknown", c->session->name, hdr.reply_res_id);
         return false;
     }
+    /* The command may add or remove blobs, which moves the table's entries:
+     * the reply blob is recognised afterwards by its serial, never by the
+     * entry's address. */
+    const uint64_t reply_serial = rb->serial;
     _Atomic uint32_t *reply_word = (_Atomic uint32_t *)rb->ptr;
     struct apir_encoder reply;
     apir_encoder_init(&reply, rb->ptr + 4, rb->size - 4);
@@ -272,8 +337,12 @@ static bool serve_one(struct shm_client *c)
         break;
     }
     /* The reply blob may have been destroyed by this very command. */
-    if (apir_session_blob_find(c->session, hdr.reply_res_id) != rb)
+    rb = apir_session_blob_find(c->session, hdr.reply_res_id);
+    if (!rb || rb->serial != reply_serial) {
+        APIR_WARN("host", "%s: the command destroyed its own reply blob %u: hanging up", c->session->name,
+                  hdr.reply_res_id);
         return false;
+    }
     atomic_store(reply_word, ret + 1);
     if (atomic_load(&ctrl->guest_waiting))
         apir_futex_wake(reply_word);
@@ -302,7 +371,10 @@ static void *client_worker(void *arg)
             continue;
         }
         seen = seq;
-        if (!serve_one(c))
+        atomic_store_explicit(&c->busy_since_ns, now_ns(), memory_order_relaxed);
+        bool go_on = serve_one(c);
+        atomic_store_explicit(&c->busy_since_ns, 0, memory_order_relaxed);
+        if (!go_on)
             break;
     }
     /* Make the main loop notice (it polls for hang-up), then let go. */
@@ -319,11 +391,51 @@ static void refuse(int fd, const char *message)
     APIR_WARN("host", "guest refused: %s", message);
 }
 
-static void accept_client(struct apir_shm_server *srv, int fd)
+/* The connecting process's uid, or (uid_t)-1 when the kernel cannot say. */
+static uid_t peer_uid(int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred))
+        return (uid_t)-1;
+    return cred.uid;
+}
+
+/*
+ * Ends a graph early (ggml's CPU backend asks between nodes): its guest has
+ * gone, or the command has run past its time budget.
+ */
+static bool compute_should_stop(void *data)
+{
+    struct shm_client *c = data;
+    if (atomic_load_explicit(&c->dead, memory_order_relaxed))
+        return true;
+    const uint64_t budget_ns = (uint64_t)c->srv->host->cfg.limits.graph_timeout_ms * 1000000ull;
+    uint64_t since = atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed);
+    return budget_ns && since && now_ns() - since > budget_ns;
+}
+
+/* Backends that take an abort callback (the CPU backend) get theirs now. */
+static void set_abort_callbacks(struct shm_client *c)
+{
+    typedef void (*set_abort_fn)(ggml_backend_t, ggml_abort_callback, void *);
+    struct apir_host *host = c->srv->host;
+    for (uint32_t d = 0; d < host->n_devices; d++) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(host->devices[d]);
+        set_abort_fn set_abort = (set_abort_fn)ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_abort_callback");
+        ggml_backend_t be = set_abort ? apir_session_backend(c->session, d) : NULL;
+        if (be)
+            set_abort(be, compute_should_stop, c);
+    }
+}
+
+/* Reads the hello (waiting at most timeout_ms) and starts serving the guest,
+ * or refuses it; fd is the client's or closed either way. */
+static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int timeout_ms)
 {
     struct apir_shm_hello hello;
     int fds[2], n_fds = 0;
-    ssize_t n = apir_recv_fds(fd, &hello, sizeof(hello), fds, 2, &n_fds, 2000);
+    ssize_t n = apir_recv_fds(fd, &hello, sizeof(hello), fds, 2, &n_fds, timeout_ms);
     struct shm_client *c = NULL;
     void *ctrl = NULL, *reply = NULL;
     const char *why = NULL;
@@ -375,7 +487,9 @@ static void accept_client(struct apir_shm_server *srv, int fd)
     c->srv = srv;
     c->fd = fd;
     c->pid = hello.pid;
+    c->uid = uid;
     c->ctrl = ctrl;
+    set_abort_callbacks(c);
     atomic_init(&c->refs, 2);  /* the main loop's and the worker's */
     atomic_fetch_add(&srv->n_clients, 1);
 
@@ -427,21 +541,75 @@ static void linger_service(struct apir_shm_server *srv, uint32_t i, short revent
     srv->lingering[i] = srv->lingering[--srv->n_lingering];
 }
 
-static void spawn_worker(struct apir_shm_server *srv, int fd)
+/* Connections of one peer uid: workers, or served and pending clients. */
+static uint32_t connections_of(const struct apir_shm_server *srv, uid_t uid)
 {
-    if (srv->n_children >= srv->host->cfg.limits.max_clients) {
+    uint32_t n = 0;
+    if (srv->worker_argv) {
+        for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++)
+            n += srv->children[i].pid != 0 && srv->children[i].peer_uid == uid;
+        return n;
+    }
+    for (const struct shm_client *c = srv->clients; c; c = c->next)
+        n += c->uid == uid;
+    for (uint32_t i = 0; i < srv->n_pending; i++)
+        n += srv->pending[i].uid == uid;
+    return n;
+}
+
+/* One token of the spawn bucket, or false: too many new connections. */
+static bool take_spawn_token(struct apir_shm_server *srv)
+{
+    const struct apir_limits *l = &srv->host->cfg.limits;
+    if (!l->spawn_per_s)
+        return true;
+    uint64_t now = now_ns();
+    srv->spawn_tokens += (double)(now - srv->spawn_refill_ns) * 1e-9 * l->spawn_per_s;
+    srv->spawn_refill_ns = now;
+    if (srv->spawn_tokens > (double)l->spawn_burst)
+        srv->spawn_tokens = (double)l->spawn_burst;
+    if (srv->spawn_tokens < 1.0)
+        return false;
+    srv->spawn_tokens -= 1.0;
+    return true;
+}
+
+/* Before anything is spent on a new connection: its rate and its peer's
+ * share.  NULL: admitted; else why not. */
+static const char *admission_refusal(struct apir_shm_server *srv, uid_t uid)
+{
+    const struct apir_limits *l = &srv->host->cfg.limits;
+    if (uid == (uid_t)-1)
+        return "peer credentials unknown";
+    if (l->max_clients_per_uid && connections_of(srv, uid) >= l->max_clients_per_uid)
+        return "too many connections from this uid";
+    if (!take_spawn_token(srv))
+        return "too many new connections; retry later";
+    return NULL;
+}
+
+/* Process isolation: hand the connection to a new worker process in a free
+ * slot (the slot gives the worker its uid: sandbox.h). */
+static void spawn_worker(struct apir_shm_server *srv, int fd, uid_t uid)
+{
+    uint32_t slot = 0;
+    const uint32_t n_slots = srv->host->cfg.limits.max_clients;
+    while (slot < n_slots && srv->children[slot].pid != 0)
+        slot++;
+    if (slot == n_slots) {
         refuse(fd, "too many clients");
         linger_close(srv, fd);
         return;
     }
     uint64_t id = ++srv->next_id;
-    char fd_arg[16], id_arg[24];
+    char fd_arg[16], id_arg[24], slot_arg[16];
     snprintf(fd_arg, sizeof(fd_arg), "%d", fd);
     snprintf(id_arg, sizeof(id_arg), "%llu", (unsigned long long)id);
+    snprintf(slot_arg, sizeof(slot_arg), "%u", slot);
     int argc = 0;
     while (srv->worker_argv[argc])
         argc++;
-    char **argv = calloc((size_t)argc + 5, sizeof(char *));
+    char **argv = calloc((size_t)argc + 7, sizeof(char *));
     if (!argv) {
         refuse(fd, "out of memory");
         close(fd);
@@ -453,6 +621,8 @@ static void spawn_worker(struct apir_shm_server *srv, int fd)
     argv[argc++] = fd_arg;
     argv[argc++] = "--client-id";
     argv[argc++] = id_arg;
+    argv[argc++] = "--worker-slot";
+    argv[argc++] = slot_arg;
     pid_t pid = fork();
     if (pid == 0) {
         /* Workers go with the daemon: a killed host is a dead host. */
@@ -467,8 +637,10 @@ static void spawn_worker(struct apir_shm_server *srv, int fd)
         APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
         return;
     }
-    srv->children[srv->n_children++] = pid;
-    APIR_INFO("host", "guest#%llu: worker process %d", (unsigned long long)id, (int)pid);
+    srv->children[slot] = (struct worker_slot){ .pid = pid, .peer_uid = uid };
+    srv->n_children++;
+    APIR_INFO("host", "guest#%llu (uid %u): worker process %d, slot %u", (unsigned long long)id, (unsigned)uid, (int)pid,
+              slot);
 }
 
 static void reap_children(struct apir_shm_server *srv)
@@ -479,15 +651,62 @@ static void reap_children(struct apir_shm_server *srv)
     pid_t pid;
     int status;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (uint32_t i = 0; i < srv->n_children; i++) {
-            if (srv->children[i] != pid)
+        for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++) {
+            if (srv->children[i].pid != pid)
                 continue;
-            srv->children[i] = srv->children[--srv->n_children];
+            srv->children[i].pid = 0;
+            srv->n_children--;
             if (WIFSIGNALED(status))
                 APIR_WARN("host", "worker process %d died of signal %d; its guest is disconnected, others go on",
                           (int)pid, WTERMSIG(status));
             break;
         }
+    }
+}
+
+/* Serving threads: a new connection waits for its hello among the polled. */
+static void add_pending(struct apir_shm_server *srv, int fd, uid_t uid)
+{
+    if (srv->n_pending == sizeof(srv->pending) / sizeof(srv->pending[0])) {
+        refuse(fd, "too many connections waiting for their hello");
+        linger_close(srv, fd);
+        return;
+    }
+    uint64_t deadline = now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
+    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .uid = uid, .deadline_ns = deadline };
+}
+
+/* A pending connection spoke (its hello, read without waiting) or timed out. */
+static void pending_service(struct apir_shm_server *srv, uint32_t i, short revents, uint64_t now)
+{
+    struct pending_conn p = srv->pending[i];
+    if (!revents && now < p.deadline_ns)
+        return;
+    srv->pending[i] = srv->pending[--srv->n_pending];
+    if (revents)
+        accept_client(srv, p.fd, p.uid, 0);
+    else {
+        APIR_WARN("host", "connection from uid %u sent no hello in %u ms: closed", (unsigned)p.uid,
+                  srv->host->cfg.limits.handshake_timeout_ms);
+        close(p.fd);
+    }
+}
+
+/* A new connection on the listening socket. */
+static void accept_new(struct apir_shm_server *srv)
+{
+    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    uid_t uid = peer_uid(fd);
+    const char *why = admission_refusal(srv, uid);
+    if (why) {
+        refuse(fd, why);
+        linger_close(srv, fd);
+    } else if (srv->worker_argv) {
+        spawn_worker(srv, fd, uid);
+    } else {
+        add_pending(srv, fd, uid);
     }
 }
 
@@ -527,6 +746,8 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
         return NULL;
     }
     srv->host = host;
+    srv->spawn_tokens = (double)host->cfg.limits.spawn_burst;
+    srv->spawn_refill_ns = now_ns();
     srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
     srv->child_pipe[0] = srv->child_pipe[1] = -1;
     snprintf(srv->path, sizeof(srv->path), "%s", path);
@@ -548,8 +769,20 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     if (probe >= 0)
         close(probe);
     unlink(path);
-    if (bind(srv->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 || listen(srv->listen_fd, 64) != 0) {
+    /* Bound under a temporary name and renamed once listening: a client
+     * that sees the socket file can connect (between bind and listen it
+     * would be refused). */
+    struct sockaddr_un tmp = { .sun_family = AF_UNIX };
+    int n = snprintf(tmp.sun_path, sizeof(tmp.sun_path), "%s.%d", path, (int)getpid());
+    const bool renamed = n > 0 && (size_t)n < sizeof(tmp.sun_path);
+    const struct sockaddr_un *at = renamed ? &tmp : &addr;
+    if (renamed)
+        unlink(tmp.sun_path);
+    if (bind(srv->listen_fd, (const struct sockaddr *)at, sizeof(*at)) != 0 || listen(srv->listen_fd, 64) != 0 ||
+        (renamed && rename(tmp.sun_path, path) != 0)) {
         snprintf(err, err_len, "cannot listen on %s: %s", path, strerror(errno));
+        if (renamed)
+            unlink(tmp.sun_path);
         goto fail;
     }
     return srv;
@@ -570,7 +803,8 @@ fail:
 
 bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv)
 {
-    srv->children = calloc(srv->host->cfg.limits.max_clients ? srv->host->cfg.limits.max_clients : 1, sizeof(pid_t));
+    srv->children = calloc(srv->host->cfg.limits.max_clients ? srv->host->cfg.limits.max_clients : 1,
+                           sizeof(*srv->children));
     if (!srv->children)
         return false;
     srv->worker_argv = worker_argv;
@@ -593,7 +827,7 @@ int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id)
         return -1;
     }
     fcntl(fd, F_SETFD, FD_CLOEXEC);
-    accept_client(srv, fd);
+    accept_client(srv, fd, peer_uid(fd), (int)host->cfg.limits.handshake_timeout_ms);
     int rc = srv->clients ? apir_shm_server_run(srv) : -1;
     apir_shm_server_free(srv);
     return rc;
@@ -606,6 +840,48 @@ void apir_shm_server_stop(struct apir_shm_server *srv)
     (void)r;
 }
 
+/*
+ * A worker process's guest hung up in the middle of a command, or a command
+ * ran past its budget: the kernel computing cannot be stopped from outside
+ * (a single node may run for minutes), so the process ends, now, without
+ * unwinding - the kernel reclaims all of it, and nobody else is served here.
+ */
+static void worker_watch(struct apir_shm_server *srv, bool hung_up)
+{
+    struct shm_client *c = srv->clients;
+    if (srv->listen_fd >= 0 || !c)
+        return;
+    const uint64_t budget_ns = (uint64_t)srv->host->cfg.limits.graph_timeout_ms * 1000000ull;
+    uint64_t since = atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed);
+    if (!since)
+        return;
+    if (hung_up) {
+        APIR_WARN("host", "%s: the guest left in the middle of a command: ending its worker", c->session->name);
+        _exit(0);
+    }
+    if (budget_ns && now_ns() - since > budget_ns) {
+        APIR_WARN("host", "%s: a command ran past the %u ms budget (--graph-timeout-ms): ending its worker",
+                  c->session->name, srv->host->cfg.limits.graph_timeout_ms);
+        _exit(1);
+    }
+}
+
+/* How long the main loop may sleep: until the next handshake deadline, or
+ * the next look at a worker's command clock. */
+static int poll_timeout_ms(const struct apir_shm_server *srv)
+{
+    const struct apir_limits *l = &srv->host->cfg.limits;
+    if (srv->listen_fd < 0)
+        return l->graph_timeout_ms ? (int)(l->graph_timeout_ms < 1000 ? l->graph_timeout_ms : 1000) : -1;
+    if (!srv->n_pending)
+        return -1;
+    uint64_t next = UINT64_MAX, now = now_ns();
+    for (uint32_t i = 0; i < srv->n_pending; i++)
+        if (srv->pending[i].deadline_ns < next)
+            next = srv->pending[i].deadline_ns;
+    return next <= now ? 0 : (int)((next - now) / 1000000ull + 1);
+}
+
 int apir_shm_server_run(struct apir_shm_server *srv)
 {
     struct pollfd *pfds = NULL;
@@ -616,7 +892,7 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             free(pfds);
             return 0;
         }
-        size_t n = 3 + srv->n_lingering;
+        size_t n = 3 + srv->n_lingering + srv->n_pending;
         for (struct shm_client *c = srv->clients; c; c = c->next)
             n++;
         if (n > pcap) {
@@ -638,7 +914,11 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         const uint32_t n_linger = srv->n_lingering;
         for (uint32_t k = 0; k < n_linger; k++)
             pfds[i++] = (struct pollfd){ .fd = srv->lingering[k], .events = POLLIN };
-        int r = poll(pfds, n, -1);
+        const size_t pending_at = i;
+        const uint32_t n_pend = srv->n_pending;
+        for (uint32_t k = 0; k < n_pend; k++)
+            pfds[i++] = (struct pollfd){ .fd = srv->pending[k].fd, .events = POLLIN };
+        int r = poll(pfds, n, poll_timeout_ms(srv));
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -659,19 +939,18 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         struct shm_client *c = srv->clients;
         while (c) {
             struct shm_client *next = c->next;
-            if (pfds[i++].revents & (POLLHUP | POLLERR | POLLNVAL))
+            bool hung_up = pfds[i++].revents & (POLLHUP | POLLERR | POLLNVAL);
+            worker_watch(srv, hung_up);
+            if (hung_up)
                 drop_client(srv, c);
             c = next;
         }
-        if (pfds[0].revents & POLLIN) {
-            int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-            if (fd >= 0) {
-                if (srv->worker_argv)
-                    spawn_worker(srv, fd);
-                else
-                    accept_client(srv, fd);
-            }
-        }
+        /* From the last: serving one moves the last into its place. */
+        const uint64_t now = now_ns();
+        for (uint32_t k = n_pend; k-- > 0;)
+            pending_service(srv, k, pfds[pending_at + k].revents, now);
+        if (pfds[0].revents & POLLIN)
+            accept_new(srv);
     }
 }
 
@@ -681,18 +960,23 @@ void apir_shm_server_free(struct apir_shm_server *srv)
         return;
     while (srv->clients)
         drop_client(srv, srv->clients);
-    for (uint32_t i = 0; i < srv->n_children; i++)
-        kill(srv->children[i], SIGTERM);
+    const uint32_t n_slots = srv->children ? srv->host->cfg.limits.max_clients : 0;
+    for (uint32_t i = 0; i < n_slots; i++)
+        if (srv->children[i].pid)
+            kill(srv->children[i].pid, SIGTERM);
     for (int i = 0; i < 500 && srv->n_children > 0; i++) {
         reap_children(srv);
         if (srv->n_children)
             usleep(10000);
     }
-    for (uint32_t i = 0; i < srv->n_children; i++)
-        kill(srv->children[i], SIGKILL);
+    for (uint32_t i = 0; i < n_slots; i++)
+        if (srv->children[i].pid)
+            kill(srv->children[i].pid, SIGKILL);
     free(srv->children);
     for (uint32_t i = 0; i < srv->n_lingering; i++)
         close(srv->lingering[i]);
+    for (uint32_t i = 0; i < srv->n_pending; i++)
+        close(srv->pending[i].fd);
     /* Workers free their guests when their current command returns; give
      * them a bounded time (this is shutdown, not a hot path). */
     for (int i = 0; i < 500 && atomic_load(&srv->n_clients) > 0; i++)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# whisper.cpp through APIR0 vs natively, side by side in one run: load time,
+# encode time and the time per decode step (whisper-cli's own timings), and
+# the host round trips per decode step (APIR_PROFILE).  A random-weight tiny
+# model (apir-whisper-gen) and samples/jfk.wav, as the CI test uses.
+#   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N]
+# Needs a build in build/ and scripts/setup.sh's whisper build (.whisper).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROUNDS=3 BACKEND=CPU THREADS=2
+while [ $# -gt 0 ]; do
+  case $1 in
+  --rounds) ROUNDS=$2; shift 2 ;;
+  --backend) BACKEND=$2; shift 2 ;;
+  --threads) THREADS=$2; shift 2 ;;
+  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N]"; exit 2 ;;
+  esac
+done
+W=$ROOT/.whisper B=$ROOT/build
+work=$(mktemp -d)
+trap 'kill $hp 2>/dev/null; wait $hp 2>/dev/null; rm -rf "$work"' EXIT
+"$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
+"$B/apir-host" --listen "unix:$work/h.sock" --backend "$BACKEND" --threads "$THREADS" --log-level warn >"$work/host.log" 2>&1 &
+hp=$!
+sleep 1
+args=(-m "$work/m.bin" -f "$W/share/jfk.wav" -t "$THREADS" -bs 1 -bo 1 -nf -nt -l en)
+native=(); [ "$BACKEND" = CPU ] && native=(-ng)
+t() { grep -m1 "$1 time" "$2" | sed -E 's/.*= *([0-9.]+) ms.*\( *([0-9.]+) ms per run\).*/\2/; s/.*= *([0-9.]+) ms.*/\1/'; }
+printf '%-8s %10s %10s %14s\n' run load_ms encode_ms decode_ms/step
+for r in $(seq 1 "$ROUNDS"); do
+  "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
+  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
+    "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a.err"
+  for s in n a; do
+    name=$([ $s = n ] && echo native || echo apir)
+    printf '%-8s %10s %10s %14s\n' "$name" "$(t load "$work/$s.err")" "$(t encode "$work/$s.err")" "$(t decode "$work/$s.err")"
+  done | tee -a "$work/rows"
+done
+awk '$1=="native"{nl+=$2;ne+=$3;nd+=$4;n++} $1=="apir"{al+=$2;ae+=$3;ad+=$4}
+     END{printf "apir/native (means of %d rounds): load %.2fx  encode %.2fx  decode step %.2fx\n", n, al/nl, ae/nl*nl/ne, ad/nd}' "$work/rows"
+steps=$(grep -o 'decode time = [^/]*/ *[0-9]*' "$work/a.err" | grep -o '[0-9]*$')
+echo "round trips (last APIR0 run, $steps decode steps; APIR_PROFILE):"
+grep 'apir profile' "$work/a.err" | sed 's/^/  /' 
