@@ -16,7 +16,7 @@
 #include "apir_proto.h"
 #include "ggml-backend.h"
 #include "ggml.h"
-#include "remote.h"
+#include "calls.h"
 #include "wait.h"
 
 #include <stdio.h>
@@ -42,10 +42,10 @@ static void bench_null_call(const char *endpoint, int n)
     uint64_t *lat = malloc(sizeof(*lat) * (size_t)n);
     int32_t c;
     for (int i = 0; i < 1000; i++)
-        apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &c);
+        apir_call_DEVICE_GET_COUNT(&r, &c);
     for (int i = 0; i < n; i++) {
         uint64_t t = apir_now_ns();
-        apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &c);
+        apir_call_DEVICE_GET_COUNT(&r, &c);
         lat[i] = apir_now_ns() - t;
     }
     qsort(lat, (size_t)n, sizeof(*lat), cmp_u64);

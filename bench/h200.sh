@@ -19,7 +19,14 @@
 #   bench/h200.sh diag         where apir's time goes on the 1B F16 model: native with and without
 #                              CUDA fusion, apir with guest and host profiles, per-op host profile,
 #                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
-# Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package).
+#   bench/h200.sh issue13      issue 13's figures in one call: builds what is missing (set-up, apir, and
+#                              also whisper.cpp and llama-server), then `whisper` and `server` below
+#   bench/h200.sh whisper      whisper.cpp, host on CUDA vs native CUDA (bench/whisper_compare.sh)
+#   bench/h200.sh server       llama-server, 16 concurrent greedy requests on -np 4, through APIR0 vs
+#                              natively (bench/server_compare.sh): host on CUDA vs native CUDA (1B F16),
+#                              then host on the CPU backend vs native CPU, 8 threads each (1B Q4_0)
+# Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
+# .devcarry/whisper.cpp-233fe1fc.tar.gz (a copy of ../shared/third_party's, carried: APIR_WHISPER_TARBALL).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -33,6 +40,11 @@ export APIR_SKIP_EXTRAS=1 APIR_SKIP_WHISPER=1
 for deb in "$ROOT"/.devcarry/libseccomp*.deb; do [ -f "$deb" ] && dpkg -x "$deb" /; done
 export NCCL_NVLS_ENABLE=0
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/h200.log"; }
+# Seconds left of one device call (10 minutes; H200_BUDGET_S), for the modes that fit their
+# steps into it: phase_timeout MAX prints MAX or what is left less a margin.
+left() { echo $(( ${H200_BUDGET_S:-585} - SECONDS )); }
+phase_timeout() { local l=$(( $(left) - 15 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+room() { [ "$(phase_timeout "$1")" -ge 30 ] || { log "skipped: only $(left) s left"; return 1; }; }
 
 case ${1:-all} in
 build|all)
@@ -204,5 +216,61 @@ sandbox)
   log "allowed beyond the GPU set: ${allow:-none}"
   run_sandbox_case enforce 1 ${allow:+--sandbox-allow "$allow"}
   run_sandbox_case none 0 --no-sandbox
+  ;;
+issue13)
+  # Build what is missing: the pinned ggml with CUDA (setup's main stage), then at once
+  # whisper.cpp (setup's whisper stage), llama-server (the main build folder reconfigured with
+  # LLAMA_BUILD_SERVER=ON, that one target: setup's extras build ten more) and apir.
+  export APIR_WHISPER_TARBALL=${APIR_WHISPER_TARBALL:-$ROOT/.devcarry/whisper.cpp-233fe1fc.tar.gz}
+  if [ ! -e .deps/stamp ]; then
+    log "setup (ggml + CUDA from the bundle)"
+    bash scripts/setup.sh >>"$OUT/h200.log" 2>&1 || { log "setup failed"; tail -40 "$(ls -d /tmp/apircache/llama-*/ | head -1)"build-*.log >>"$OUT/h200.log"; exit 1; }
+  fi
+  log "whisper.cpp, llama-server and apir, built side by side"
+  : >"$OUT/setup-whisper.log"
+  APIR_SKIP_WHISPER=0 bash scripts/setup.sh >"$OUT/setup-whisper.log" 2>&1 & wp=$!
+  # setup copies ggml's private headers first: the apir build starts once that is done.
+  for _ in $(seq 1 300); do grep -q 'build present' "$OUT/setup-whisper.log" && break; kill -0 $wp 2>/dev/null || break; sleep 0.1; done
+  (
+    [ -x .deps/bin/llama-server ] && exit 0
+    # The folder's own path, not through the .deps link: another path rebuilds all of ggml.
+    b=$(readlink -f .deps)/build
+    src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$b/CMakeCache.txt")
+    cmake -S "$src" -B "$b" -DLLAMA_BUILD_SERVER=ON >/dev/null &&
+      cmake --build "$b" -j "$JOBS" --target llama-server &&
+      cp -af "$b/bin/llama-server" .deps/bin/ && cp -an "$b/bin/"lib*.so* .deps/bin/
+  ) >"$OUT/server-build.log" 2>&1 & sbp=$!
+  t0=$SECONDS
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPIR_VIRGL=OFF >>"$OUT/h200.log" 2>&1 &&
+    cmake --build build -j "$JOBS" >>"$OUT/h200.log" 2>&1 || { log "apir build failed"; tail -30 "$OUT/h200.log"; exit 1; }
+  log "apir built in $((SECONDS - t0)) s"
+  wait $wp || { log "whisper.cpp build failed"; tail -20 "$OUT/setup-whisper.log" | tee -a "$OUT/h200.log"; }
+  wait $sbp || { log "llama-server build failed"; tail -20 "$OUT/server-build.log" | tee -a "$OUT/h200.log"; }
+  log "builds done after $((SECONDS - t0)) s; $(left) s left"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/h200.log"
+  ;;&
+issue13|whisper)
+  # whisper.cpp: random-weight tiny model, jfk.wav; host apir-host on CUDA, guest without CUDA.
+  if [ -x .whisper/bin/whisper-cli ] && room 150; then
+    log "whisper.cpp through APIR0 (host CUDA) vs native CUDA"
+    timeout -k 5 "$(phase_timeout 150)" bash bench/whisper_compare.sh --backend CUDA --threads 4 --rounds "${ROUNDS:-3}" 2>&1 |
+      tee -a "$OUT/h200.log"
+  elif [ ! -x .whisper/bin/whisper-cli ]; then
+    log "no .whisper/bin/whisper-cli: whisper.cpp skipped"
+  fi
+  ;;&
+issue13|server)
+  # llama-server: 16 concurrent greedy requests on 4 slots; CUDA first (short), then the CPU backend.
+  if [ -x .deps/bin/llama-server ]; then
+    log "llama-server through APIR0 (host CUDA) vs native CUDA, 1B F16"
+    room 150 && timeout -k 5 "$(phase_timeout 150)" bash bench/server_compare.sh --backend CUDA --threads 8 --size 1b --type f16 \
+      --rounds "${ROUNDS:-3}" --n-predict 128 2>&1 | tee -a "$OUT/h200.log"
+    log "llama-server through APIR0 (host CPU, --threads 8) vs native CPU (-t 8), 1B Q4_0; $(left) s left"
+    room 240 && timeout -k 5 "$(phase_timeout 240)" bash bench/server_compare.sh --backend CPU --threads 8 --size 1b --type q4_0 \
+      --rounds "${ROUNDS:-3}" --n-predict 64 2>&1 | tee -a "$OUT/h200.log"
+  else
+    log "no .deps/bin/llama-server: llama-server skipped"
+  fi
+  log "done, $(left) s left"
   ;;
 esac

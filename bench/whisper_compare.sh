@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # whisper.cpp through APIR0 vs natively, side by side in one run: load time,
 # encode time and the time per decode step (whisper-cli's own timings), and
-# the host round trips per decode step (APIR_PROFILE).  A random-weight tiny
+# the host round trips (APIR_PROFILE), in all and per decode step.  A random-weight tiny
 # model (apir-whisper-gen) and samples/jfk.wav, as the CI test uses.
 #   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N]
 # Needs a build in build/ and scripts/setup.sh's whisper build (.whisper).
@@ -17,6 +17,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 W=$ROOT/.whisper B=$ROOT/build
+# whisper-cli loads ggml's backends from its own folder, where setup links only
+# the CPU's: the native run of another backend needs that backend's library too.
+if [ "$BACKEND" != CPU ]; then
+  lib=libggml-$(echo "$BACKEND" | tr A-Z a-z).so
+  [ -e "$W/bin/$lib" ] || ln -sfn "$ROOT/.deps/bin/$lib" "$W/bin/$lib" || exit 1
+fi
 work=$(mktemp -d)
 trap 'kill $hp 2>/dev/null; wait $hp 2>/dev/null; rm -rf "$work"' EXIT
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
@@ -38,6 +44,20 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 awk '$1=="native"{nl+=$2;ne+=$3;nd+=$4;n++} $1=="apir"{al+=$2;ae+=$3;ad+=$4}
      END{printf "apir/native (means of %d rounds): load %.2fx  encode %.2fx  decode step %.2fx\n", n, al/nl, ae/nl*nl/ne, ad/nd}' "$work/rows"
-steps=$(grep -o 'decode time = [^/]*/ *[0-9]*' "$work/a.err" | grep -o '[0-9]*$')
-echo "round trips (last APIR0 run, $steps decode steps; APIR_PROFILE):"
-grep 'apir profile' "$work/a.err" | sed 's/^/  /' 
+dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
+echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
+steps() { grep -o 'decode time = [^/]*/ *[0-9]*' "$1" | grep -o '[0-9]*$'; }
+echo "round trips (last APIR0 run, $(steps "$work/a.err") decode steps; APIR_PROFILE):"
+grep 'apir profile' "$work/a.err" | sed 's/^/  /'
+# Per decode step: the same run with a shorter decoder context (fewer decode steps,
+# the same load and encode), the difference in each command's count divided by the
+# difference in steps.
+"$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m40.bin" --seed 1 --text-ctx 40 >/dev/null || exit 1
+args[1]=$work/m40.bin
+env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
+  "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a40.err"
+calls() { sed -n 's/.*apir profile [A-Z0-9]*: \([A-Z_]*\) *\([0-9]*\) calls.*/\1 \2/p' "$1"; }
+echo "per decode step (runs of $(steps "$work/a.err") and $(steps "$work/a40.err") decode steps):"
+join -a1 -e0 -o 0,1.2,2.2 <(calls "$work/a.err" | sort) <(calls "$work/a40.err" | sort) |
+  awk -v d=$(( $(steps "$work/a.err") - $(steps "$work/a40.err") )) \
+    'd > 0 && $2 != $3 { printf "  %-30s %6.2f\n", $1, ($2 - $3) / d; t += ($2 - $3) / d } END { if (d > 0) printf "  %-30s %6.2f\n", "all commands", t }'

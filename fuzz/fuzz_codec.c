@@ -2,19 +2,27 @@
  * fuzz_codec: arbitrary bytes through every decoder the host and guest use.
  *
  * The input is decoded with the request and the reply signature of every
- * row of apir_command_table (letter by letter, which is what apir_demarshal
- * does), and with the item decoders directly.  libFuzzer hands us an
- * exact-size heap copy, so ASan reports any read past the end.  Oracles:
+ * row of apir_command_table, letter by letter with the codec's primitives
+ * (what virgl's own walk does), and with the item decoders directly.
+ * libFuzzer hands us an exact-size heap copy, so ASan reports any read past
+ * the end.  Oracles:
  *   - a successful decode consumed exactly the bytes its items occupy, and
  *     re-encoding the values gives a message of that size that decodes to
  *     the same values;
  *   - decoded strings are NUL-terminated within their cap, lists within
  *     their max and inside the input;
- *   - after a failure every later item is zero.
+ *   - after a failure every later item is zero;
+ *   - the typed messages of apir_messages.h agree with the letters: each
+ *     reply's apir_decode_reply_<NAME> gives the same verdict, the same
+ *     values and consumes the same bytes as the walk, and the typed
+ *     encoders (apir_encode_request_<NAME>, apir_encode_reply_<NAME>) write
+ *     the walk's re-encoding byte for byte.
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
+#include "fuzz_common.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,18 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_OR_DIE(cond, ...)                                                        \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "FUZZ ORACLE: %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fputc('\n', stderr);                                                       \
-            abort();                                                                   \
-        }                                                                              \
-    } while (0)
-
 #define MAX_ITEMS 8
-#define LIST_MAX  (2 * (APIR_TENSOR_MAX_SRC + 1))  /* what the host passes */
+#define LIST_MAX  APIR_MAX_LIST_TENSORS  /* what the host and the typed decoders pass */
 
 struct item {
     uint32_t u;
@@ -47,44 +45,122 @@ struct item {
 
 static struct item items[MAX_ITEMS], again[MAX_ITEMS];
 
+/* ---- the letter walk --------------------------------------------------------- */
+
 static void decode_item(struct apir_decoder *dec, char letter, struct item *it, size_t cap)
 {
-    const char sig[2] = { letter, '\0' };
     switch (letter) {
-    case 'u': case 'e': case 'r': apir_demarshal(dec, sig, &it->u); break;
-    case 'i': apir_demarshal(dec, sig, (int32_t *)&it->u); break;
-    case 'b': apir_demarshal(dec, sig, &it->b); break;
-    case 'c': apir_demarshal(dec, sig, &it->c); break;
-    case 'q': case 'h': apir_demarshal(dec, sig, &it->q); break;
-    case 's': apir_demarshal(dec, sig, it->s, cap); break;
-    case 't': apir_demarshal(dec, sig, &it->t); break;
-    case 'L': apir_demarshal(dec, sig, &it->list, (uint32_t)LIST_MAX); break;
-    default: dec->fatal = true; break;
+    case 'u': case 'e': case 'r': case 'i': it->u = apir_decode_u32(dec); break;
+    case 'b': it->b = apir_decode_bool(dec); break;
+    case 'c': it->c = apir_decode_u8(dec); break;
+    case 'q': case 'h': it->q = apir_decode_u64(dec); break;
+    case 's': apir_decode_string(dec, it->s, cap); break;
+    case 't': apir_decode_tensor(dec, &it->t); break;
+    case 'L': apir_decode_tensor_list(dec, &it->list, LIST_MAX); break;
+    default: apir_decoder_set_fatal(dec); break;
     }
 }
 
-static void encode_item(struct apir_encoder *enc, char letter, const struct item *it)
+/* Records of list item p, copied out of the input (they are in place). */
+static struct apir_tensor_rec list_copies[MAX_ITEMS][LIST_MAX];
+
+static const struct apir_tensor_rec *copy_list(const struct item *it, size_t p)
 {
-    const char sig[2] = { letter, '\0' };
+    for (uint32_t i = 0; i < it->list.count; i++)
+        apir_tensor_list_get(&it->list, i, &list_copies[p][i]);
+    return list_copies[p];
+}
+
+static void encode_item(struct apir_encoder *enc, char letter, const struct item *it, size_t p)
+{
     switch (letter) {
-    case 'u': case 'e': case 'r': apir_marshal(enc, sig, it->u); break;
-    case 'i': apir_marshal(enc, sig, (int32_t)it->u); break;
-    case 'b': apir_marshal(enc, sig, (int)it->b); break;
-    case 'c': apir_marshal(enc, sig, (unsigned)it->c); break;
-    case 'q': case 'h': apir_marshal(enc, sig, it->q); break;
-    case 's': apir_marshal(enc, sig, (const char *)it->s); break;
-    case 't': apir_marshal(enc, sig, &it->t); break;
-    case 'L': {
-        /* Records are in place in the input: re-encode from copies. */
-        static struct apir_tensor_rec recs[LIST_MAX];
-        for (uint32_t i = 0; i < it->list.count; i++)
-            apir_tensor_list_get(&it->list, i, &recs[i]);
-        apir_marshal(enc, sig, it->list.count, (const struct apir_tensor_rec *)recs);
-        break;
-    }
+    case 'u': case 'e': case 'r': case 'i': apir_encode_u32(enc, it->u); break;
+    case 'b': apir_encode_bool(enc, it->b); break;
+    case 'c': apir_encode_u8(enc, it->c); break;
+    case 'q': case 'h': apir_encode_u64(enc, it->q); break;
+    case 's': apir_encode_string(enc, it->s); break;
+    case 't': apir_encode_tensor(enc, &it->t); break;
+    case 'L': apir_encode_tensor_list(enc, it->list.count, copy_list(it, p)); break;
     default: enc->fatal = true; break;
     }
 }
+
+/* ---- the typed messages, per command (fuzz_common.h) ------------------------------ */
+
+/* Item p of the walk as the typed encoders take it. */
+static inline uint32_t fz_in_u32(const struct item *it, size_t p) { return it[p].u; }
+static inline int32_t fz_in_i32(const struct item *it, size_t p) { return (int32_t)it[p].u; }
+static inline uint32_t fz_in_enum(const struct item *it, size_t p) { return it[p].u; }
+static inline uint32_t fz_in_res(const struct item *it, size_t p) { return it[p].u; }
+static inline bool fz_in_bool(const struct item *it, size_t p) { return it[p].b; }
+static inline uint8_t fz_in_u8(const struct item *it, size_t p) { return it[p].c; }
+static inline uint64_t fz_in_u64(const struct item *it, size_t p) { return it[p].q; }
+static inline uint64_t fz_in_buffer(const struct item *it, size_t p) { return it[p].q; }
+static inline uint64_t fz_in_buft(const struct item *it, size_t p) { return it[p].q; }
+static inline const char *fz_in_string(const struct item *it, size_t p) { return it[p].s; }
+static inline const struct apir_tensor_rec *fz_in_tensor(const struct item *it, size_t p) { return &it[p].t; }
+static inline struct apir_tensor_span fz_in_tensors(const struct item *it, size_t p)
+{
+    return (struct apir_tensor_span){ it[p].list.count, copy_list(&it[p], p) };
+}
+/* Rows with an inline tensor are not walked (see fuzz_signature). */
+static inline struct apir_bytes fz_in_inline(const struct item *it, size_t p)
+{
+    (void)it;
+    (void)p;
+    return (struct apir_bytes){ NULL, 0 };
+}
+
+FZ_DEFINE_TYPED_ENCODE(typed_encode, struct item)
+
+/* A typed reply item against item p of the walk. */
+struct typed_cmp {
+    const struct item *walk;
+    bool same;
+};
+#define SAME(cmp, cond) ((cmp)->same = (cmp)->same && (cond))
+/* One per kind, used or not: no reply holds a res, a u8 or a tensor today. */
+#define SEEN_FN static inline __attribute__((unused)) void
+SEEN_FN fz_seen_u32(struct typed_cmp *c, size_t p, const uint32_t *o) { SAME(c, *o == c->walk[p].u); }
+SEEN_FN fz_seen_i32(struct typed_cmp *c, size_t p, const int32_t *o) { SAME(c, *o == (int32_t)c->walk[p].u); }
+SEEN_FN fz_seen_enum(struct typed_cmp *c, size_t p, const uint32_t *o) { SAME(c, *o == c->walk[p].u); }
+SEEN_FN fz_seen_res(struct typed_cmp *c, size_t p, const uint32_t *o) { SAME(c, *o == c->walk[p].u); }
+SEEN_FN fz_seen_bool(struct typed_cmp *c, size_t p, const bool *o) { SAME(c, *o == c->walk[p].b); }
+SEEN_FN fz_seen_u8(struct typed_cmp *c, size_t p, const uint8_t *o) { SAME(c, *o == c->walk[p].c); }
+SEEN_FN fz_seen_u64(struct typed_cmp *c, size_t p, const uint64_t *o) { SAME(c, *o == c->walk[p].q); }
+SEEN_FN fz_seen_buffer(struct typed_cmp *c, size_t p, const uint64_t *o) { SAME(c, *o == c->walk[p].q); }
+SEEN_FN fz_seen_buft(struct typed_cmp *c, size_t p, const uint64_t *o) { SAME(c, *o == c->walk[p].q); }
+SEEN_FN fz_seen_string(struct typed_cmp *c, size_t p, const struct apir_string *o)
+{
+    SAME(c, strcmp(o->s, c->walk[p].s) == 0);
+}
+SEEN_FN fz_seen_tensor(struct typed_cmp *c, size_t p, const struct apir_tensor_rec *o)
+{
+    SAME(c, memcmp(o, &c->walk[p].t, sizeof(*o)) == 0);
+}
+SEEN_FN fz_seen_tensors(struct typed_cmp *c, size_t p, const struct apir_tensor_list *o)
+{
+    SAME(c, o->count == c->walk[p].list.count && o->records == c->walk[p].list.records);
+}
+
+FZ_DEFINE_TYPED_DECODE_REPLY(typed_decode_reply, struct typed_cmp)
+
+/* Decodes the input as cmd's reply with its typed decoder: the verdict, the
+ * bytes consumed and the values must be the walk's. */
+static void check_typed_reply(const char *name, uint32_t cmd, const uint8_t *data, size_t size, bool fatal,
+                              size_t used)
+{
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, data, size);
+    struct typed_cmp cmp = { items, true };
+    bool ok = typed_decode_reply(&cmp, cmd, &dec);
+    FZ_ASSERT(ok == !fatal && ok == !dec.fatal, "%s: typed reply decoder says %d, the walk %d", name, ok, !fatal);
+    FZ_ASSERT(apir_decoder_used(&dec) == used, "%s: typed reply decoder consumed %zu bytes, the walk %zu", name,
+              apir_decoder_used(&dec), used);
+    FZ_ASSERT(cmp.same, "%s: typed reply decoder and the walk decode different values", name);
+}
+
+/* ---- oracles --------------------------------------------------------------- */
 
 static size_t item_size(char letter, const struct item *it)
 {
@@ -138,11 +214,15 @@ static bool item_equal(char letter, const struct item *a, const struct item *b)
     return true;
 }
 
-static void fuzz_signature(const char *name, const char *sig, const uint8_t *data, size_t size, size_t cap)
+/* The input as cmd's request or reply (sig), strings decoded into cap. */
+static void fuzz_signature(const char *name, uint32_t cmd, bool reply, const char *sig, const uint8_t *data,
+                           size_t size, size_t cap)
 {
     size_t n_items = 0;
     while (sig[n_items] && sig[n_items] != 'T' && n_items < MAX_ITEMS)
         n_items++;  /* 'T' is not decodable by signature: stop before it */
+    /* Whether the walk covers the whole message (the typed side does). */
+    bool whole = sig[n_items] == '\0';
 
     struct apir_decoder dec;
     apir_decoder_init(&dec, data, size);
@@ -156,12 +236,14 @@ static void fuzz_signature(const char *name, const char *sig, const uint8_t *dat
         if (dec.fatal && failed_at == n_items)
             failed_at = i;
     }
+    if (reply && whole && cap == APIR_MAX_STRING)
+        check_typed_reply(name, cmd, data, size, dec.fatal, apir_decoder_used(&dec));
     /* Items after the first failure read as zero. */
     for (size_t i = failed_at + 1; i < n_items; i++)
-        CHECK_OR_DIE(item_is_zero(sig[i], &items[i]), "%s '%s': item %zu not zero after a failure", name, sig, i);
+        FZ_ASSERT(item_is_zero(sig[i], &items[i]), "%s '%s': item %zu not zero after a failure", name, sig, i);
     if (dec.fatal) {
-        CHECK_OR_DIE(item_is_zero(sig[failed_at], &items[failed_at]), "%s '%s': failing item %zu not zero", name,
-                     sig, failed_at);
+        FZ_ASSERT(item_is_zero(sig[failed_at], &items[failed_at]), "%s '%s': failing item %zu not zero", name,
+                  sig, failed_at);
         return;
     }
 
@@ -174,21 +256,21 @@ static void fuzz_signature(const char *name, const char *sig, const uint8_t *dat
         const struct item *it = &items[i];
         size_t canon = item_size(sig[i], it);
         if (sig[i] == 's') {
-            CHECK_OR_DIE(memchr(it->s, '\0', cap) != NULL, "%s: string not terminated within its cap", name);
+            FZ_ASSERT(memchr(it->s, '\0', cap) != NULL, "%s: string not terminated within its cap", name);
             size_t limit = cap < APIR_MAX_STRING ? cap : APIR_MAX_STRING;
-            CHECK_OR_DIE(consumed[i] % 4 == 0 && consumed[i] >= canon && consumed[i] <= 8 + apir_pad4(limit),
-                         "%s: string item took %zu bytes (strlen %zu, cap %zu)", name, consumed[i], strlen(it->s),
-                         cap);
+            FZ_ASSERT(consumed[i] % 4 == 0 && consumed[i] >= canon && consumed[i] <= 8 + apir_pad4(limit),
+                      "%s: string item took %zu bytes (strlen %zu, cap %zu)", name, consumed[i], strlen(it->s),
+                      cap);
         } else {
-            CHECK_OR_DIE(consumed[i] == canon, "%s '%s': item %zu ('%c') took %zu bytes, wire size %zu", name, sig,
-                         i, sig[i], consumed[i], canon);
+            FZ_ASSERT(consumed[i] == canon, "%s '%s': item %zu ('%c') took %zu bytes, wire size %zu", name, sig,
+                      i, sig[i], consumed[i], canon);
         }
         if (sig[i] == 'L') {
-            CHECK_OR_DIE(it->list.count >= 1 && it->list.count <= LIST_MAX, "%s: list count %u", name,
-                         it->list.count);
-            CHECK_OR_DIE(it->list.records >= data &&
-                             (size_t)(it->list.records - data) + (size_t)it->list.count * APIR_TENSOR_REC_SIZE <= size,
-                         "%s: list records outside the input", name);
+            FZ_ASSERT(it->list.count >= 1 && it->list.count <= LIST_MAX, "%s: list count %u", name,
+                      it->list.count);
+            FZ_ASSERT(it->list.records >= data &&
+                          (size_t)(it->list.records - data) + (size_t)it->list.count * APIR_TENSOR_REC_SIZE <= size,
+                      "%s: list records outside the input", name);
         }
         expect += canon;
     }
@@ -198,22 +280,28 @@ static void fuzz_signature(const char *name, const char *sig, const uint8_t *dat
     struct apir_encoder enc;
     apir_encoder_init(&enc, buf, sizeof(buf));
     for (size_t i = 0; i < n_items; i++)
-        encode_item(&enc, sig[i], &items[i]);
+        encode_item(&enc, sig[i], &items[i], i);
     if (enc.fatal)
         return;  /* bigger than any command: nothing to compare */
-    CHECK_OR_DIE(apir_encoder_used(&enc) == expect, "%s '%s': re-encoded %zu bytes, items occupy %zu", name, sig,
-                 apir_encoder_used(&enc), expect);
+    FZ_ASSERT(apir_encoder_used(&enc) == expect, "%s '%s': re-encoded %zu bytes, items occupy %zu", name, sig,
+              apir_encoder_used(&enc), expect);
+    if (whole) {
+        static uint8_t typed_buf[APIR_MAX_COMMAND_SIZE];
+        struct apir_encoder typed_enc;
+        apir_encoder_init(&typed_enc, typed_buf, sizeof(typed_buf));
+        typed_encode(items, cmd, reply, &typed_enc);
+        FZ_ASSERT(!typed_enc.fatal && apir_encoder_used(&typed_enc) == expect && memcmp(typed_buf, buf, expect) == 0,
+                  "%s: the typed %s encoder does not write what '%s' says", name, reply ? "reply" : "request", sig);
+    }
     apir_decoder_init(&dec, buf, apir_encoder_used(&enc));
     for (size_t i = 0; i < n_items; i++)
         decode_item(&dec, sig[i], &again[i], cap);
-    CHECK_OR_DIE(!dec.fatal && apir_decoder_left(&dec) == 0, "%s '%s': re-encoded message does not decode", name,
-                 sig);
+    FZ_ASSERT(!dec.fatal && apir_decoder_left(&dec) == 0, "%s '%s': re-encoded message does not decode", name,
+              sig);
     for (size_t i = 0; i < n_items; i++)
-        CHECK_OR_DIE(item_equal(sig[i], &items[i], &again[i]), "%s '%s': item %zu changed in a round trip", name, sig,
-                     i);
+        FZ_ASSERT(item_equal(sig[i], &items[i], &again[i]), "%s '%s': item %zu changed in a round trip", name, sig,
+                  i);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -223,10 +311,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const struct apir_command_info *c = &apir_command_table[cmd];
         if (!c->name)
             continue;
-        fuzz_signature(c->name, c->request, data, size, APIR_MAX_STRING);
-        fuzz_signature(c->name, c->reply, data, size, APIR_MAX_STRING);
+        fuzz_signature(c->name, cmd, false, c->request, data, size, APIR_MAX_STRING);
+        fuzz_signature(c->name, cmd, true, c->reply, data, size, APIR_MAX_STRING);
         if (strchr(c->reply, 's'))
-            fuzz_signature(c->name, c->reply, data, size, 16);
+            fuzz_signature(c->name, cmd, true, c->reply, data, size, 16);
     }
 
     /* The item decoders directly, with a cap/max taken from the input. */
@@ -237,22 +325,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(str, 'x', sizeof(str));
     apir_decode_string(&dec, str, cap);
     if (cap)
-        CHECK_OR_DIE(memchr(str, '\0', cap) != NULL, "string not terminated within cap %zu", cap);
+        FZ_ASSERT(memchr(str, '\0', cap) != NULL, "string not terminated within cap %zu", cap);
     if (dec.fatal && cap)
-        CHECK_OR_DIE(str[0] == '\0', "refused string left non-empty");
+        FZ_ASSERT(str[0] == '\0', "refused string left non-empty");
 
     uint32_t max = size > 1 ? data[1] : 1;
     struct apir_tensor_list list;
     apir_decoder_init(&dec, data, size);
     apir_decode_tensor_list(&dec, &list, max);
     if (!dec.fatal) {
-        CHECK_OR_DIE(list.count >= 1 && list.count <= max, "list count %u, max %u", list.count, max);
-        CHECK_OR_DIE(apir_decoder_used(&dec) == 4 + (size_t)list.count * APIR_TENSOR_REC_SIZE, "list size");
+        FZ_ASSERT(list.count >= 1 && list.count <= max, "list count %u, max %u", list.count, max);
+        FZ_ASSERT(apir_decoder_used(&dec) == 4 + (size_t)list.count * APIR_TENSOR_REC_SIZE, "list size");
         struct apir_tensor_rec rec;
         for (uint32_t i = 0; i < list.count; i++)
             apir_tensor_list_get(&list, i, &rec);
     } else {
-        CHECK_OR_DIE(list.count == 0 && list.records == NULL, "refused list not empty");
+        FZ_ASSERT(list.count == 0 && list.records == NULL, "refused list not empty");
     }
 
     /* A message as the transports see it: header, then items. */
@@ -261,7 +349,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     apir_decode_header(&dec, &hdr);
     if (!dec.fatal && hdr.cmd_type == APIR_CMD_TYPE_FORWARD && (uint32_t)hdr.cmd_flags < APIR_CMD_COUNT) {
         const struct apir_command_info *c = &apir_command_table[hdr.cmd_flags];
-        fuzz_signature(c->name, c->request, dec.cur, apir_decoder_left(&dec), APIR_MAX_STRING);
+        fuzz_signature(c->name, (uint32_t)hdr.cmd_flags, false, c->request, dec.cur, apir_decoder_left(&dec),
+                       APIR_MAX_STRING);
     }
     return 0;
 }

@@ -14,15 +14,13 @@
 #include "fuzz_host.h"
 #include "weight_copies.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 /*
  * Graphs are computed as apir-host computes them for a guest: in a process
  * of their own.  A backend kernel that asserts on an odd (but in-bounds)
@@ -65,8 +63,6 @@ static uint32_t forward_isolated(struct apir_session *s, uint32_t cmd, struct ap
     return APIR_HANDLER_FAILED;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 static bool verbose;
 
 /*
@@ -93,13 +89,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* The graph a GRAPH_COMPUTE names gets its handle numbers rewritten. */
+/* The graph a GRAPH_COMPUTE, _AT or _KEYED names gets its handle numbers
+ * rewritten: the request starts res, [blob_offset,] size. */
 static void patch_graph_of(uint32_t cmd, const uint8_t *req, size_t len, const struct fz_known *k, bool *known_hit)
 {
     struct apir_decoder dec;
     apir_decoder_init(&dec, req, len);
     uint32_t res_id = apir_decode_u32(&dec);
-    uint64_t offset = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ? apir_decode_u64(&dec) : 0;
+    uint64_t offset = cmd != APIR_CMD_BACKEND_GRAPH_COMPUTE ? apir_decode_u64(&dec) : 0;
     uint64_t size = apir_decode_u64(&dec);
     if (dec.fatal || res_id != FZ_BLOB_RES_ID || offset >= FZ_BLOB_SIZE)
         return;
@@ -129,8 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t op = (uint8_t)fz_read_le(&r, 1);
         size_t len = (size_t)fz_read_le(&r, 2);
         const uint8_t *src = fz_take(&r, len, &len);
-        uint8_t *req = malloc(len ? len : 1);
-        memcpy(req, src, len);
+        uint8_t *req = fz_copy(src, len);
         uint32_t cmd = op & 0x7fu;
         bool small = (op & FZ_OP_SMALL_REPLY) != 0;
 
@@ -148,7 +144,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bool known_hit = false;
         if (cmd < APIR_CMD_COUNT) {
             fz_patch_request(req, len, apir_command_table[cmd].request, &k, &known_hit);
-            if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT)
+            if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
+                cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED)
                 patch_graph_of(cmd, req, len, &k, &known_hit);
         }
         if (known_hit && fz_skipping_known()) {
@@ -175,8 +172,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FZ_ASSERT(res == APIR_HANDLER_INVALID_INDEX, "unknown command %u gave %u", cmd, res);
         if (res == APIR_HANDLER_OK) {
             FZ_ASSERT(!enc.fatal, "%s: OK with an overflowed reply", apir_command_name(cmd));
-            fz_check_reply(cmd, enc.start, apir_encoder_used(&enc));
-            fz_collect_handles(cmd, enc.start, apir_encoder_used(&enc), &k);
+            fz_check_reply(cmd, enc.start, apir_encoder_used(&enc), &k);
         }
         FZ_ASSERT(s->device < s->host->n_devices, "current device %u out of range", s->device);
         FZ_ASSERT(apir_weights_consistent(s), "%s: weight copies overlap or are broken", apir_command_name(cmd));

@@ -15,16 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    fz_host_init();
-    return 0;
-}
+FZ_INITIALIZE_HOST_ONLY()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -33,13 +24,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_alloc_buffer(s, FZ_BUF_A_SIZE, &k);
     fz_alloc_buffer(s, FZ_BUF_B_SIZE, &k);
 
-    uint8_t *blob = malloc(size ? size : 1);
-    memcpy(blob, data, size);
+    uint8_t *blob = fz_copy(data, size);
     bool known_hit = false;
     fz_patch_graph(blob, size, &k, &known_hit);
     for (int pass = 0; pass < 2 && !(known_hit && fz_skipping_known()); pass++) {
         /* the second pass reads a trailing use-count section, as for keyed graphs */
-        struct ggml_cgraph *g = apir_import_graph(s, blob, size, pass == 1);
+        struct ggml_cgraph *g = apir_import_graph(s, &s->scratch, blob, size, pass == 1);
         if (g) {
             FZ_ASSERT(ggml_graph_n_nodes(g) >= 2, "accepted graph without nodes");
             fz_check_graph(s, g);

@@ -13,28 +13,19 @@
 #include "apir_codec.h"
 #include "apir_commands.h"
 #include "apir_log.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
+#include "fuzz_common.h"
 #include "fuzz_format.h"
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "graph_exec.h"
 #include "host.h"
 #include "session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A finding of the harness's own oracles: abort so libFuzzer saves the
- * input, with a line that says which rule broke. */
-#define FZ_ASSERT(cond, ...)                                                           \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "FUZZ ORACLE: %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fputc('\n', stderr);                                                       \
-            abort();                                                                   \
-        }                                                                              \
-    } while (0)
 
 static struct apir_host fz_host;
 
@@ -81,6 +72,16 @@ static inline void fz_host_init(void)
         abort();
     }
 }
+
+/* The LLVMFuzzerInitialize of a target whose only setup is the host. */
+#define FZ_INITIALIZE_HOST_ONLY()                                  \
+    int LLVMFuzzerInitialize(int *argc, char ***argv)              \
+    {                                                              \
+        (void)argc;                                                \
+        (void)argv;                                                \
+        fz_host_init();                                            \
+        return 0;                                                  \
+    }
 
 /* The handles a session's inputs can name by number (fuzz_format.h). */
 struct fz_known {
@@ -335,15 +336,15 @@ static inline uint64_t fz_alloc_buffer(struct apir_session *s, uint64_t size, st
     uint8_t req[16], rep[8];
     struct apir_encoder enc;
     apir_encoder_init(&enc, req, sizeof(req));
-    apir_marshal(&enc, apir_command_table[APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER].request, s->buft_handles[0], size);
+    apir_encode_request_BUFFER_TYPE_ALLOC_BUFFER(&enc, s->buft_handles[0], size);
     size_t used = 0;
     if (fz_forward(s, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, req, apir_encoder_used(&enc), rep, sizeof(rep), &used) !=
-            APIR_HANDLER_OK ||
-        used != 8)
+        APIR_HANDLER_OK)
         abort();
-    uint64_t h;
-    memcpy(&h, rep, 8);
-    if (!h)
+    uint64_t h = 0;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, rep, used);
+    if (!apir_decode_reply_BUFFER_TYPE_ALLOC_BUFFER(&dec, &h) || apir_decoder_left(&dec) != 0 || !h)
         abort();
     fz_known_add(k, h);
     return h;
@@ -389,7 +390,8 @@ static inline void fz_check_tensor(const struct apir_session *s, const struct gg
 static inline void fz_check_graph(const struct apir_session *s, struct ggml_cgraph *g)
 {
     int n = ggml_graph_n_nodes(g);
-    FZ_ASSERT(n >= 2 && ggml_graph_node(g, 0) == s->graph_anchor, "graph does not start with the session's anchor");
+    FZ_ASSERT(n >= 2 && ggml_graph_node(g, 0) == apir_graph_anchor(s),
+              "graph does not start with the session's anchor");
     for (int i = 1; i < n; i++) {  /* the anchor has no memory, and no op */
         const struct ggml_tensor *t = ggml_graph_node(g, i);
         fz_check_tensor(s, t, 1);
@@ -399,44 +401,35 @@ static inline void fz_check_graph(const struct apir_session *s, struct ggml_cgra
     }
 }
 
-/* Oracle: an OK reply holds exactly the items of its signature. */
-static inline void fz_check_reply(uint32_t cmd, const uint8_t *rep, size_t used)
-{
-    const char *sig = apir_command_table[cmd].reply;
-    struct apir_decoder dec;
-    apir_decoder_init(&dec, rep, used);
-    static char str[APIR_MAX_STRING];
-    for (const char *c = sig; *c; c++) {
-        switch (*c) {
-        case 'u': case 'i': case 'e': case 'r': case 'c': apir_decode_u32(&dec); break;
-        case 'b': apir_decode_bool(&dec); break;
-        case 'q': case 'h': apir_decode_u64(&dec); break;
-        case 's': apir_decode_string(&dec, str, sizeof(str)); break;
-        case 't': { struct apir_tensor_rec r; apir_decode_tensor(&dec, &r); break; }
-        case 'L': { struct apir_tensor_list l; apir_decode_tensor_list(&dec, &l, UINT32_MAX); break; }
-        default: dec.fatal = true; break;
-        }
-    }
-    FZ_ASSERT(!dec.fatal && apir_decoder_left(&dec) == 0, "%s: OK reply of %zu bytes does not match '%s'",
-              apir_command_name(cmd), used, sig);
-}
+/*
+ * Oracle: an OK reply is exactly what its typed decoder
+ * (apir_decode_reply_<NAME>, the guest's) reads, nothing left over; its
+ * handles (buffer and buffer type items) then become known handles.
+ */
+#define fz_seen_u32(k, p, v)
+#define fz_seen_i32(k, p, v)
+#define fz_seen_enum(k, p, v)
+#define fz_seen_res(k, p, v)
+#define fz_seen_bool(k, p, v)
+#define fz_seen_u8(k, p, v)
+#define fz_seen_u64(k, p, v)
+#define fz_seen_buffer(k, p, v) fz_known_add(k, *(v))
+#define fz_seen_buft(k, p, v) fz_known_add(k, *(v))
+#define fz_seen_string(k, p, v)
+#define fz_seen_tensor(k, p, v)
+#define fz_seen_tensors(k, p, v)
+FZ_DEFINE_TYPED_DECODE_REPLY(fz_decode_reply, struct fz_known)
 
-/* Handles in an OK reply become known handles. */
-static inline void fz_collect_handles(uint32_t cmd, const uint8_t *rep, size_t used, struct fz_known *k)
+static inline void fz_check_reply(uint32_t cmd, const uint8_t *rep, size_t used, struct fz_known *k)
 {
-    const char *sig = apir_command_table[cmd].reply;
     struct apir_decoder dec;
     apir_decoder_init(&dec, rep, used);
-    for (const char *c = sig; *c && !dec.fatal; c++) {
-        if (*c == 'h')
-            fz_known_add(k, apir_decode_u64(&dec));
-        else if (*c == 'q')
-            apir_decode_u64(&dec);
-        else if (*c == 's' || *c == 't' || *c == 'L')
-            return;  /* never before an 'h' in the table; stop rather than re-parse */
-        else
-            apir_decode_u32(&dec);
-    }
+    struct fz_known handles = { .n = 0 };
+    bool ok = fz_decode_reply(&handles, cmd, &dec) && apir_decoder_left(&dec) == 0;
+    FZ_ASSERT(ok, "%s: OK reply of %zu bytes does not match '%s'", apir_command_name(cmd), used,
+              cmd < APIR_CMD_COUNT ? apir_command_table[cmd].reply : "?");
+    for (uint32_t i = 0; i < handles.n; i++)
+        fz_known_add(k, handles.h[i]);
 }
 
 #endif

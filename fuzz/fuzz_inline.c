@@ -15,16 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    fz_host_init();
-    return 0;
-}
+FZ_INITIALIZE_HOST_ONLY()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -32,14 +23,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct apir_session *s = fz_session_new(&k);
     fz_alloc_buffer(s, FZ_BUF_A_SIZE, &k);
 
-    uint8_t *req = malloc(size ? size : 1);
-    memcpy(req, data, size);
+    uint8_t *req = fz_copy(data, size);
     bool known_hit = false;
     fz_patch_inline(req, size, &k, &known_hit);
     for (int pass = 0; pass < 2 && !(known_hit && fz_skipping_known()); pass++) {
         struct apir_decoder dec;
         apir_decoder_init(&dec, req, size);
-        struct ggml_tensor *t = apir_import_inline(s, &dec);
+        struct ggml_tensor *t = apir_import_inline(s, &s->scratch, &dec);
         if (!t)
             continue;
         /* Known finding 2: a buffer handle cut short makes the decoder

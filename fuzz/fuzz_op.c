@@ -59,9 +59,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 #define N_GUARDED 2
 #define GUARDED_SIZE (64u * 1024u)
 #define ALLOC_SIZE (64u * 1024u)
@@ -756,14 +753,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t req[24], rep[16];
         struct apir_encoder enc;
         apir_encoder_init(&enc, req, sizeof(req));
-        apir_marshal(&enc, apir_command_table[APIR_CMD_DEVICE_BUFFER_FROM_PTR].request, GUARDED_RES0 + (uint32_t)b,
-                     (uint64_t)GUARDED_SIZE, (uint64_t)GUARDED_SIZE);
+        apir_encode_request_DEVICE_BUFFER_FROM_PTR(&enc, GUARDED_RES0 + (uint32_t)b, GUARDED_SIZE, GUARDED_SIZE);
         size_t used = 0;
         if (fz_forward(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, req, apir_encoder_used(&enc), rep, sizeof(rep), &used) !=
-                APIR_HANDLER_OK ||
-            used < 8)
+            APIR_HANDLER_OK)
             abort();
-        memcpy(&handles[b], rep, 8);
+        uint64_t buft;
+        struct apir_decoder dec;
+        apir_decoder_init(&dec, rep, used);
+        if (!apir_decode_reply_DEVICE_BUFFER_FROM_PTR(&dec, &handles[b], &buft) || !handles[b])
+            abort();
         base[b] = guarded[b];
     }
     handles[N_GUARDED] = fz_alloc_buffer(s, ALLOC_SIZE, &k);
@@ -789,8 +788,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t req[32];
     struct apir_encoder re;
     apir_encoder_init(&re, req, sizeof(req));
-    apir_marshal(&re, apir_command_table[APIR_CMD_BACKEND_GRAPH_COMPUTE_AT].request, MSG_RES, (uint64_t)0,
-                 (uint64_t)apir_encoder_used(&e));
+    apir_encode_request_BACKEND_GRAPH_COMPUTE_AT(&re, MSG_RES, 0, apir_encoder_used(&e));
 
     if (fz_skipping_known() && hits_known(&g, find_t(&g, node))) {
         apir_session_free(s);
@@ -809,8 +807,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint32_t res = fz_forward(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req, apir_encoder_used(&re), rep, sizeof(rep),
                                   &used);
         uint32_t status = 99;
-        if (res == APIR_HANDLER_OK && used >= 4)
-            memcpy(&status, rep, 4);
+        struct apir_decoder dec;
+        apir_decoder_init(&dec, rep, used);
+        if (res != APIR_HANDLER_OK || !apir_decode_reply_BACKEND_GRAPH_COMPUTE_AT(&dec, &status))
+            status = 99;
         bool accepted = res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS;
         if (verbose)
             fprintf(stderr, "fuzz_op: -> handler %u, status %u\n", res, status);

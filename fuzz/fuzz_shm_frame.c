@@ -42,9 +42,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 #define REPLY_DEADLINE_NS (20ull * 1000 * 1000 * 1000)
 #define MAX_BLOB_SIZE     (4u << 20)
 

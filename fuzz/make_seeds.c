@@ -12,7 +12,9 @@
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
+#include "fuzz_common.h"
 #include "fuzz_format.h"
 #include "ggml.h"
 #include "shm_proto.h"
@@ -273,37 +275,60 @@ static void inline_tensor(struct fz_writer *w, enum ggml_op op, int n_src, bool 
 
 /* ---- fuzz_codec: a valid request and reply of every command ---------------------- */
 
-static bool marshal_letter(struct apir_encoder *enc, char letter, int p)
+/* The sample items: by kind, some by position p in the message. */
+struct codec_sample {
+    struct apir_tensor_rec recs[3];   /* an ADD of the other two */
+    uint8_t inline_bytes[4096];
+    size_t inline_len;
+};
+
+static inline uint32_t fz_in_u32(const struct codec_sample *c, size_t p) { (void)c; return (uint32_t)(p + 3); }
+static inline uint32_t fz_in_enum(const struct codec_sample *c, size_t p) { (void)c; return (uint32_t)(p + 3); }
+static inline uint32_t fz_in_res(const struct codec_sample *c, size_t p) { (void)c; return (uint32_t)(p + 3); }
+static inline int32_t fz_in_i32(const struct codec_sample *c, size_t p) { (void)c; (void)p; return 1; }
+static inline bool fz_in_bool(const struct codec_sample *c, size_t p) { (void)c; (void)p; return true; }
+static inline uint8_t fz_in_u8(const struct codec_sample *c, size_t p) { (void)c; (void)p; return 0x5a; }
+static inline uint64_t fz_in_u64(const struct codec_sample *c, size_t p) { (void)c; return p == 0 ? FZ_H_BUF_A : 64; }
+static inline uint64_t fz_in_buffer(const struct codec_sample *c, size_t p) { return fz_in_u64(c, p); }
+static inline uint64_t fz_in_buft(const struct codec_sample *c, size_t p) { return fz_in_u64(c, p); }
+static inline const char *fz_in_string(const struct codec_sample *c, size_t p) { (void)c; (void)p; return "CPU"; }
+static inline const struct apir_tensor_rec *fz_in_tensor(const struct codec_sample *c, size_t p)
 {
-    const char sig[2] = { letter, '\0' };
-    struct apir_tensor_rec recs[3] = {
-        rec_f32(1, 16, 1, FZ_H_BUF_A, 0, GGML_OP_ADD),
-        rec_f32(2, 16, 1, FZ_H_BUF_A, 64, GGML_OP_NONE),
-        rec_f32(3, 16, 1, FZ_H_BUF_A, 128, GGML_OP_NONE),
-    };
-    recs[0].src[0] = 2;
-    recs[0].src[1] = 3;
-    switch (letter) {
-    case 'u': case 'e': case 'r': return apir_marshal(enc, sig, (uint32_t)(p + 3));
-    case 'i': return apir_marshal(enc, sig, (int32_t)1);
-    case 'b': return apir_marshal(enc, sig, 1);
-    case 'c': return apir_marshal(enc, sig, 0x5au);
-    case 'q': case 'h': return apir_marshal(enc, sig, (uint64_t)(p == 0 ? FZ_H_BUF_A : 64));
-    case 's': return apir_marshal(enc, sig, "CPU");
-    case 't': return apir_marshal(enc, sig, (const struct apir_tensor_rec *)&recs[0]);
-    case 'L': return apir_marshal(enc, sig, (uint32_t)3, (const struct apir_tensor_rec *)recs);
-    }
-    return false;
+    (void)p;
+    return &c->recs[0];
 }
+static inline struct apir_tensor_span fz_in_tensors(const struct codec_sample *c, size_t p)
+{
+    (void)p;
+    return (struct apir_tensor_span){ 3, c->recs };
+}
+static inline struct apir_bytes fz_in_inline(const struct codec_sample *c, size_t p)
+{
+    (void)p;
+    return (struct apir_bytes){ c->inline_bytes, c->inline_len };
+}
+
+FZ_DEFINE_TYPED_ENCODE(encode_sample, struct codec_sample)
 
 static void seeds_codec(void)
 {
     static uint8_t buf[8192];
+    static struct codec_sample sample;
+    sample.recs[0] = rec_f32(1, 16, 1, FZ_H_BUF_A, 0, GGML_OP_ADD);
+    sample.recs[1] = rec_f32(2, 16, 1, FZ_H_BUF_A, 64, GGML_OP_NONE);
+    sample.recs[2] = rec_f32(3, 16, 1, FZ_H_BUF_A, 128, GGML_OP_NONE);
+    sample.recs[0].src[0] = 2;
+    sample.recs[0].src[1] = 3;
+    struct fz_writer iw = { sample.inline_bytes, sizeof(sample.inline_bytes), 0 };
+    inline_tensor(&iw, GGML_OP_ADD, 2, true, false);
+    if (iw.len > iw.cap)
+        exit(1);
+    sample.inline_len = iw.len;
+
     for (uint32_t cmd = 0; cmd < APIR_CMD_COUNT; cmd++) {
         const struct apir_command_info *c = &apir_command_table[cmd];
         if (!c->name)
             continue;
-        const char *sigs[2] = { c->request, c->reply };
         for (int dir = 0; dir < 2; dir++) {
             struct apir_encoder enc;
             apir_encoder_init(&enc, buf, sizeof(buf));
@@ -312,17 +337,8 @@ static void seeds_codec(void)
                 struct apir_cmd_header hdr = { APIR_CMD_TYPE_FORWARD, (int32_t)cmd, APIR_SHM_REPLY_RES_ID };
                 apir_encode_header(&enc, &hdr);
             }
-            bool ok = true;
-            for (int p = 0; sigs[dir][p] && ok; p++) {
-                if (sigs[dir][p] == 'T') {
-                    struct fz_writer w = { apir_encode_reserve(&enc, 0), (size_t)(enc.end - enc.cur), 0 };
-                    inline_tensor(&w, GGML_OP_ADD, 2, true, false);
-                    ok = w.len <= w.cap && apir_encode_reserve(&enc, w.len) != NULL;
-                } else {
-                    ok = marshal_letter(&enc, sigs[dir][p], p);
-                }
-            }
-            if (!ok)
+            encode_sample(&sample, cmd, dir == 1, &enc);
+            if (enc.fatal)
                 continue;
             char name[96];
             snprintf(name, sizeof(name), "%02u-%s-%s", cmd, c->name, dir == 0 ? "request" : "reply");
@@ -340,15 +356,17 @@ static void put_cmd(struct fz_writer *w, uint8_t op, const struct apir_encoder *
     fz_put(w, req->start, apir_encoder_used(req));
 }
 
+/* One command record: the request by its typed encoder. */
 #define REQ(cmd, ...)                                                                  \
     do {                                                                               \
         apir_encoder_init(&enc, rbuf, sizeof(rbuf));                                   \
-        apir_marshal(&enc, apir_command_table[APIR_CMD_##cmd].request, __VA_ARGS__);   \
+        apir_encode_request_##cmd(&enc, __VA_ARGS__);                                  \
         put_cmd(&w, APIR_CMD_##cmd, &enc);                                             \
     } while (0)
 #define REQ0(cmd)                                                                      \
     do {                                                                               \
         apir_encoder_init(&enc, rbuf, sizeof(rbuf));                                   \
+        apir_encode_request_##cmd(&enc);                                               \
         put_cmd(&w, APIR_CMD_##cmd, &enc);                                             \
     } while (0)
 
@@ -362,7 +380,8 @@ static void seeds_dispatch(void)
     struct apir_tensor_rec c = rec_f32(3, 16, 1, FZ_H_BUF_A, 128, GGML_OP_ADD);
     c.src[0] = 1;
     c.src[1] = 2;
-    struct apir_tensor_rec list[3] = { c, a, b };
+    struct apir_tensor_rec list_recs[3] = { c, a, b };
+    const struct apir_tensor_span list = { 3, list_recs };
 
     /* Device queries, all of 0.1 that needs no tensor. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
@@ -435,9 +454,9 @@ static void seeds_dispatch(void)
     fz_put_le(&w, glen, 2);
     fz_put(&w, graph, glen);
     REQ(DEVICE_SELECT, 0u);
-    REQ(DEVICE_SUPPORTS_OP_L, (uint32_t)3, (const struct apir_tensor_rec *)list);
-    REQ(DEVICE_OFFLOAD_OP_L, (uint32_t)3, (const struct apir_tensor_rec *)list);
-    REQ(BUFFER_TYPE_GET_ALLOC_SIZE_L, (uint64_t)FZ_H_BUFT, (uint32_t)3, (const struct apir_tensor_rec *)list);
+    REQ(DEVICE_SUPPORTS_OP_L, list);
+    REQ(DEVICE_OFFLOAD_OP_L, list);
+    REQ(BUFFER_TYPE_GET_ALLOC_SIZE_L, (uint64_t)FZ_H_BUFT, list);
     REQ(BUFFER_MEMSET_TENSOR, (uint64_t)FZ_H_BUF_A, &a, 0x3fu, (uint64_t)0, (uint64_t)64);
     REQ(BUFFER_INIT_TENSOR, (uint64_t)FZ_H_BUF_A, &b);
     REQ(BUFFER_SET_TENSOR_AT, (uint64_t)FZ_H_BUF_A, &a, FZ_BLOB_RES_ID, (uint64_t)4096, (uint64_t)0, (uint64_t)64);
@@ -544,20 +563,39 @@ static void shm_hello(struct fz_writer *w, uint8_t plan)
     fz_put(w, &h, sizeof(h));
 }
 
-static void shm_cmd(struct fz_writer *w, int32_t type, int32_t flags, uint32_t reply, const char *sig, ...)
+/* A command record: the header, then the items put in by the caller. */
+static struct apir_encoder *shm_begin(int32_t type, int32_t flags, uint32_t reply)
 {
     static uint8_t buf[4096];
-    struct apir_encoder enc;
+    static struct apir_encoder enc;
     apir_encoder_init(&enc, buf, sizeof(buf));
     struct apir_cmd_header hdr = { type, flags, reply };
     apir_encode_header(&enc, &hdr);
-    va_list ap;
-    va_start(ap, sig);
-    apir_vmarshal(&enc, sig, &ap);
-    va_end(ap);
+    return &enc;
+}
+
+static void shm_end(struct fz_writer *w, const struct apir_encoder *enc)
+{
     fz_put_le(w, 0, 1);
-    fz_put_le(w, apir_encoder_used(&enc), 2);
-    fz_put(w, buf, apir_encoder_used(&enc));
+    fz_put_le(w, apir_encoder_used(enc), 2);
+    fz_put(w, enc->start, apir_encoder_used(enc));
+}
+
+/* A command of the transport's own (handshake, blobs: apir_proto.h) or a
+ * FORWARD without items: layout 'u' puts a uint32, 'q' a uint64, of vals in
+ * order. */
+#define U64S(...) ((const uint64_t[]){ __VA_ARGS__ })
+static void shm_cmd(struct fz_writer *w, int32_t type, int32_t flags, uint32_t reply, const char *layout,
+                    const uint64_t *vals)
+{
+    struct apir_encoder *enc = shm_begin(type, flags, reply);
+    for (size_t i = 0; layout[i]; i++) {
+        if (layout[i] == 'u')
+            apir_encode_u32(enc, (uint32_t)vals[i]);
+        else
+            apir_encode_u64(enc, vals[i]);
+    }
+    shm_end(w, enc);
 }
 
 static void shm_blob(struct fz_writer *w, uint8_t fd_kind_bits, uint32_t res_id, uint64_t size)
@@ -578,16 +616,17 @@ static void seeds_shm(void)
      * a reply blob, destroy. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
     shm_hello(&w, 0x02);
-    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 2u);
-    shm_cmd(&w, APIR_CMD_TYPE_LOADLIBRARY, 0, R, "");
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_NAME, R, "");
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_BUFFER_TYPE, R, "");
+    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", U64S(0, 2));
+    shm_cmd(&w, APIR_CMD_TYPE_LOADLIBRARY, 0, R, "", NULL);
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_NAME, R, "", NULL);
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_BUFFER_TYPE, R, "", NULL);
     shm_blob(&w, 0, APIR_SHM_FIRST_RES_ID, 65536);
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_MEMORY, APIR_SHM_FIRST_RES_ID, "");
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_BUFFER_FROM_PTR, R, "rqq", APIR_SHM_FIRST_RES_ID,
-            (uint64_t)65536, (uint64_t)65536);
-    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, R, "u", APIR_SHM_FIRST_RES_ID);
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, 99, R, "");
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_MEMORY, APIR_SHM_FIRST_RES_ID, "", NULL);
+    struct apir_encoder *enc = shm_begin(APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_BUFFER_FROM_PTR, R);
+    apir_encode_request_DEVICE_BUFFER_FROM_PTR(enc, APIR_SHM_FIRST_RES_ID, 65536, 65536);
+    shm_end(&w, enc);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, R, "u", U64S(APIR_SHM_FIRST_RES_ID));
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, 99, R, "", NULL);
     write_writer("fuzz_shm_frame", "session", &w);
 
     /* Blob creation variants: lying size, unsealed, short, pipe, wrong tag,
@@ -600,8 +639,8 @@ static void seeds_shm(void)
     shm_blob(&w, 3 << 2, 7, 4096);
     fz_put_le(&w, 2, 1);      /* a good fd message of 64 bytes... */
     fz_put_le(&w, 0, 2);
-    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, R, "uq", 9u, (uint64_t)64);  /* ...consumed here */
-    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, R, "uq", 10u, (uint64_t)1 << 40);
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, R, "uq", U64S(9, 64));  /* ...consumed here */
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, R, "uq", U64S(10, 1ull << 40));
     shm_blob(&w, 0x10, 8, 4096);  /* a wrong tag: the host hangs up, so last */
     write_writer("fuzz_shm_frame", "blobs", &w);
 
@@ -609,26 +648,26 @@ static void seeds_shm(void)
      * ranges; this server runs its guests in threads and refuses them all. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
     shm_hello(&w, 0x02);
-    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 3u);
+    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", U64S(0, 3));
     fz_put_le(&w, 2, 1);
     fz_put_le(&w, 0, 2);
-    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uqqq", 11u, (uint64_t)0, (uint64_t)64, (uint64_t)0);
-    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uqqq", 12u, (uint64_t)4096, (uint64_t)1 << 40, (uint64_t)64);
-    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uq", 13u, (uint64_t)1);
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_NAME, R, "");
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uqqq", U64S(11, 0, 64, 0));
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uqqq", U64S(12, 4096, 1ull << 40, 64));
+    shm_cmd(&w, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, R, "uq", U64S(13, 1));
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_GET_NAME, R, "", NULL);
     write_writer("fuzz_shm_frame", "file-blobs", &w);
 
     /* Framing: a lying cmd_len, a short header, an unknown reply blob. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
     shm_hello(&w, 0x02);
-    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 1u);
+    shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", U64S(0, 1));
     fz_put_le(&w, 1, 1);
     fz_put_le(&w, 12, 2);
     fz_put_le(&w, APIR_CMD_TYPE_FORWARD, 4);
     fz_put_le(&w, 0, 4);
     fz_put_le(&w, R, 4);
     fz_put_le(&w, 4000, 4);   /* cmd_len says 4000 */
-    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, 0, 77, "");
+    shm_cmd(&w, APIR_CMD_TYPE_FORWARD, 0, 77, "", NULL);
     write_writer("fuzz_shm_frame", "framing", &w);
 
     /* Hellos the host must refuse. */
@@ -636,7 +675,7 @@ static void seeds_shm(void)
     for (size_t i = 0; i < sizeof(bad_plans); i++) {
         w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
         shm_hello(&w, bad_plans[i]);
-        shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", 0u, 2u);
+        shm_cmd(&w, APIR_CMD_TYPE_HANDSHAKE, 0, R, "uu", U64S(0, 2));
         char name[32];
         snprintf(name, sizeof(name), "hello-%02x", bad_plans[i]);
         write_writer("fuzz_shm_frame", name, &w);

@@ -43,17 +43,26 @@ struct apir_graph_scratch {
     uint32_t set_cap;
 };
 
+/* How a host buffer type sizes a tensor (its get_alloc_size), where the
+ * pinned ggml's rule is known: the guest then answers without asking. */
+enum apir_alloc_rule {
+    APIR_ALLOC_ASK,        /* unknown: ask the host, per shape */
+    APIR_ALLOC_NBYTES,     /* ggml_nbytes (ggml's default) */
+    APIR_ALLOC_CUDA,       /* ggml-cuda: ggml_nbytes, but FLASH_ATTN_EXT and
+                            * quantized rows have their own sizes (asked) */
+};
+
 struct apir_buft_ctx {
     uint64_t handle;
     size_t alignment;
     size_t max_size;
-    bool nbytes_alloc_size;   /* the host's buffer type sizes a tensor by ggml_nbytes */
+    enum apir_alloc_rule alloc_rule;  /* how the host's buffer type sizes a tensor, where known */
     char name[64];
 };
 
-/* frontend_buffer.c: is a host buffer type, by its name, one whose
- * get_alloc_size is ggml's default (ggml_nbytes)? */
-bool apir_buft_sizes_by_nbytes(const char *remote_name);
+/* frontend_buffer.c: the rule a host buffer type, known by its name, sizes
+ * tensors by. */
+enum apir_alloc_rule apir_buft_alloc_rule(const char *remote_name);
 
 /* Host buffers (frontend_host_buffer.c): shared blobs, found by address. */
 #define APIR_MAX_HOST_BLOBS 64

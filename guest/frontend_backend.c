@@ -2,6 +2,7 @@
  * The ggml backend (stream) of an APIR device.
  */
 #include "frontend.h"
+#include "calls.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -30,7 +31,14 @@ static void backend_free(ggml_backend_t backend)
 
 static void backend_synchronize(ggml_backend_t backend)
 {
-    /* Every command completes before its reply: nothing is in flight. */
+    /*
+     * Need not wait.  A keyed graph may still run on the host after its
+     * reply (APIR_LEAVES_BUSY), but nothing of the program can see that:
+     * every command that touches tensor memory waits for it on the host
+     * (host/graph_exec.c), and the guest's own reads and writes of shared
+     * buffers wait first (apir_remote_wait_idle in frontend_buffer.c).  A
+     * graph that fails meanwhile is reported by the next read or graph.
+     */
     (void)backend;
 }
 
@@ -73,7 +81,7 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         return GGML_STATUS_FAILED;
     }
     if (keyed && uid_is_kept(d, uid)) {
-        int rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, uid, &status);
+        int rc = apir_call_BACKEND_GRAPH_RECOMPUTE_locked(r, uid, &status);
         if (rc == APIR_HANDLER_OK) {
             pthread_mutex_unlock(&r->lock);
             return (enum ggml_status)status;
@@ -101,10 +109,9 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     if (!size)
         APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
     else if (keyed)
-        rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, r->data_res_id, (uint64_t)0, (uint64_t)size, uid,
-                              &status);
+        rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, &status);
     else
-        rc = apir_call_locked(r, APIR_CMD_BACKEND_GRAPH_COMPUTE, r->data_res_id, (uint64_t)size, &status);
+        rc = apir_call_BACKEND_GRAPH_COMPUTE_locked(r, r->data_res_id, size, &status);
     if (rc != APIR_HANDLER_OK)
         status = GGML_STATUS_FAILED;
     else if (keyed) {

@@ -3,6 +3,7 @@
  * tensor data travels through the connection's data area in chunks.
  */
 #include "frontend.h"
+#include "calls.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -37,24 +38,44 @@ static struct apir_device *buft_device(ggml_backend_buffer_type_t buft)
 }
 
 /*
- * Host buffer types whose get_alloc_size is ggml's default, ggml_nbytes: the
- * guest answers alloc-size questions for them itself instead of asking per
- * tensor shape (a decode step whose shapes grow asked about each new one).
- * An allowlist of the pinned ggml's buffer types that leave get_alloc_size
- * unset; any other (CUDA pads quantized rows, for one) is asked.
+ * Host buffer types whose get_alloc_size the pinned ggml defines simply
+ * enough for the guest to answer alloc-size questions itself instead of
+ * asking per tensor shape (a decode step whose shapes grow asked about each
+ * new one).  An allowlist by name; any other buffer type is asked.
+ *   "CPU"            leaves get_alloc_size unset: ggml_nbytes.
+ *   "CUDA<n>"        ggml_backend_cuda_buffer_type_get_alloc_size: ggml_nbytes,
+ *                    except a FLASH_ATTN_EXT result (its own scratch) and
+ *                    quantized tensors (rows padded): those are asked.
  */
-bool apir_buft_sizes_by_nbytes(const char *remote_name)
+enum apir_alloc_rule apir_buft_alloc_rule(const char *remote_name)
 {
-    static const char *const by_nbytes[] = { "CPU" };
-    for (size_t i = 0; i < sizeof(by_nbytes) / sizeof(by_nbytes[0]); i++)
-        if (!strcmp(remote_name, by_nbytes[i]))
-            return true;
-    return false;
+    if (!strcmp(remote_name, "CPU"))
+        return APIR_ALLOC_NBYTES;
+    if (!strncmp(remote_name, "CUDA", 4) && remote_name[4]) {
+        const char *p = remote_name + 4;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (!*p)
+            return APIR_ALLOC_CUDA;
+    }
+    return APIR_ALLOC_ASK;
+}
+
+static bool alloc_size_is_nbytes(enum apir_alloc_rule rule, const struct ggml_tensor *tensor)
+{
+    switch (rule) {
+    case APIR_ALLOC_NBYTES:
+        return true;
+    case APIR_ALLOC_CUDA:
+        return tensor->op != GGML_OP_FLASH_ATTN_EXT && !ggml_is_quantized(tensor->type);
+    default:
+        return false;
+    }
 }
 
 static size_t buft_get_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *tensor)
 {
-    if (((struct apir_buft_ctx *)buft->context)->nbytes_alloc_size)
+    if (alloc_size_is_nbytes(((struct apir_buft_ctx *)buft->context)->alloc_rule, tensor))
         return ggml_nbytes(tensor);
     uint64_t size;
     if (apir_op_query(buft_device(buft), APIR_Q_ALLOC_SIZE, tensor, &size) && size >= ggml_nbytes(tensor))
@@ -90,7 +111,7 @@ static void buffer_free(ggml_backend_buffer_t buffer)
     pthread_mutex_lock(&r->lock);
     if (bc->conn) {  /* else a stand-in: nothing anywhere */
         if (bc->conn == r->conn)
-            apir_call_locked(r, APIR_CMD_BUFFER_FREE_BUFFER, bc->handle);
+            apir_call_BUFFER_FREE_BUFFER_locked(r, bc->handle);
         if (bc->mapped) {
             struct apir_transport *t = bc->conn->t;
             t->ops->blob_destroy(t, bc->res_id, bc->file_backed ? NULL : bc->mapped, bc->mapped_size);
@@ -128,7 +149,7 @@ static enum ggml_status init_remote(ggml_backend_buffer_t buffer, struct ggml_te
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return GGML_STATUS_FAILED;
     uint32_t status = GGML_STATUS_FAILED;
-    if (apir_call(&bc->device->remote, APIR_CMD_BUFFER_INIT_TENSOR, bc->handle, &rec, &status) != APIR_HANDLER_OK)
+    if (apir_call_BUFFER_INIT_TENSOR(&bc->device->remote, bc->handle, &rec, &status) != APIR_HANDLER_OK)
         return GGML_STATUS_FAILED;
     return (enum ggml_status)status;
 }
@@ -176,8 +197,9 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     if (bc->device->has_host_buft && apir_host_blob_find(bc->device, data, size, &blob_id, &blob_offset)) {
         /* data is in one of our host buffers: the host copies between it
          * and the device directly. */
-        if (apir_call(r, set ? APIR_CMD_BUFFER_SET_TENSOR_AT : APIR_CMD_BUFFER_GET_TENSOR_AT, bc->handle, &rec, blob_id,
-                      blob_offset, (uint64_t)offset, (uint64_t)size) != APIR_HANDLER_OK) {
+        int rc = set ? apir_call_BUFFER_SET_TENSOR_AT(r, bc->handle, &rec, blob_id, blob_offset, offset, size)
+                     : apir_call_BUFFER_GET_TENSOR_AT(r, bc->handle, &rec, blob_id, blob_offset, offset, size);
+        if (rc != APIR_HANDLER_OK) {
             APIR_ERROR("guest", "%s of tensor '%s' failed", set ? "set_tensor" : "get_tensor", tensor->name);
             if (!set)
                 memset(data, 0, size);
@@ -193,8 +215,8 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
             memcpy(r->data, (const uint8_t *)data + done, chunk);
         if (r->profile && set)
             r->copy_ns += apir_now_ns() - t0;
-        int rc = apir_call_locked(r, set ? APIR_CMD_BUFFER_SET_TENSOR : APIR_CMD_BUFFER_GET_TENSOR, bc->handle, &rec,
-                                  r->data_res_id, (uint64_t)(offset + done), (uint64_t)chunk);
+        int rc = set ? apir_call_BUFFER_SET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk)
+                     : apir_call_BUFFER_GET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk);
         if (rc != APIR_HANDLER_OK) {
             APIR_ERROR("guest", "%s of tensor '%s' failed", set ? "set_tensor" : "get_tensor", tensor->name);
             if (!set)
@@ -219,7 +241,7 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
 static void report_written(struct apir_buffer_ctx *bc, uint64_t offset, uint64_t size)
 {
     if (bc->mapped && bc->has_weight_copies && bc->device->remote.minor >= 3 && apir_buffer_live(bc))
-        apir_call(&bc->device->remote, APIR_CMD_BUFFER_WRITTEN, bc->handle, offset, size);
+        apir_call_BUFFER_WRITTEN(&bc->device->remote, bc->handle, offset, size);
 }
 
 /*
@@ -243,7 +265,7 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
         uint32_t kept = APIR_WEIGHT_NOT_KEPT;
         if (!apir_tensor_to_rec(tensor, &rec, true))
             return;
-        if (apir_call(r, APIR_CMD_BUFFER_NOTE_WEIGHT, bc->handle, &rec, &kept) != APIR_HANDLER_OK ||
+        if (apir_call_BUFFER_NOTE_WEIGHT(r, bc->handle, &rec, &kept) != APIR_HANDLER_OK ||
             kept == APIR_WEIGHT_NEVER) {
             APIR_DEBUG("guest", "%s: the host keeps no weight copies", d->name);
             d->weight_notes_off = true;
@@ -288,8 +310,7 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
     if (bc->device->remote.minor >= 2) {
-        apir_call(&bc->device->remote, APIR_CMD_BUFFER_MEMSET_TENSOR, bc->handle, &rec, (unsigned)value, (uint64_t)offset,
-                  (uint64_t)size);
+        apir_call_BUFFER_MEMSET_TENSOR(&bc->device->remote, bc->handle, &rec, value, offset, size);
         return;
     }
     /* 0.1 host: write the bytes. */
@@ -323,7 +344,7 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
     if (!apir_tensor_to_rec(src, &src_rec, true) || !apir_tensor_to_rec(dst, &dst_rec, true))
         return false;
     bool ok = false;
-    if (apir_call(&bc->device->remote, APIR_CMD_BUFFER_CPY_TENSOR, bc->handle, &src_rec, &dst_rec, &ok) != APIR_HANDLER_OK)
+    if (apir_call_BUFFER_CPY_TENSOR(&bc->device->remote, bc->handle, &src_rec, &dst_rec, &ok) != APIR_HANDLER_OK)
         return false;
     return ok;
 }
@@ -343,7 +364,7 @@ static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
     }
     if (!live_or_log(bc, "clear", NULL))
         return;
-    apir_call(&bc->device->remote, APIR_CMD_BUFFER_CLEAR, bc->handle, (unsigned)value);
+    apir_call_BUFFER_CLEAR(&bc->device->remote, bc->handle, value);
 }
 
 static const struct ggml_backend_buffer_i apir_buffer_iface = {
@@ -375,8 +396,7 @@ static struct apir_buffer_ctx *wrap_blob_locked(struct apir_device *d, uint32_t 
     struct apir_remote *r = &d->remote;
     uint64_t handle = 0, buft_handle = 0;
     struct apir_buffer_ctx *bc = calloc(1, sizeof(*bc));
-    if (!bc || apir_call_locked(r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)size, (uint64_t)size, &handle,
-                                &buft_handle) != APIR_HANDLER_OK) {
+    if (!bc || apir_call_DEVICE_BUFFER_FROM_PTR_locked(r, res_id, size, size, &handle, &buft_handle) != APIR_HANDLER_OK) {
         free(bc);
         r->t->ops->blob_destroy(r->t, res_id, ours ? mapped : NULL, size);
         return NULL;
@@ -506,14 +526,14 @@ static ggml_backend_buffer_t alloc_remote(ggml_backend_buffer_type_t buft, struc
     struct apir_buffer_ctx *bc = NULL;
     pthread_mutex_lock(&r->lock);
     if (!apir_device_ready_locked(d, "a buffer")) {
-    } else if (apir_call_locked(r, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, bctx->handle, (uint64_t)size, &handle) !=
+    } else if (apir_call_BUFFER_TYPE_ALLOC_BUFFER_locked(r, bctx->handle, size, &handle) !=
                    APIR_HANDLER_OK ||
                !handle) {
         APIR_ERROR("guest", "%s: allocating a %zu-byte buffer failed on the host", d->name, size);
-    } else if (apir_call_locked(r, APIR_CMD_BUFFER_GET_BASE, handle, &base) != APIR_HANDLER_OK ||
+    } else if (apir_call_BUFFER_GET_BASE_locked(r, handle, &base) != APIR_HANDLER_OK ||
                !(bc = calloc(1, sizeof(*bc)))) {
         APIR_ERROR("guest", "%s: a %zu-byte buffer failed", d->name, size);
-        apir_call_locked(r, APIR_CMD_BUFFER_FREE_BUFFER, handle);
+        apir_call_BUFFER_FREE_BUFFER_locked(r, handle);
     } else {
         bc->device = d;
         bc->conn = apir_remote_conn_get_locked(r);
@@ -585,16 +605,16 @@ void apir_buft_setup(struct apir_device *d)
 {
     struct apir_buft_ctx *c = &d->buft_ctx;
     struct apir_remote *r = &d->remote;
-    char remote_name[48] = "";
+    struct apir_string remote_name = { "" };
     uint64_t alignment = 32, max_size = SIZE_MAX;
-    apir_call(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &c->handle);
-    apir_call(r, APIR_CMD_BUFFER_TYPE_GET_NAME, c->handle, remote_name, sizeof(remote_name));
-    apir_call(r, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, c->handle, &alignment);
-    apir_call(r, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, c->handle, &max_size);
-    c->nbytes_alloc_size = apir_buft_sizes_by_nbytes(remote_name);
+    apir_call_DEVICE_GET_BUFFER_TYPE(r, &c->handle);
+    apir_call_BUFFER_TYPE_GET_NAME(r, c->handle, &remote_name);
+    apir_call_BUFFER_TYPE_GET_ALIGNMENT(r, c->handle, &alignment);
+    apir_call_BUFFER_TYPE_GET_MAX_SIZE(r, c->handle, &max_size);
+    c->alloc_rule = apir_buft_alloc_rule(remote_name.s);
     c->alignment = alignment ? (size_t)alignment : 32;
     c->max_size = (size_t)max_size;
-    snprintf(c->name, sizeof(c->name), "%s(%s)", d->name, remote_name);
+    snprintf(c->name, sizeof(c->name), "%s(%s)", d->name, remote_name.s);
     d->buft.iface = apir_buft_iface;
     d->buft.device = &d->dev;
     d->buft.context = c;

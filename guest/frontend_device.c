@@ -2,6 +2,7 @@
  * The ggml device of one remote device.
  */
 #include "frontend.h"
+#include "calls.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -19,7 +20,7 @@ static const char *dev_get_description(ggml_backend_dev_t dev) { return dev_ctx(
 static void dev_get_memory(ggml_backend_dev_t dev, size_t *free_mem, size_t *total)
 {
     uint64_t f = 0, t = 0;
-    apir_call(&dev_ctx(dev)->remote, APIR_CMD_DEVICE_GET_MEMORY, &f, &t);
+    apir_call_DEVICE_GET_MEMORY(&dev_ctx(dev)->remote, &f, &t);
     *free_mem = (size_t)f;
     *total = (size_t)t;
 }
@@ -152,17 +153,18 @@ bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct 
         pthread_mutex_unlock(&r->lock);
         return answer_without_host(kind, value);
     }
+    const struct apir_tensor_span span = { n, recs };
     switch (kind) {
     case APIR_Q_SUPPORTS:
-        rc = apir_call_locked(r, APIR_CMD_DEVICE_SUPPORTS_OP_L, n, recs, &b);
+        rc = apir_call_DEVICE_SUPPORTS_OP_L_locked(r, span, &b);
         v = b;
         break;
     case APIR_Q_OFFLOAD:
-        rc = apir_call_locked(r, APIR_CMD_DEVICE_OFFLOAD_OP_L, n, recs, &b);
+        rc = apir_call_DEVICE_OFFLOAD_OP_L_locked(r, span, &b);
         v = b;
         break;
     case APIR_Q_ALLOC_SIZE:
-        rc = apir_call_locked(r, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, d->buft_ctx.handle, n, recs, &v);
+        rc = apir_call_BUFFER_TYPE_GET_ALLOC_SIZE_L_locked(r, d->buft_ctx.handle, span, &v);
         break;
     default:
         rc = -1;
@@ -185,12 +187,11 @@ static void device_reconnected_locked(struct apir_device *d)
 {
     struct apir_remote *r = &d->remote;
     uint64_t handle = 0;
-    char remote_name[48] = "";
-    if (apir_call_locked(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &handle) == APIR_HANDLER_OK)
+    struct apir_string remote_name;
+    if (apir_call_DEVICE_GET_BUFFER_TYPE_locked(r, &handle) == APIR_HANDLER_OK)
         d->buft_ctx.handle = handle;
-    if (apir_call_locked(r, APIR_CMD_BUFFER_TYPE_GET_NAME, d->buft_ctx.handle, remote_name, sizeof(remote_name)) ==
-        APIR_HANDLER_OK)
-        d->buft_ctx.nbytes_alloc_size = apir_buft_sizes_by_nbytes(remote_name);
+    if (apir_call_BUFFER_TYPE_GET_NAME_locked(r, d->buft_ctx.handle, &remote_name) == APIR_HANDLER_OK)
+        d->buft_ctx.alloc_rule = apir_buft_alloc_rule(remote_name.s);
     pthread_mutex_lock(&d->cache_lock);
     memset(d->cache, 0, sizeof(d->cache));
     pthread_mutex_unlock(&d->cache_lock);
@@ -265,15 +266,15 @@ static const struct ggml_backend_device_i apir_device_iface = {
 
 void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
 {
-    char remote_desc[192] = "?";
+    struct apir_string remote_desc = { "?" };
     uint32_t type = GGML_BACKEND_DEVICE_TYPE_GPU;
     snprintf(d->name, sizeof(d->name), "APIR%u", d->index);
-    apir_call(&d->remote, APIR_CMD_DEVICE_GET_DESCRIPTION, remote_desc, sizeof(remote_desc));
-    apir_call(&d->remote, APIR_CMD_DEVICE_GET_TYPE, &type);
+    apir_call_DEVICE_GET_DESCRIPTION(&d->remote, &remote_desc);
+    apir_call_DEVICE_GET_TYPE(&d->remote, &type);
     /* A remote CPU is still offered as an accelerator: the point is to run
      * there, not on the guest's CPU backend. */
     d->type = type == GGML_BACKEND_DEVICE_TYPE_CPU ? GGML_BACKEND_DEVICE_TYPE_GPU : (enum ggml_backend_dev_type)type;
-    snprintf(d->description, sizeof(d->description), "%s via %s", remote_desc, d->remote.t->endpoint);
+    snprintf(d->description, sizeof(d->description), "%.120s via %.127s", remote_desc.s, d->remote.t->endpoint);
     /* Zero copy when the host can wrap our shared memory as a buffer and its
      * device computes in host memory anyway (a CPU, an integrated GPU), and
      * the transport's blobs are shared memory: tensor data then never
@@ -283,7 +284,7 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
     bool async = false, host_buf = false, from_ptr = false, events = false, mmap_ok = false;
     const char *zc = getenv("APIR_ZERO_COPY");
     if (d->remote.t->blobs_shared && d->remote.minor >= 2 && !(zc && !strcmp(zc, "0")) &&
-        apir_call(&d->remote, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events, &mmap_ok) == APIR_HANDLER_OK)
+        apir_call_DEVICE_GET_PROPS(&d->remote, &async, &host_buf, &from_ptr, &events, &mmap_ok) == APIR_HANDLER_OK)
         d->zero_copy = from_ptr && (type == GGML_BACKEND_DEVICE_TYPE_CPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU);
     /* A CPU host on this machine computes on the cores the guest would spin
      * on: spinning through its graphs (APIR_SPIN_GRAPH_US) takes time from

@@ -6,6 +6,7 @@
  * offers no device: the program goes on with its other backends.
  */
 #include "frontend.h"
+#include "calls.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -82,7 +83,7 @@ static void connect_devices(void)
         return;
     }
     int32_t count = 0;
-    if (apir_call(&first->remote, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &count) != APIR_HANDLER_OK || count <= 0) {
+    if (apir_call_DEVICE_GET_DEVICE_COUNT(&first->remote, &count) != APIR_HANDLER_OK || count <= 0) {
         APIR_WARN("guest", "no APIR device: the host at %s reports none", first->remote.t->endpoint);
         apir_remote_close(&first->remote);
         free(first);

@@ -1,10 +1,10 @@
 #include "remote.h"
+#include "calls.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "wait.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,35 +22,38 @@ size_t apir_remote_data_default(void)
     return APIR_DATA_BLOB_SIZE;
 }
 
-static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
+struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd)
 {
-    const struct apir_command_info *info = &apir_command_table[cmd];
     if (r->minor < apir_command_minor(cmd))
-        return APIR_HANDLER_INVALID_INDEX;
-    struct apir_encoder *enc = r->t->ops->begin(r->t);
-    if (!apir_vmarshal(enc, info->request, ap)) {
-        APIR_ERROR("guest", "%s: request does not fit", info->name);
+        return NULL;
+    r->enc = r->t->ops->begin(r->t);
+    return r->enc;
+}
+
+int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, struct apir_decoder *reply)
+{
+    const char *name = apir_command_name(cmd);
+    uint32_t classes = apir_command_classes(cmd);
+    if (!r->enc || r->enc->fatal) {
+        APIR_ERROR("guest", "%s: request does not fit", name);
         return -1;
     }
     uint32_t ret;
-    struct apir_decoder reply;
     /* Commands that wait for the device spin through its work; so do those
-     * after a keyed graph, which the host answered before computing it and
-     * leaves running (host/dispatch.c). */
-    bool waits_for_device = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
-                            cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE ||
-                            cmd == APIR_CMD_BACKEND_SYNCHRONIZE || r->host_computing;
+     * after a graph the host answered before computing it and leaves
+     * running (APIR_LEAVES_BUSY). */
+    bool waits_for_device = (classes & APIR_WAITS_DEVICE) || r->host_computing;
     r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
-    int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, &reply);
+    int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, reply);
     if (sub != 0 && r->t->broken && !r->gone_logged) {
         /* Said once per connection; each caller reports its own failure. */
         r->gone_logged = true;
         APIR_ERROR("guest", "the host at %s is gone: calls fail; new allocations try to reach it again", r->t->endpoint);
     }
-    /* A keyed graph stays on the device until a command that is not a query
-     * or another graph or upload (apir_command_runs_beside_device). */
-    if (sub == 0 && (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE))
+    /* Such a graph stays on the device until a command that is neither a
+     * query nor another graph or upload (apir_command_runs_beside_device). */
+    if (sub == 0 && (classes & APIR_LEAVES_BUSY))
         r->host_computing = true;
     else if (sub == 0 && !apir_command_runs_beside_device(cmd))
         r->host_computing = false;
@@ -61,57 +64,33 @@ static int vcall(struct apir_remote *r, enum apir_command cmd, va_list *ap)
     if (sub != 0)
         return -1;
     if (ret < APIR_FORWARD_BASE) {
-        APIR_ERROR("guest", "%s: transport error %u", info->name, ret);
+        APIR_ERROR("guest", "%s: transport error %u", name, ret);
         return -1;
     }
     uint32_t result = ret - APIR_FORWARD_BASE;
     if (result != APIR_HANDLER_OK) {
-        APIR_WARN("guest", "%s failed on the host (code %u)", info->name, result);
+        APIR_WARN("guest", "%s failed on the host (code %u)", name, result);
         return (int)result;
-    }
-    if (!apir_vdemarshal(&reply, info->reply, ap)) {
-        APIR_ERROR("guest", "%s: malformed reply", info->name);
-        return APIR_HANDLER_BAD_REQUEST;
     }
     return APIR_HANDLER_OK;
 }
 
-/* A command without request or reply items. */
-static int vcall_none(struct apir_remote *r, enum apir_command cmd, ...)
+int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool reply_ok)
 {
-    va_list ap;
-    va_start(ap, cmd);
-    int rc = vcall(r, cmd, &ap);
-    va_end(ap);
-    return rc;
-}
-
-int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...)
-{
-    va_list ap;
-    va_start(ap, cmd);
-    int rc = vcall(r, cmd, &ap);
-    va_end(ap);
-    return rc;
+    (void)r;
+    if (!reply_ok) {
+        APIR_ERROR("guest", "%s: malformed reply", apir_command_name(cmd));
+        return APIR_HANDLER_BAD_REQUEST;
+    }
+    return APIR_HANDLER_OK;
 }
 
 void apir_remote_wait_idle(struct apir_remote *r)
 {
     pthread_mutex_lock(&r->lock);
     if (r->host_computing)
-        vcall_none(r, APIR_CMD_BACKEND_SYNCHRONIZE);
+        apir_call_BACKEND_SYNCHRONIZE_locked(r);
     pthread_mutex_unlock(&r->lock);
-}
-
-int apir_call(struct apir_remote *r, enum apir_command cmd, ...)
-{
-    va_list ap;
-    va_start(ap, cmd);
-    pthread_mutex_lock(&r->lock);
-    int rc = vcall(r, cmd, &ap);
-    pthread_mutex_unlock(&r->lock);
-    va_end(ap);
-    return rc;
 }
 
 bool apir_remote_data_reserve(struct apir_remote *r, size_t size)
@@ -175,7 +154,7 @@ static bool session_open(struct apir_remote *r, char *err, size_t err_len)
     r->minor = minor;
     r->data = NULL;
     r->data_size = 0;
-    if (minor >= 2 && apir_call_locked(r, APIR_CMD_DEVICE_SELECT, r->device) != APIR_HANDLER_OK) {
+    if (minor >= 2 && apir_call_DEVICE_SELECT_locked(r, r->device) != APIR_HANDLER_OK) {
         snprintf(err, err_len, "host refused device %u", r->device);
     } else if (!apir_remote_data_reserve(r, apir_remote_data_default())) {
         snprintf(err, err_len, "cannot share a data area with the host");

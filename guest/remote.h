@@ -35,6 +35,7 @@ struct apir_conn {
 struct apir_remote {
     struct apir_transport *t;     /* conn->t: the current connection's transport */
     struct apir_conn *conn;
+    struct apir_encoder *enc;     /* the command being written (apir_remote_begin_locked) */
     pthread_mutex_t lock;
     char endpoint[128];           /* what a reconnection dials */
     uint64_t next_reconnect_ns;   /* no attempt before this (one a second at most) */
@@ -73,20 +74,23 @@ bool apir_remote_gone_locked(const struct apir_remote *r);
 bool apir_remote_reconnect_locked(struct apir_remote *r);
 
 /* The current connection, with a reference for an object made on it; lock
- * held.  apir_conn_put drops it (lock held); a retired connection's
+ * held.  apir_conn_put_locked drops it; a retired connection's
  * transport closes with its last reference. */
 struct apir_conn *apir_remote_conn_get_locked(struct apir_remote *r);
 void apir_conn_put_locked(struct apir_remote *r, struct apir_conn *c);
 
 /*
- * A backend command: the request values in the order of the command's
- * request signature (apir_commands.h), then pointers for the reply items.
- * Returns APIR_HANDLER_OK (0), another apir_handler_result, or -1 if the
- * transport failed; failures are logged.  apir_call takes the lock;
- * apir_call_locked expects it held.
+ * The core of a backend command, for the typed stubs of calls.h (use
+ * those): begin returns the encoder for the request items, or NULL when the
+ * command needs a newer protocol than the host answered; submit sends it and
+ * waits, setting *reply to the reply items on APIR_HANDLER_OK; it returns
+ * an apir_handler_result, or -1 if the transport failed, and logs failures.
+ * reply_checked turns the reply decoder's verdict into a result.  The
+ * remote's lock is held throughout.
  */
-int apir_call(struct apir_remote *r, enum apir_command cmd, ...);
-int apir_call_locked(struct apir_remote *r, enum apir_command cmd, ...);
+struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd);
+int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, struct apir_decoder *reply);
+int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool reply_ok);
 
 /* Waits until the host has computed the keyed graph it answered last (it
  * computes after replying): before the guest touches shared memory the

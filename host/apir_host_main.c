@@ -85,8 +85,9 @@ static int parse_u64(const char *s, unsigned long long *out)
 
 int main(int argc, char **argv)
 {
-    struct apir_host_config cfg = { .device = -1, .backend_dir = APIR_GGML_BIN };
-    apir_limits_default(&cfg.limits);
+    struct apir_host_config cfg;
+    apir_host_config_default(&cfg);
+    cfg.backend_dir = APIR_GGML_BIN;
     char path[108];
     apir_shm_default_path(path, sizeof(path));
     bool list = false, isolate = true;
@@ -96,8 +97,6 @@ int main(int argc, char **argv)
     apir_sandbox_config_default(&sandbox);
     unsigned long long client_id = 0;
     apir_log_set_level(APIR_LOG_INFO);
-    /* An environment variable, not a flag: worker processes inherit it. */
-    cfg.op_profile = getenv("APIR_HOST_OP_PROFILE") && !strcmp(getenv("APIR_HOST_OP_PROFILE"), "1");
     if (getenv("APIR_LOG_LEVEL")) {
         enum apir_log_level l;
         if (apir_log_level_from_string(getenv("APIR_LOG_LEVEL"), &l) == 0)

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -127,7 +128,7 @@ bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, 
     for (uint32_t i = 0; i < host->n_devices; i++) {
         APIR_INFO("host", "serving device %u: %s (%s)", i, ggml_backend_dev_name(host->devices[i]),
                   ggml_backend_dev_description(host->devices[i]));
-        if (!ggml_backend_buft_is_host(ggml_backend_dev_buffer_type(host->devices[i])))
+        if (cfg->pin_shared_memory && !ggml_backend_buft_is_host(ggml_backend_dev_buffer_type(host->devices[i])))
             host->pin_shared = true;
     }
     return true;
@@ -150,4 +151,24 @@ void apir_host_print_devices(const char *backend_dir, void *out_file)
                     ggml_backend_dev_description(dev), free_mem >> 20, total >> 20);
         }
     }
+}
+
+/* APIR_HOST_<name> unset or anything but "0": on. */
+static bool switch_on(const char *name)
+{
+    const char *v = getenv(name);
+    return !(v && !strcmp(v, "0"));
+}
+
+void apir_host_config_default(struct apir_host_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->device = -1;
+    apir_limits_default(&cfg->limits);
+    const char *prof = getenv("APIR_HOST_OP_PROFILE");
+    cfg->op_profile = prof && !strcmp(prof, "1");
+    cfg->pin_shared_memory = switch_on("APIR_HOST_PIN");
+    cfg->async_uploads = switch_on("APIR_HOST_ASYNC_UPLOADS");
+    cfg->weight_copies = switch_on("APIR_HOST_WEIGHT_COPIES");
+    cfg->defer_graphs = switch_on("APIR_HOST_DEFER");
 }

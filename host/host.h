@@ -39,8 +39,20 @@ struct apir_host_config {
     int n_threads;               /* CPU backend threads; 0: ggml's default */
     const char *backend_dir;     /* where ggml's backend libraries are; NULL: ggml's search */
     bool op_profile;             /* time each node alone (APIR_HOST_OP_PROFILE=1): slow, for profiles */
+    /* Switches that are on unless APIR_HOST_<NAME>=0, for measuring what each is worth: */
+    bool pin_shared_memory;      /* PIN: page-lock shared memory for a GPU's copy engines (pin.c) */
+    bool async_uploads;          /* ASYNC_UPLOADS: small uploads queued on the stream (upload_mirror.c) */
+    bool weight_copies;          /* WEIGHT_COPIES: weights laid out for the device (weight_copies.c) */
+    bool defer_graphs;           /* DEFER: keyed graphs computed after their reply (graph_exec.h) */
     struct apir_limits limits;
 };
+
+/*
+ * Defaults, then the APIR_HOST_* environment variables: the one place that
+ * reads them (apir-host and libapir-virgl.so both start here; a worker
+ * process inherits the daemon's environment).
+ */
+void apir_host_config_default(struct apir_host_config *cfg);
 
 struct apir_host {
     struct apir_host_config cfg;

@@ -1,4 +1,5 @@
 #include "import.h"
+#include "graph_exec.h"
 #include "op_shapes.h"
 #include "weight_copies.h"
 
@@ -121,11 +122,12 @@ static const char *check_record(struct apir_session *s, const struct apir_tensor
     return NULL;
 }
 
-/* Makes the ggml tensor of a checked record; srcs are filled in later. */
-static struct ggml_tensor *make_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, struct apir_host_buffer *hb)
+/* Makes the ggml tensor of a checked record in sc; srcs are filled in later. */
+static struct ggml_tensor *make_tensor(struct apir_import_scratch *sc, const struct apir_tensor_rec *rec,
+                                       struct apir_host_buffer *hb)
 {
     int64_t ne[4] = { rec->ne[0], rec->ne[1], rec->ne[2], rec->ne[3] };
-    struct ggml_tensor *t = ggml_new_tensor(s->import_sc->ctx, (enum ggml_type)rec->type, 4, ne);
+    struct ggml_tensor *t = ggml_new_tensor(sc->ctx, (enum ggml_type)rec->type, 4, ne);
     if (!t)
         return NULL;
     for (int i = 0; i < 4; i++)
@@ -176,9 +178,24 @@ static bool scratch_grow_tensors(struct apir_import_scratch *sc, uint32_t n)
     return true;
 }
 
-bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_nodes)
+void apir_import_scratch_free(struct apir_import_scratch *sc)
 {
-    struct apir_import_scratch *sc = s->import_sc;
+    for (uint32_t i = 0; i < sc->n_shadows; i++)
+        free(sc->shadows[i].mem);
+    if (sc->ctx)
+        ggml_free(sc->ctx);
+    free(sc->ctx_mem);
+    free(sc->keys);
+    free(sc->vals);
+    free(sc->tensors);
+    free(sc->src_ids);
+    free(sc->state);
+    free(sc->stack);
+    memset(sc, 0, sizeof(*sc));
+}
+
+bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes)
+{
     size_t need = ((size_t)n_tensors + APIR_MAX_SHADOWS) * ggml_tensor_overhead() + 1024;
     /* The graph, and one more for computing it in segments (op_policy.c);
      * ggml aborts when a context runs out, so reserve, never guess. */
@@ -214,14 +231,14 @@ bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_no
     return true;
 }
 
-struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, bool need_buffer,
-                                       struct apir_host_buffer **buf)
+struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
+                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf)
 {
     struct apir_host_buffer *hb;
     const char *why = check_record(s, rec, need_buffer, &hb);
     if (why)
         return fail(why);
-    struct ggml_tensor *t = make_tensor(s, rec, hb);
+    struct ggml_tensor *t = make_tensor(sc, rec, hb);
     if (!t)
         return fail("scratch context full");
     if (buf)
@@ -307,9 +324,9 @@ static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
     return true;
 }
 
-struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer)
+struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
+                                      const uint8_t *records, bool need_buffer)
 {
-    struct apir_import_scratch *sc = s->import_sc;
     const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
     if (n == 0 || n > sc->tensors_cap)
         return fail("tensor count out of range");
@@ -323,7 +340,7 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const 
             return fail("tensor id 0");
         if (!map_put(sc, rec.id, i))
             return fail("duplicate tensor id");
-        struct ggml_tensor *t = apir_import_tensor(s, &rec, need_buffer, NULL);
+        struct ggml_tensor *t = apir_import_tensor(s, sc, &rec, need_buffer, NULL);
         if (!t)
             return NULL;
         sc->tensors[i] = t;
@@ -403,7 +420,8 @@ static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
     return true;
 }
 
-struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size, bool use_counts)
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
+                                      uint64_t size, bool use_counts)
 {
     const struct apir_limits *lim = &s->host->cfg.limits;
     struct apir_decoder dec;
@@ -419,21 +437,22 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blo
     if (dec.fatal || !node_ids || !records)
         return fail("graph blob shorter than its counts");
 
-    if (!apir_import_begin(s, n_tensors, n_nodes + 1))
+    if (!apir_import_begin(sc, n_tensors, n_nodes + 1))
         return NULL;
-    struct ggml_tensor **tensors = apir_import_list(s, n_tensors, records, true);
+    struct ggml_tensor **tensors = apir_import_list(s, sc, n_tensors, records, true);
     if (!tensors)
         return NULL;
-    struct ggml_cgraph *graph = ggml_new_graph_custom(s->import_sc->ctx, n_nodes + 1, false);
-    if (!graph || !s->graph_anchor)
+    struct ggml_cgraph *graph = ggml_new_graph_custom(sc->ctx, n_nodes + 1, false);
+    struct ggml_tensor *anchor = apir_graph_anchor(s);
+    if (!graph || !anchor)
         return fail("scratch context full");
-    ggml_graph_add_node(graph, s->graph_anchor);
+    ggml_graph_add_node(graph, anchor);
     ggml_backend_dev_t dev = s->host->devices[s->device];
     for (uint32_t i = 0; i < n_nodes; i++) {
         uint64_t id;
         memcpy(&id, node_ids + (size_t)i * 8, 8);
         uint32_t j;
-        if (!map_get(s->import_sc, id, &j))
+        if (!map_get(sc, id, &j))
             return fail("graph node id not in the tensor list");
         struct ggml_tensor *node = tensors[j];
         /* Never hand a backend an op it does not support: some abort. */

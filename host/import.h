@@ -3,8 +3,8 @@
  *
  * Everything the host computes on comes through here: a record is checked
  * field by field (type, op, shape, strides, buffer handle, bounds), only then
- * is a tensor made, in the session's scratch context, with pointer fields the
- * host fills in itself.  Lists and graphs also check that every src/view id
+ * is a tensor made, in the scratch context the caller names, with pointer
+ * fields the host fills in itself.  Lists and graphs also check that every src/view id
  * resolves inside the message and that the references form no cycle.
  */
 #ifndef APIR_IMPORT_H
@@ -12,15 +12,18 @@
 
 #include "session.h"
 
-/* Resets the scratch context for up to n_tensors tensors and a graph of
- * n_nodes nodes (0: none).  False if memory cannot be had. */
-bool apir_import_begin(struct apir_session *s, uint32_t n_tensors, uint32_t n_nodes);
+/* Every function imports into the scratch sc it is given (session.h):
+ * tensors made there are good until sc's next apir_import_begin. */
+
+/* Resets sc's context for up to n_tensors tensors and a graph of n_nodes
+ * nodes (0: none).  False if memory cannot be had. */
+bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes);
 
 /* One tensor without srcs (set/get/cpy/memset).  need_buffer: the record
  * must name a live buffer of this session and lie inside it.  On success the
  * tensor's buffer slot is stored in *buf if buf is non-NULL. */
-struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir_tensor_rec *rec, bool need_buffer,
-                                       struct apir_host_buffer **buf);
+struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
+                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf);
 
 /* A list of n records (in place in shared memory: each is read once) whose
  * src/view_src ids refer to each other.  Returns the tensors in order, or
@@ -28,14 +31,20 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, const struct apir
  * graph, where every tensor is checked against its op (op_shapes.h), while
  * in a query list (supports_op, alloc size) only the first, the subject:
  * rebuilt by ggml's own constructor and compared, an allowlist of ops. */
-struct ggml_tensor **apir_import_list(struct apir_session *s, uint32_t n, const uint8_t *records, bool need_buffer);
+struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
+                                      const uint8_t *records, bool need_buffer);
 
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
- * records.  Every tensor must live in one of the session's buffers.  The
- * graph starts with the session's anchor node (session.h), then the nodes.
- * use_counts (0.2 keyed graphs): the blob may go on with the nodes' use
- * counts (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow. */
-struct ggml_cgraph *apir_import_graph(struct apir_session *s, const uint8_t *blob, uint64_t size, bool use_counts);
+ * records; begins sc itself.  Every tensor must live in one of the
+ * session's buffers.  The graph starts with the session's anchor node
+ * (apir_graph_anchor, graph_exec.h), then the nodes.  use_counts (0.2 keyed
+ * graphs): the blob may go on with the nodes' use counts
+ * (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow. */
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
+                                      uint64_t size, bool use_counts);
+
+/* Frees what sc holds (it is left empty, ready for another begin). */
+void apir_import_scratch_free(struct apir_import_scratch *sc);
 
 /* Why the last import failed (for log lines; valid until this thread's
  * next import). */

@@ -41,7 +41,7 @@ static bool raw_to_record(const struct ggml_tensor *raw, uint64_t id, struct api
     return true;
 }
 
-struct ggml_tensor *apir_import_inline(struct apir_session *s, struct apir_decoder *dec)
+struct ggml_tensor *apir_import_inline(struct apir_session *s, struct apir_import_scratch *sc, struct apir_decoder *dec)
 {
     /* op, view_src, up to GGML_MAX_SRC srcs */
     struct apir_tensor_rec recs[2 + GGML_MAX_SRC];
@@ -81,9 +81,9 @@ struct ggml_tensor *apir_import_inline(struct apir_session *s, struct apir_decod
         op->src[i] = 3 + (uint64_t)i;
         n++;
     }
-    if (!apir_import_begin(s, n, 0))
+    if (!apir_import_begin(sc, n, 0))
         return NULL;
-    struct ggml_tensor **tensors = apir_import_list(s, n, (const uint8_t *)recs, false);
+    struct ggml_tensor **tensors = apir_import_list(s, sc, n, (const uint8_t *)recs, false);
     if (!tensors) {
         APIR_WARN("host", "%s: inline tensor refused: %s", s->name, apir_import_error());
         return NULL;

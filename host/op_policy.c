@@ -37,6 +37,28 @@ struct index_use {
     bool late;                      /* an earlier node writes its memory */
 };
 
+/* The session's policy state (s->policy): reused from graph to graph. */
+struct apir_policy {
+    uint8_t *scratch;               /* index values copied out of device memory */
+    size_t scratch_size;
+    struct index_use *uses;         /* the graph being checked's */
+    int n_uses, uses_cap;
+};
+
+struct apir_policy *apir_policy_new(void)
+{
+    return calloc(1, sizeof(struct apir_policy));
+}
+
+void apir_policy_free(struct apir_policy *p)
+{
+    if (!p)
+        return;
+    free(p->scratch);
+    free(p->uses);
+    free(p);
+}
+
 static void read_strided(struct index_read *rd, const struct ggml_tensor *idx, int64_t n0, int64_t n1, int64_t n2,
                          int64_t n3)
 {
@@ -275,7 +297,7 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
     if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer) && !u->late)
         kept = apir_mirror_find(s, t->buffer, t->data, nbytes);
     /* Every other read of index memory waits for the device first: a graph
-     * left in flight (dispatch.c run_graph) may still be writing it, and
+     * left in flight (graph_exec.c run_graph) may still be writing it, and
      * queued uploads are on another stream than the read. */
     if (!kept)
         apir_session_settle(s);
@@ -284,15 +306,16 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
     if (kept) {
         base = kept;  /* the host copy of what the guest uploaded there */
     } else if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer)) {
-        if (nbytes > s->policy_scratch_size) {
-            void *p = realloc(s->policy_scratch, nbytes);
+        struct apir_policy *pol = s->policy;
+        if (nbytes > pol->scratch_size) {
+            void *p = realloc(pol->scratch, nbytes);
             if (!p)
                 return "out of memory for index validation";
-            s->policy_scratch = p;
-            s->policy_scratch_size = nbytes;
+            pol->scratch = p;
+            pol->scratch_size = nbytes;
         }
-        ggml_backend_tensor_get((struct ggml_tensor *)t, s->policy_scratch, 0, nbytes);
-        base = s->policy_scratch;
+        ggml_backend_tensor_get((struct ggml_tensor *)t, pol->scratch, 0, nbytes);
+        base = pol->scratch;
     }
     return check_values(base, &u->read);
 }
@@ -348,48 +371,47 @@ static struct ggml_tensor *make_shadow(struct apir_import_scratch *sc, struct gg
     return sh;
 }
 
-static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
-                                        int i0, int i1);
+static enum ggml_status compute_segment(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                        struct ggml_cgraph *graph, int i0, int i1);
 
 /* cfg.op_profile: every node as a graph of its own, waited for and timed. */
-static enum ggml_status compute_profiled(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
-                                         int i0, int i1)
+static enum ggml_status compute_profiled(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                         struct ggml_cgraph *graph, int i0, int i1)
 {
     for (int i = i0; i < i1; i++) {
         const struct ggml_tensor *node = ggml_graph_node(graph, i);
         uint64_t t0 = apir_now_ns();
-        enum ggml_status st = compute_segment(s, backend, graph, i, i + 1);
+        enum ggml_status st = compute_segment(s, sc, backend, graph, i, i + 1);
         ggml_backend_synchronize(backend);
         if (st != GGML_STATUS_SUCCESS)
             return st;
         if (!ggml_op_is_empty(node->op) && (unsigned)node->op < GGML_OP_COUNT) {
-            s->op_ns[node->op] += apir_now_ns() - t0;
-            s->op_count[node->op]++;
+            s->stats.op_ns[node->op] += apir_now_ns() - t0;
+            s->stats.op_count[node->op]++;
         }
     }
     return GGML_STATUS_SUCCESS;
 }
 
 /* Computes nodes [i0, i1) as one graph. */
-static enum ggml_status compute_range(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph, int i0,
-                                      int i1)
+static enum ggml_status compute_range(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                      struct ggml_cgraph *graph, int i0, int i1)
 {
     if (s->host->cfg.op_profile)
-        return compute_profiled(s, backend, graph, i0, i1);
-    return compute_segment(s, backend, graph, i0, i1);
+        return compute_profiled(s, sc, backend, graph, i0, i1);
+    return compute_segment(s, sc, backend, graph, i0, i1);
 }
 
-static enum ggml_status compute_segment(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
-                                        int i0, int i1)
+static enum ggml_status compute_segment(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                        struct ggml_cgraph *graph, int i0, int i1)
 {
-    s->n_segments++;
+    s->stats.n_segments++;
     /* Launched, not waited for: a piece followed by another is synchronized
      * by the caller; the last one is left in flight (run_graph decides). */
     if (i0 == 0 && i1 == ggml_graph_n_nodes(graph))
         return ggml_backend_graph_compute_async(backend, graph);
     /* One segment graph per imported graph, in the context that holds it
      * (the import reserved room for it). */
-    struct apir_import_scratch *sc = s->import_sc;
     if (!sc->segment_graph) {
         sc->segment_graph = ggml_new_graph_custom(sc->ctx, (size_t)ggml_graph_n_nodes(graph), false);
         if (!sc->segment_graph)
@@ -470,36 +492,35 @@ static bool same_read(const struct index_read *a, const struct index_read *b)
     return true;
 }
 
-static struct index_use *find_use(struct apir_session *s, const struct ggml_tensor *idx, const struct index_read *rd)
+static struct index_use *find_use(struct apir_policy *pol, const struct ggml_tensor *idx, const struct index_read *rd)
 {
-    struct index_use *uses = s->policy_uses;
-    for (int u = 0; u < s->policy_n_uses; u++)
-        if (uses[u].idx == idx && same_read(&uses[u].read, rd))
-            return &uses[u];
+    for (int u = 0; u < pol->n_uses; u++)
+        if (pol->uses[u].idx == idx && same_read(&pol->uses[u].read, rd))
+            return &pol->uses[u];
     return NULL;
 }
 
-static struct index_use *add_use(struct apir_session *s)
+static struct index_use *add_use(struct apir_policy *pol)
 {
-    if (s->policy_n_uses == s->policy_uses_cap) {
-        int cap = s->policy_uses_cap ? 2 * s->policy_uses_cap : 16;
-        void *p = realloc(s->policy_uses, (size_t)cap * sizeof(struct index_use));
+    if (pol->n_uses == pol->uses_cap) {
+        int cap = pol->uses_cap ? 2 * pol->uses_cap : 16;
+        void *p = realloc(pol->uses, (size_t)cap * sizeof(*pol->uses));
         if (!p)
             return NULL;
-        s->policy_uses = p;
-        s->policy_uses_cap = cap;
+        pol->uses = p;
+        pol->uses_cap = cap;
     }
-    struct index_use *u = &((struct index_use *)s->policy_uses)[s->policy_n_uses++];
+    struct index_use *u = &pol->uses[pol->n_uses++];
     memset(u, 0, sizeof(*u));
     return u;
 }
 
 /* The use of node i's index input: found or added, its read checked
- * against the tensor, a shadow made for guest-shared memory. */
-static const char *note_use(struct apir_session *s, struct ggml_tensor *node, int i, int slot,
-                            const struct index_read *rd)
+ * against the tensor, a shadow made for guest-shared memory (in sc, the
+ * graph's own scratch). */
+static const char *note_use(struct apir_session *s, struct apir_import_scratch *sc, struct ggml_tensor *node, int i,
+                            int slot, const struct index_read *rd)
 {
-    struct apir_import_scratch *sc = s->import_sc;
     struct ggml_tensor *idx = node->src[slot] ? orig_of(sc, node->src[slot]) : NULL;
     if (!idx)
         return "index op without its index input";
@@ -507,12 +528,12 @@ static const char *note_use(struct apir_session *s, struct ggml_tensor *node, in
      * nobody checked. */
     if (ranges_overlap(node, idx))
         return "index op writes over its own indices";
-    struct index_use *u = find_use(s, idx, rd);
+    struct index_use *u = find_use(s->policy, idx, rd);
     if (!u) {
         const char *why = read_fits(idx, rd);
         if (why)
             return why;
-        if (!(u = add_use(s)))
+        if (!(u = add_use(s->policy)))
             return "out of memory for index validation";
         u->idx = idx;
         u->read = *rd;
@@ -529,12 +550,12 @@ static const char *note_use(struct apir_session *s, struct ggml_tensor *node, in
     return NULL;
 }
 
-enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
-                                     const char **why)
+enum ggml_status apir_policy_compute(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                     struct ggml_cgraph *graph, const char **why)
 {
-    struct apir_import_scratch *sc = s->import_sc;
+    struct apir_policy *pol = s->policy;
     const int n = ggml_graph_n_nodes(graph);
-    s->policy_n_uses = 0;
+    pol->n_uses = 0;
     *why = NULL;
 
     for (int i = 0; i < n; i++) {
@@ -545,15 +566,15 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
         struct index_read rd;
         if (!index_read_of(node, &slot, &rd, why))
             continue;
-        if (*why || (*why = note_use(s, node, i, slot, &rd)))
+        if (*why || (*why = note_use(s, sc, node, i, slot, &rd)))
             return GGML_STATUS_ABORTED;
     }
 
     /* Which index inputs does a node before their last use write (aliasing
      * included)?  Those are checked right before each use; the others once,
      * now. */
-    struct index_use *uses = s->policy_uses;
-    for (int u = 0; u < s->policy_n_uses; u++) {
+    struct index_use *uses = pol->uses;
+    for (int u = 0; u < pol->n_uses; u++) {
         for (int j = 0; j < uses[u].last && !uses[u].late; j++) {
             const struct ggml_tensor *w = ggml_graph_node(graph, j);
             uses[u].late = !ggml_op_is_empty(w->op) && ranges_overlap(w, uses[u].idx);
@@ -574,7 +595,7 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
         const char *unused;
         if (!index_read_of(node, &slot, &rd, &unused))
             continue;
-        struct index_use *u = find_use(s, orig_of(sc, node->src[slot]), &rd);
+        struct index_use *u = find_use(pol, orig_of(sc, node->src[slot]), &rd);
         if (!u) {
             *why = "index input changed while computing";  /* cannot happen: noted above */
             return GGML_STATUS_ABORTED;
@@ -582,7 +603,7 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
         if (!u->late)
             continue;
         if (i > start) {
-            enum ggml_status st = compute_range(s, backend, graph, start, i);
+            enum ggml_status st = compute_range(s, sc, backend, graph, start, i);
             if (st != GGML_STATUS_SUCCESS)
                 return st;
             ggml_backend_synchronize(backend);
@@ -591,5 +612,5 @@ enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t back
         if ((*why = take_and_check(s, u)))
             return GGML_STATUS_ABORTED;
     }
-    return compute_range(s, backend, graph, start, n);
+    return compute_range(s, sc, backend, graph, start, n);
 }

@@ -36,9 +36,14 @@
 
 #include "session.h"
 
-/* Checks and computes a graph imported into s->import_sc.  On a refusal returns GGML_STATUS_ABORTED
- * and sets *why; nothing of the refused part runs. */
-enum ggml_status apir_policy_compute(struct apir_session *s, ggml_backend_t backend, struct ggml_cgraph *graph,
-                                     const char **why);
+/* The session's policy state (s->policy); NULL when memory cannot be had. */
+struct apir_policy *apir_policy_new(void);
+void apir_policy_free(struct apir_policy *p);
+
+/* Checks and computes a graph imported into sc (where its shadows and
+ * segment graph go too).  On a refusal returns GGML_STATUS_ABORTED and sets
+ * *why; nothing of the refused part runs. */
+enum ggml_status apir_policy_compute(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                     struct ggml_cgraph *graph, const char **why);
 
 #endif

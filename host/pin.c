@@ -55,9 +55,6 @@ static int find_cudart(struct dl_phdr_info *info, size_t size, void *data)
 
 static void resolve_runtime(void)
 {
-    const char *env = getenv("APIR_HOST_PIN");
-    if (env && !strcmp(env, "0"))
-        return;
     char path[512] = "";
     dl_iterate_phdr(find_cudart, path);
     if (!path[0])

@@ -1,4 +1,8 @@
 #include "session.h"
+#include "buffers.h"
+#include "graph_exec.h"
+#include "import.h"
+#include "op_policy.h"
 #include "pin.h"
 #include "upload_mirror.h"
 #include "weight_copies.h"
@@ -12,20 +16,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-void apir_import_scratch_free(struct apir_import_scratch *sc)
+/*
+ * The modules' state (session.h), each made and freed by its module.  They
+ * do not refer to one another, so their order among themselves is free;
+ * apir_session_free frees them last: releasing a buffer drops its mirror
+ * and weight copies, and nothing may be in flight on a slot's graph or
+ * from mirror memory.
+ */
+static bool modules_new(struct apir_session *s)
 {
-    for (uint32_t i = 0; i < sc->n_shadows; i++)
-        free(sc->shadows[i].mem);
-    if (sc->ctx)
-        ggml_free(sc->ctx);
-    free(sc->ctx_mem);
-    free(sc->keys);
-    free(sc->vals);
-    free(sc->tensors);
-    free(sc->src_ids);
-    free(sc->state);
-    free(sc->stack);
-    memset(sc, 0, sizeof(*sc));
+    s->mirror = apir_mirror_new();
+    s->weights = apir_weights_new();
+    s->policy = apir_policy_new();
+    s->graphs = apir_graphs_new();
+    return s->mirror && s->weights && s->policy && s->graphs;
+}
+
+static void modules_free(struct apir_session *s)
+{
+    apir_graphs_free(s->graphs);    /* kept graphs' contexts: their tensors name buffers, own none */
+    apir_policy_free(s->policy);
+    apir_weights_free(s->weights);  /* empty by now: each copy went with its buffer */
+    apir_mirror_free(s->mirror);    /* uploads from its memory were waited for */
 }
 
 struct apir_session *apir_session_new(struct apir_host *host, const char *name)
@@ -33,17 +45,16 @@ struct apir_session *apir_session_new(struct apir_host *host, const char *name)
     struct apir_session *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
+    if (!modules_new(s)) {
+        modules_free(s);
+        free(s);
+        return NULL;
+    }
     s->host = host;
     s->minor = APIR_VERSION_MINOR_REFERENCE;
-    s->import_sc = &s->scratch;
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "session");
     /* buffers + one buffer type per device */
     apir_handles_init(&s->handles, host->cfg.limits.max_buffers + APIR_HOST_MAX_DEVICES);
-    struct ggml_init_params anchor_params = { .mem_size = ggml_tensor_overhead(), .no_alloc = true };
-    s->anchor_ctx = ggml_init(anchor_params);
-    s->graph_anchor = s->anchor_ctx ? ggml_new_tensor_1d(s->anchor_ctx, GGML_TYPE_F32, 1) : NULL;
-    if (s->graph_anchor)
-        ggml_set_name(s->graph_anchor, "apir_graph_anchor");
     for (uint32_t i = 0; i < host->n_devices; i++) {
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(host->devices[i]);
         s->buft_handles[i] = apir_handle_new(&s->handles, APIR_HANDLE_BUFT, buft, i);
@@ -65,17 +76,13 @@ void apir_session_free(struct apir_session *s)
 {
     if (!s)
         return;
+    /* Nothing runs on a device while memory it may use goes. */
     apir_session_settle(s);
-    apir_weights_free(s);
-    /* Buffers first: some wrap blobs. */
-    for (uint32_t i = 0; i < s->handles.capacity; i++) {
-        struct apir_handle_slot *slot = &s->handles.slots[i];
-        if (slot->kind == APIR_HANDLE_BUFFER) {
-            struct apir_host_buffer *hb = slot->object;
-            ggml_backend_buffer_free(hb->buffer);
-            free(hb);
-        }
-    }
+    /* Buffers before blobs (some wrap one: its pin goes with the buffer)
+     * and before the modules (a buffer takes its mirror and weight copies
+     * with it); the streams once nothing is queued on them; the modules
+     * last. */
+    apir_buffers_release_all(s);
     apir_handles_destroy(&s->handles);
     for (uint32_t i = 0; i < s->n_blobs; i++)
         blob_unmap(&s->blobs[i]);
@@ -84,13 +91,7 @@ void apir_session_free(struct apir_session *s)
         if (s->backends[i])
             ggml_backend_free(s->backends[i]);
     apir_import_scratch_free(&s->scratch);
-    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
-        apir_import_scratch_free(&s->graph_cache[i].scratch);
-    apir_mirror_free(s);
-    if (s->anchor_ctx)
-        ggml_free(s->anchor_ctx);
-    free(s->policy_scratch);
-    free(s->policy_uses);
+    modules_free(s);
     free(s);
 }
 
@@ -201,25 +202,11 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
     }
     struct ggml_backend_dev_props props;
     ggml_backend_dev_get_props(dev, &props);
-    const char *env = getenv("APIR_HOST_ASYNC_UPLOADS");
-    s->backend_async[device] = props.caps.async && !(env && !strcmp(env, "0"));
+    s->backend_async[device] = props.caps.async && s->host->cfg.async_uploads;
     s->backends[device] = be;
     return be;
 }
 
-void apir_session_settle(struct apir_session *s)
-{
-    if (s->compute_in_flight) {
-        ggml_backend_synchronize(s->compute_in_flight);
-        if (s->compute_in_flight == s->uploads_backend)
-            s->uploads_in_flight = 0;  /* they were on its stream, before the graph */
-        s->compute_in_flight = NULL;
-    }
-    if (!s->uploads_in_flight)
-        return;
-    ggml_backend_synchronize(s->uploads_backend);
-    s->uploads_in_flight = 0;
-}
 
 /* The entry with the most time among those not yet shown (and marks it), or
  * -1: the profile lines go from the largest down. */
@@ -238,24 +225,23 @@ void apir_session_log_profile(const struct apir_session *s)
 {
     if (apir_log_get_level() < APIR_LOG_INFO)
         return;
-    if (s->n_graphs)
+    const struct apir_session_stats *st = &s->stats;
+    if (s->stats.n_graphs)
         APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs, %llu pieces)",
-                  s->name, s->import_ns / 1e6, s->compute_ns / 1e6, (unsigned long long)s->n_graphs,
-                  (unsigned long long)s->n_segments);
-    if (s->weight_copies_made)
-        APIR_INFO("host", "%s: profile: %llu weight copies kept in the device's own layout (%.1f MiB)", s->name,
-                  (unsigned long long)s->weight_copies_made, s->weight_copy_bytes_made / 1048576.0);
+                  s->name, st->import_ns / 1e6, st->compute_ns / 1e6, (unsigned long long)s->stats.n_graphs,
+                  (unsigned long long)s->stats.n_segments);
+    apir_weights_log_profile(s);
     /* With cfg.op_profile each node was computed alone and waited for: where
      * the device's time goes, op by op (launch and wait costs included). */
     bool op_shown[GGML_OP_COUNT] = { false };
-    for (int k = 0, o; k < 12 && s->host->cfg.op_profile && (o = next_largest(s->op_ns, s->op_count, op_shown, GGML_OP_COUNT)) >= 0; k++)
+    for (int k = 0, o; k < 12 && s->host->cfg.op_profile && (o = next_largest(st->op_ns, st->op_count, op_shown, GGML_OP_COUNT)) >= 0; k++)
         APIR_INFO("host", "%s: profile: op %-16s %9llu nodes %10.1f ms total %8.2f us each", s->name,
-                  ggml_op_name((enum ggml_op)o), (unsigned long long)s->op_count[o], s->op_ns[o] / 1e6,
-                  s->op_ns[o] / 1e3 / (double)s->op_count[o]);
+                  ggml_op_name((enum ggml_op)o), (unsigned long long)st->op_count[o], st->op_ns[o] / 1e6,
+                  st->op_ns[o] / 1e3 / (double)st->op_count[o]);
     /* The five commands with the most total time: the profile of a run. */
     bool shown[APIR_CMD_COUNT] = { false };
-    for (int k = 0, c; k < 5 && (c = next_largest(s->cmd_ns, s->cmd_count, shown, APIR_CMD_COUNT)) >= 0; k++)
+    for (int k = 0, c; k < 5 && (c = next_largest(st->cmd_ns, st->cmd_count, shown, APIR_CMD_COUNT)) >= 0; k++)
         APIR_INFO("host", "%s: profile: %-28s %8llu calls %10.1f ms total %8.2f us each", s->name,
-                  apir_command_name((uint32_t)c), (unsigned long long)s->cmd_count[c], s->cmd_ns[c] / 1e6,
-                  s->cmd_ns[c] / 1e3 / (double)s->cmd_count[c]);
+                  apir_command_name((uint32_t)c), (unsigned long long)st->cmd_count[c], st->cmd_ns[c] / 1e6,
+                  st->cmd_ns[c] / 1e3 / (double)st->cmd_count[c]);
 }

@@ -3,6 +3,12 @@
  * blobs, its backend streams and its scratch space.  A session is driven by
  * one thread at a time (the transport's worker); nothing in it is shared with
  * another session, so one guest cannot name, read or free another's objects.
+ *
+ * The session itself is the core every module shares (host, handles,
+ * devices and their streams, blobs, buffer counters, the request scratch);
+ * each module that works for it keeps its own state behind one pointer,
+ * made and freed by that module: upload_mirror.c, weight_copies.c,
+ * op_policy.c, graph_exec.c.
  */
 #ifndef APIR_SESSION_H
 #define APIR_SESSION_H
@@ -38,6 +44,7 @@ struct apir_blob {
 
 /* A backend buffer the guest owns, reached through a BUFFER handle. */
 struct apir_host_buffer {
+    uint64_t handle;        /* its BUFFER handle */
     ggml_backend_buffer_t buffer;
     uint8_t *base;          /* the real base: never sent to the guest */
     uint64_t size;
@@ -48,10 +55,10 @@ struct apir_host_buffer {
 
 #define APIR_MAX_SHADOWS 64
 
-/* Reusable scratch for tensor import: grows, never shrinks, so the token
- * path does not allocate once warmed up. */
-struct apir_weight_copy;
-
+/* Reusable scratch for tensor import (import.h): grows, never shrinks, so
+ * the token path does not allocate once warmed up.  Every import names the
+ * scratch it goes into: a request's tensors the session's own
+ * (apir_session.scratch), a keyed graph its cache slot's (graph_exec.c). */
 struct apir_import_scratch {
     struct ggml_context *ctx;
     void *ctx_mem;
@@ -74,102 +81,61 @@ struct apir_import_scratch {
     uint32_t n_shadows;
 };
 
-/* Graphs kept by key (apir 0.2 BACKEND_GRAPH_COMPUTE_KEYED): a reused graph
- * is recomputed by key, without being sent, decoded and checked again.  Each
- * slot owns its tensors' context.  A buffer freed anywhere in the session
- * invalidates every slot (its tensors could point into the freed buffer). */
-#define APIR_GRAPH_CACHE_SLOTS 4
-struct apir_graph_slot {
-    uint64_t key;            /* 0: empty */
-    uint64_t epoch;          /* buffers_epoch when imported */
-    uint64_t last_use;
-    uint32_t device;
-    struct ggml_cgraph *graph;
-    struct apir_import_scratch scratch;
+/* Where the host's time went, for the profile lines at exit
+ * (apir_session_log_profile).  Plain counters: each is added to by the
+ * module that does the work. */
+struct apir_session_stats {
+    uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT];  /* per command (dispatch.c) */
+    uint64_t import_ns, compute_ns;        /* of graph commands: decoding+checks, checks+compute */
+    uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
+    uint64_t n_segments;                   /* graph pieces computed (more than graphs: index splits) */
+    uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile (op_policy.c) */
 };
 
-
-/* upload_mirror.c: host copies of small uploads into device memory. */
-#define APIR_MIRROR_ENTRIES 32
-struct apir_mirror_entry {
-    ggml_backend_buffer_t buf;   /* NULL: unused */
-    const uint8_t *start;        /* device range [start, start + len) */
-    size_t len;
-    uint8_t *mem;
-    size_t cap;
-    bool page_locked;            /* mem, for the device copy (pin.c) */
-};
+/* The modules' own state: each is created and freed by its module
+ * (apir_session_new, apir_session_free) and read only through its header. */
+struct apir_mirror;     /* upload_mirror.c: host copies of small uploads */
+struct apir_weights;    /* weight_copies.c: weights in the device's own layouts */
+struct apir_policy;     /* op_policy.c: index validation's scratch */
+struct apir_graphs;     /* graph_exec.c: kept graphs, deferral, what is in flight */
 
 struct apir_session {
     struct apir_host *host;
+    char name[48];                         /* for log lines */
+    uint32_t minor;                        /* negotiated protocol minor */
     struct apir_handle_table handles;
+    uint64_t buft_handles[APIR_HOST_MAX_DEVICES];
     uint32_t device;                       /* current device (DEVICE_SELECT) */
     ggml_backend_t backends[APIR_HOST_MAX_DEVICES];
     bool backend_async[APIR_HOST_MAX_DEVICES];  /* the device copies asynchronously (props caps.async) */
-    /* Small uploads queued on a backend stream from page-locked mirror
-     * memory (upload_mirror.c), not yet known complete. */
-    ggml_backend_t uploads_backend;
-    uint32_t uploads_in_flight;
-    /* A keyed graph launched and not waited for (dispatch.c run_graph):
-     * queries are answered meanwhile; apir_session_settle waits for it. */
-    ggml_backend_t compute_in_flight;
-    uint64_t buft_handles[APIR_HOST_MAX_DEVICES];
 
     struct apir_blob *blobs;
     uint32_t n_blobs, blobs_cap;
     uint64_t blob_serial;                  /* the last serial given */
     uint64_t blob_bytes;
 
+    /* buffers.c; weight copies are charged to bytes_allocated too */
     uint32_t n_buffers;
     uint64_t bytes_allocated;
+    uint64_t buffers_epoch;                /* bumped when buffer memory a kept graph may use goes */
 
-    uint32_t minor;                        /* negotiated protocol minor */
-    uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
-    uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT]; /* where the host's time went */
-    uint64_t import_ns, compute_ns;        /* of graph commands: decoding+checks, checks+compute */
-    uint64_t n_segments;                   /* graph pieces computed (more than graphs: index splits) */
-    uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile */
-    struct apir_import_scratch scratch;
-    struct apir_import_scratch *import_sc;   /* where imports go: &scratch or a graph slot's */
-    struct apir_graph_slot graph_cache[APIR_GRAPH_CACHE_SLOTS];
-    /*
-     * Node 0 of every graph the session computes: an op-less tensor every
-     * backend skips.  CUDA keys its graph capture state by node 0's
-     * address.  A program's own graphs all start at one address (llama.cpp
-     * builds each in the same context), so a new graph - each prompt batch,
-     * whose KV length grows - finds the state changed and runs directly,
-     * and only a graph repeated unchanged (a token's) is captured and
-     * replayed.  Ours live in per-slot contexts: without the anchor a
-     * batch met its own slot's state from the previous run unchanged and
-     * was captured (~8 ms on the H200) to be replayed at most once.
-     */
-    struct ggml_context *anchor_ctx;
-    struct ggml_tensor *graph_anchor;
-    /* Keyed graphs computed after their reply (see dispatch.c): the
-     * transport sets defer_graphs when it runs apir_session_run_deferred
-     * right after sending each reply. */
+    /* Set by a transport that runs apir_session_run_deferred right after
+     * sending each reply: keyed graphs are then computed after their reply
+     * (graph_exec.h). */
     bool defer_graphs;
-    struct apir_graph_slot *deferred;      /* accepted, not yet computed */
-    uint32_t deferred_cmd;                 /* the command that accepted it (for the profile) */
-    const char *deferred_error;            /* a deferred graph failed: told at the next wait */
-    uint64_t buffers_epoch;                  /* bumped when a buffer is freed */
-    uint64_t graph_clock;
-    /* weight_copies.c: weights laid out for the host device, by address */
-    struct apir_weight_copy **weights;
-    uint32_t n_weights, weights_cap;
-    uint64_t weight_copies_made, weight_copy_bytes_made;  /* for the profile */
-    struct apir_mirror_entry mirror[APIR_MIRROR_ENTRIES];
-    uint32_t mirror_next;
-    /* op_policy.c: index copies of device memory */
-    void *policy_scratch;
-    size_t policy_scratch_size;
-    void *policy_uses;                     /* struct index_use[] */
-    int policy_n_uses, policy_uses_cap;
-    char name[48];                         /* for log lines */
+
+    struct apir_import_scratch scratch;    /* requests' tensors (requests.c) */
+
+    struct apir_mirror *mirror;
+    struct apir_weights *weights;
+    struct apir_policy *policy;
+    struct apir_graphs *graphs;
+
+    struct apir_session_stats stats;
 };
 
+/* NULL when memory cannot be had. */
 struct apir_session *apir_session_new(struct apir_host *host, const char *name);
-void apir_import_scratch_free(struct apir_import_scratch *sc);
 /* Logs the commands that took the most host time (info level). */
 void apir_session_log_profile(const struct apir_session *s);
 void apir_session_free(struct apir_session *s);
@@ -187,7 +153,8 @@ struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id
  * meanwhile is unmapped now. */
 void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
 
-/* Computes the keyed graph accepted by the last command, if any: the
+/* Graph execution (graph_exec.h).  Computes the keyed graph accepted by the
+ * last command, if any: the
  * transport calls it after sending that command's reply, so the guest goes
  * on while the device works.  apir_session_forward calls it too, first. */
 void apir_session_run_deferred(struct apir_session *s);

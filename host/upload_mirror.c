@@ -7,6 +7,57 @@
 #include <stdlib.h>
 #include <string.h>
 
+struct apir_mirror_entry {
+    ggml_backend_buffer_t buf;   /* NULL: unused */
+    const uint8_t *start;        /* device range [start, start + len) */
+    size_t len;
+    uint8_t *mem;
+    size_t cap;
+    bool page_locked;            /* mem, for the device copy (pin.c) */
+};
+
+struct apir_mirror {
+    struct apir_mirror_entry entries[APIR_MIRROR_ENTRIES];
+    uint32_t next;                         /* the entry the next upload takes */
+    /* Small uploads queued on a backend stream from page-locked entry
+     * memory, not yet known complete. */
+    ggml_backend_t uploads_backend;
+    uint32_t uploads_in_flight;
+};
+
+struct apir_mirror *apir_mirror_new(void)
+{
+    return calloc(1, sizeof(struct apir_mirror));
+}
+
+void apir_mirror_free(struct apir_mirror *m)
+{
+    if (!m)
+        return;
+    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++) {
+        if (m->entries[i].page_locked)
+            apir_unpin(m->entries[i].mem);
+        free(m->entries[i].mem);
+    }
+    free(m);
+}
+
+uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s)
+{
+    return s->mirror->uploads_in_flight;
+}
+
+void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced)
+{
+    struct apir_mirror *m = s->mirror;
+    if (!m->uploads_in_flight)
+        return;
+    /* Those on the synchronized stream were queued before what it ran. */
+    if (m->uploads_backend != synced)
+        ggml_backend_synchronize(m->uploads_backend);
+    m->uploads_in_flight = 0;
+}
+
 static bool overlaps(const struct apir_mirror_entry *e, ggml_backend_buffer_t buf, const uint8_t *p, size_t len)
 {
     return e->buf == buf && e->start < p + len && p < e->start + e->len;
@@ -14,29 +65,32 @@ static bool overlaps(const struct apir_mirror_entry *e, ggml_backend_buffer_t bu
 
 void apir_mirror_forget_range(struct apir_session *s, ggml_backend_buffer_t buf, const void *data, size_t len)
 {
+    struct apir_mirror_entry *entries = s->mirror->entries;
     for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++)
-        if (s->mirror[i].buf && overlaps(&s->mirror[i], buf, data, len ? len : 1))
-            s->mirror[i].buf = NULL;
+        if (entries[i].buf && overlaps(&entries[i], buf, data, len ? len : 1))
+            entries[i].buf = NULL;
 }
 
 void apir_mirror_forget_buffer(struct apir_session *s, ggml_backend_buffer_t buf)
 {
+    struct apir_mirror_entry *entries = s->mirror->entries;
     for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++)
-        if (s->mirror[i].buf == buf)
-            s->mirror[i].buf = NULL;
+        if (entries[i].buf == buf)
+            entries[i].buf = NULL;
 }
 
 bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uint8_t *src, uint64_t offset, uint64_t size)
 {
     if (size > APIR_MIRROR_MAX_BYTES || ggml_backend_buffer_is_host(t->buffer))
         return false;
+    struct apir_mirror *m = s->mirror;
     uint8_t *dst = (uint8_t *)t->data + offset;
     apir_mirror_forget_range(s, t->buffer, dst, (size_t)size);
     /* Every entry may have a copy in flight: wait before reusing one. */
-    if (s->uploads_in_flight >= APIR_MIRROR_ENTRIES)
+    if (m->uploads_in_flight >= APIR_MIRROR_ENTRIES)
         apir_session_settle(s);
-    struct apir_mirror_entry *e = &s->mirror[s->mirror_next];
-    s->mirror_next = (s->mirror_next + 1) % APIR_MIRROR_ENTRIES;
+    struct apir_mirror_entry *e = &m->entries[m->next];
+    m->next = (m->next + 1) % APIR_MIRROR_ENTRIES;
     if (e->cap < size) {
         void *p = malloc(APIR_MIRROR_MAX_BYTES);
         if (!p) {
@@ -53,7 +107,7 @@ bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uin
     ggml_backend_t be = s->backends[s->device];
     if (be && s->backend_async[s->device] &&
         ggml_backend_buffer_get_type(t->buffer) == ggml_backend_get_default_buffer_type(be) &&
-        (!s->uploads_in_flight || s->uploads_backend == be)) {
+        (!m->uploads_in_flight || m->uploads_backend == be)) {
         /*
          * Queued on the stream the graphs run on, without waiting: a
          * token's inputs are half a dozen small uploads, each a stream
@@ -64,8 +118,8 @@ bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uin
          * ordered after it.
          */
         ggml_backend_tensor_set_async(be, t, e->mem, (size_t)offset, (size_t)size);
-        s->uploads_backend = be;
-        s->uploads_in_flight++;
+        m->uploads_backend = be;
+        m->uploads_in_flight++;
     } else {
         apir_session_settle(s);
         ggml_backend_tensor_set(t, e->mem, (size_t)offset, (size_t)size);
@@ -80,7 +134,7 @@ const uint8_t *apir_mirror_find(struct apir_session *s, ggml_backend_buffer_t bu
 {
     const uint8_t *p = data;
     for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++) {
-        const struct apir_mirror_entry *e = &s->mirror[i];
+        const struct apir_mirror_entry *e = &s->mirror->entries[i];
         if (e->buf == buf && p >= e->start && p + len <= e->start + e->len)
             return e->mem + (p - e->start);
     }
@@ -91,7 +145,7 @@ void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *grap
 {
     bool any = false;
     for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES && !any; i++)
-        any = s->mirror[i].buf != NULL;
+        any = s->mirror->entries[i].buf != NULL;
     if (!any)
         return;
     ggml_backend_buffer_t last = NULL;
@@ -102,14 +156,4 @@ void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *grap
             apir_mirror_forget_buffer(s, last);
         }
     }
-}
-
-void apir_mirror_free(struct apir_session *s)
-{
-    for (uint32_t i = 0; i < APIR_MIRROR_ENTRIES; i++) {
-        if (s->mirror[i].page_locked)
-            apir_unpin(s->mirror[i].mem);
-        free(s->mirror[i].mem);
-    }
-    memset(s->mirror, 0, sizeof(s->mirror));
 }

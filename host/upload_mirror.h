@@ -19,6 +19,12 @@
 #include "session.h"
 
 #define APIR_MIRROR_MAX_BYTES (64u * 1024u)
+#define APIR_MIRROR_ENTRIES 32
+
+/* The session's mirror (s->mirror); NULL when memory cannot be had. */
+struct apir_mirror *apir_mirror_new(void);
+/* Nothing may be in flight (apir_session_settle). */
+void apir_mirror_free(struct apir_mirror *m);
 
 /* Uploads [offset, offset+size) of t from src (shared memory) through a
  * private copy it keeps.  False: not mirrored (too big, host memory); the
@@ -30,6 +36,12 @@ void apir_mirror_forget_range(struct apir_session *s, ggml_backend_buffer_t buf,
 void apir_mirror_forget_buffer(struct apir_session *s, ggml_backend_buffer_t buf);
 /* After a graph ran: forget the copies of every buffer it wrote. */
 void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *graph);
-void apir_mirror_free(struct apir_session *s);
+
+/* Uploads queued on a backend stream from mirror memory and not yet known
+ * complete (their source may not be reused before). */
+uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s);
+/* apir_session_settle: waits for those uploads.  synced: a stream the
+ * caller has just synchronized (or NULL); uploads queued on it are done. */
+void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced);
 
 #endif

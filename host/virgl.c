@@ -39,18 +39,19 @@
  *   7 this ctx_id is already initialized, 8 no usable device, 9 the first
  *   backend stream could not be started.
  *
- * Why the session's protocol minor is 2: virglrenderer answers HANDSHAKE
- * itself and never tells the library what it negotiated.  Our guest
- * transport learns whether the library speaks apir 0.2 by sending one 0.2
- * command (transport/virtgpu.c) and uses 0.2 commands only then; a reference
- * guest never sends them.  Accepting them costs nothing: each runs the same
- * checks as in the daemon.
+ * Why the session's protocol minor is APIR_VERSION_MINOR: virglrenderer
+ * answers HANDSHAKE itself and never tells the library what it negotiated.
+ * Our guest transport asks the library's version (HOST_GET_VERSION,
+ * transport/virtgpu.c) and sends only the commands it has; a reference
+ * guest never sends commands beyond 0.1.  Accepting them costs nothing:
+ * each runs the same checks as in the daemon.
  *
  * Shared memory: see bind_blobs.  DEVICE_BUFFER_FROM_PTR (a buffer that wraps
  * a guest blob) is not offered over virgl, and DEVICE_GET_PROPS says so.
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "ggml-backend-impl.h"
@@ -218,8 +219,8 @@ static void ctx_free(struct vctx *c)
     struct apir_session *s = c->session;
     if (s)
         APIR_INFO("virgl", "ctx %u: closed after %llu commands (%llu graphs, %llu refused); freeing %u buffers",
-                  c->ctx_id, (unsigned long long)s->n_commands, (unsigned long long)s->n_graphs,
-                  (unsigned long long)s->n_refused, s->n_buffers);
+                  c->ctx_id, (unsigned long long)s->stats.n_commands, (unsigned long long)s->stats.n_graphs,
+                  (unsigned long long)s->stats.n_refused, s->n_buffers);
     apir_session_free(s);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -312,7 +313,7 @@ static uint32_t setup_host(struct vctx *c, const struct virgl_apir_callbacks *cb
 {
     struct apir_host *h = &c->host;
     memset(h, 0, sizeof(*h));
-    apir_limits_default(&h->cfg.limits);
+    apir_host_config_default(&h->cfg);
     h->cfg.device = (int)config_int(cbs, c->ctx_id, CFG_DEVICE, -1, APIR_HOST_MAX_DEVICES - 1);
     h->cfg.n_threads = (int)config_int(cbs, c->ctx_id, CFG_N_THREADS, 0, 1024);
     h->reg = reg;
@@ -631,7 +632,7 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
         /* A buffer wrapping a blob would outlive it: the hypervisor frees
          * blob memory when the guest drops the resource, without asking. */
         APIR_WARN("virgl", "ctx %u: DEVICE_BUFFER_FROM_PTR refused: blob lifetimes are the hypervisor's", ctx_id);
-        c->session->n_refused++;
+        c->session->stats.n_refused++;
     } else if (cmd == APIR_CMD_DEVICE_GET_PROPS) {
         /* So none is offered: the reference guest allocates every buffer
          * with DEVICE_BUFFER_FROM_PTR when the host says it could.  Host
@@ -639,11 +640,12 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
          * pinned reference's mmap_support. */
         struct apir_encoder reply;
         apir_encoder_init(&reply, reply_cur, (size_t)(reply_end - reply_cur));
-        apir_marshal(&reply, "bbbbb", 0, 0, 0, 0, 0);
+        const struct apir_reply_DEVICE_GET_PROPS props = { 0 };
+        apir_encode_reply_DEVICE_GET_PROPS(&reply, &props);
         result = reply.fatal ? APIR_HANDLER_REPLY_FULL : APIR_HANDLER_OK;
         *reply_cur_after = reply_cur + apir_encoder_used(&reply);
     } else if (!bind_blobs(c, ids, request_res_ids(cmd, req_cur, req_len, ids), bound, &n_bound)) {
-        c->session->n_refused++;
+        c->session->stats.n_refused++;
     } else {
         struct apir_decoder req;
         struct apir_encoder reply;

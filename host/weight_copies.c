@@ -8,8 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One weight, repacked.  Kept in s->weights sorted by orig; the ranges
- * [orig, orig + len) never overlap (a new copy drops what it overlaps). */
+/* One weight, repacked.  Kept in apir_weights.copies sorted by orig; the
+ * ranges [orig, orig + len) never overlap (a new copy drops what it
+ * overlaps). */
 struct apir_weight_copy {
     const uint8_t *orig;          /* the guest's bytes, in its buffer */
     size_t len;
@@ -19,10 +20,46 @@ struct apir_weight_copy {
     struct ggml_tensor tensor;    /* graphs point here: the address is stable */
 };
 
-static bool copies_enabled(void)
+struct apir_weights {
+    struct apir_weight_copy **copies;
+    uint32_t n, cap;
+    uint64_t made, bytes_made;    /* copies made in the session, for the profile */
+};
+
+struct apir_weights *apir_weights_new(void)
 {
-    const char *env = getenv("APIR_HOST_WEIGHT_COPIES");
-    return !(env && !strcmp(env, "0"));
+    return calloc(1, sizeof(struct apir_weights));
+}
+
+/* The copies left go without charging the session: it is ending. */
+void apir_weights_free(struct apir_weights *w)
+{
+    if (!w)
+        return;
+    for (uint32_t i = 0; i < w->n; i++) {
+        ggml_backend_buffer_free(w->copies[i]->buf);
+        free(w->copies[i]);
+    }
+    free(w->copies);
+    free(w);
+}
+
+uint32_t apir_weights_count(const struct apir_session *s)
+{
+    return s->weights->n;
+}
+
+void apir_weights_log_profile(const struct apir_session *s)
+{
+    const struct apir_weights *w = s->weights;
+    if (w->made)
+        APIR_INFO("host", "%s: profile: %llu weight copies kept in the device's own layout (%.1f MiB)", s->name,
+                  (unsigned long long)w->made, w->bytes_made / 1048576.0);
+}
+
+static bool copies_enabled(const struct apir_session *s)
+{
+    return s->host->cfg.weight_copies;
 }
 
 /*
@@ -44,16 +81,16 @@ static ggml_backend_buffer_type_t *extra_bufts(ggml_backend_dev_t dev)
 
 bool apir_weights_offered(struct apir_session *s)
 {
-    return copies_enabled() && extra_bufts(s->host->devices[s->device]) != NULL;
+    return copies_enabled(s) && extra_bufts(s->host->devices[s->device]) != NULL;
 }
 
 /* First index whose range ends after p (ends are sorted too: disjoint). */
-static uint32_t first_ending_after(const struct apir_session *s, const uint8_t *p)
+static uint32_t first_ending_after(const struct apir_weights *w, const uint8_t *p)
 {
-    uint32_t lo = 0, hi = s->n_weights;
+    uint32_t lo = 0, hi = w->n;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        const struct apir_weight_copy *c = s->weights[mid];
+        const struct apir_weight_copy *c = w->copies[mid];
         if (c->orig + c->len <= p)
             lo = mid + 1;
         else
@@ -64,43 +101,37 @@ static uint32_t first_ending_after(const struct apir_session *s, const uint8_t *
 
 static void drop(struct apir_session *s, uint32_t i)
 {
-    struct apir_weight_copy *c = s->weights[i];
+    struct apir_weights *w = s->weights;
+    struct apir_weight_copy *c = w->copies[i];
     ggml_backend_buffer_free(c->buf);
     s->bytes_allocated -= c->bytes;
     free(c);
-    memmove(&s->weights[i], &s->weights[i + 1], (size_t)(s->n_weights - i - 1) * sizeof(*s->weights));
-    s->n_weights--;
+    memmove(&w->copies[i], &w->copies[i + 1], (size_t)(w->n - i - 1) * sizeof(*w->copies));
+    w->n--;
     s->buffers_epoch++;  /* kept graphs may read the copy */
 }
 
 void apir_weights_forget_range(struct apir_session *s, const void *data, size_t len)
 {
-    if (!s->n_weights)
+    struct apir_weights *w = s->weights;
+    if (!w->n)
         return;
     const uint8_t *p = data;
     const uint8_t *end = p + (len ? len : 1);
-    uint32_t i = first_ending_after(s, p);
-    while (i < s->n_weights && s->weights[i]->orig < end)
+    uint32_t i = first_ending_after(w, p);
+    while (i < w->n && w->copies[i]->orig < end)
         drop(s, i);
 }
 
 void apir_weights_forget_buffer(struct apir_session *s, ggml_backend_buffer_t buf)
 {
-    for (uint32_t i = 0; i < s->n_weights;) {
-        if (s->weights[i]->orig_buf == buf)
+    struct apir_weights *w = s->weights;
+    for (uint32_t i = 0; i < w->n;) {
+        if (w->copies[i]->orig_buf == buf)
             drop(s, i);
         else
             i++;
     }
-}
-
-void apir_weights_free(struct apir_session *s)
-{
-    while (s->n_weights)
-        drop(s, s->n_weights - 1);
-    free(s->weights);
-    s->weights = NULL;
-    s->weights_cap = 0;
 }
 
 /* Whether the backend runs a MUL_MAT (2-D weight) or MUL_MAT_ID (3-D, one
@@ -133,20 +164,20 @@ static bool backend_takes(ggml_backend_dev_t dev, struct ggml_tensor *w)
     return ggml_backend_dev_supports_op(dev, &op);
 }
 
-static bool insert(struct apir_session *s, struct apir_weight_copy *c)
+static bool insert(struct apir_weights *w, struct apir_weight_copy *c)
 {
-    if (s->n_weights == s->weights_cap) {
-        uint32_t cap = s->weights_cap ? s->weights_cap * 2 : 64;
-        void *p = realloc(s->weights, (size_t)cap * sizeof(*s->weights));
+    if (w->n == w->cap) {
+        uint32_t cap = w->cap ? w->cap * 2 : 64;
+        void *p = realloc(w->copies, (size_t)cap * sizeof(*w->copies));
         if (!p)
             return false;
-        s->weights = p;
-        s->weights_cap = cap;
+        w->copies = p;
+        w->cap = cap;
     }
-    uint32_t i = first_ending_after(s, c->orig);
-    memmove(&s->weights[i + 1], &s->weights[i], (size_t)(s->n_weights - i) * sizeof(*s->weights));
-    s->weights[i] = c;
-    s->n_weights++;
+    uint32_t i = first_ending_after(w, c->orig);
+    memmove(&w->copies[i + 1], &w->copies[i], (size_t)(w->n - i) * sizeof(*w->copies));
+    w->copies[i] = c;
+    w->n++;
     return true;
 }
 
@@ -201,7 +232,7 @@ static struct apir_weight_copy *copy_in(struct apir_session *s, ggml_backend_buf
 
 enum apir_weight_note apir_weights_note(struct apir_session *s, struct apir_host_buffer *hb, const struct ggml_tensor *t)
 {
-    if (!copies_enabled())
+    if (!copies_enabled(s))
         return APIR_WEIGHT_NEVER;
     ggml_backend_buffer_type_t *extras = extra_bufts(s->host->devices[hb->device]);
     if (!extras)
@@ -224,7 +255,7 @@ enum apir_weight_note apir_weights_note(struct apir_session *s, struct apir_host
         c->orig = t->data;
         c->len = len;
         c->orig_buf = hb->buffer;
-        if (!insert(s, c)) {
+        if (!insert(s->weights, c)) {
             ggml_backend_buffer_free(c->buf);
             free(c);
             return APIR_WEIGHT_NOT_KEPT;
@@ -232,8 +263,8 @@ enum apir_weight_note apir_weights_note(struct apir_session *s, struct apir_host
         /* The backend's own set_tensor lays the bytes out (a repack). */
         ggml_backend_tensor_set(&c->tensor, t->data, 0, len);
         s->bytes_allocated += c->bytes;
-        s->weight_copies_made++;
-        s->weight_copy_bytes_made += c->bytes;
+        s->weights->made++;
+        s->weights->bytes_made += c->bytes;
         s->buffers_epoch++;  /* graphs kept before this would not use it */
         APIR_DEBUG("host", "%s: weight '%s' (%s, %zu bytes) kept in %s", s->name, t->name, ggml_type_name(t->type), len,
                    ggml_backend_buft_name(*b));
@@ -242,14 +273,14 @@ enum apir_weight_note apir_weights_note(struct apir_session *s, struct apir_host
     return APIR_WEIGHT_NOT_KEPT;
 }
 
-static struct apir_weight_copy *copy_of(struct apir_session *s, const struct ggml_tensor *w)
+static struct apir_weight_copy *copy_of(const struct apir_weights *weights, const struct ggml_tensor *w)
 {
     if (!w || w->op != GGML_OP_NONE || w->view_src || !w->data)
         return NULL;
-    uint32_t i = first_ending_after(s, w->data);
-    if (i >= s->n_weights)
+    uint32_t i = first_ending_after(weights, w->data);
+    if (i >= weights->n)
         return NULL;
-    struct apir_weight_copy *c = s->weights[i];
+    struct apir_weight_copy *c = weights->copies[i];
     if (c->orig != (const uint8_t *)w->data || c->orig_buf != w->buffer || c->tensor.type != w->type)
         return NULL;
     for (int d = 0; d < GGML_MAX_DIMS; d++)
@@ -260,7 +291,7 @@ static struct apir_weight_copy *copy_of(struct apir_session *s, const struct ggm
 
 void apir_weights_apply(struct apir_session *s, struct ggml_cgraph *graph)
 {
-    if (!s->n_weights)
+    if (!s->weights->n)
         return;
     const int n = ggml_graph_n_nodes(graph);
     for (int i = 0; i < n; i++) {
@@ -269,12 +300,12 @@ void apir_weights_apply(struct apir_session *s, struct ggml_cgraph *graph)
             apir_weights_forget_range(s, node->data, ggml_nbytes(node));
     }
     ggml_backend_dev_t dev = s->host->devices[s->device];
-    for (int i = 0; i < n && s->n_weights; i++) {
+    for (int i = 0; i < n && s->weights->n; i++) {
         struct ggml_tensor *node = ggml_graph_node(graph, i);
         if (node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_MUL_MAT_ID)
             continue;
         struct ggml_tensor *w = node->src[0];
-        struct apir_weight_copy *c = copy_of(s, w);
+        struct apir_weight_copy *c = copy_of(s->weights, w);
         if (!c)
             continue;
         node->src[0] = &c->tensor;
@@ -285,11 +316,12 @@ void apir_weights_apply(struct apir_session *s, struct ggml_cgraph *graph)
 
 bool apir_weights_consistent(const struct apir_session *s)
 {
-    for (uint32_t i = 0; i < s->n_weights; i++) {
-        const struct apir_weight_copy *c = s->weights[i];
+    const struct apir_weights *w = s->weights;
+    for (uint32_t i = 0; i < w->n; i++) {
+        const struct apir_weight_copy *c = w->copies[i];
         if (!c->buf || c->len != ggml_nbytes(&c->tensor) || c->tensor.buffer != c->buf)
             return false;
-        if (i && s->weights[i - 1]->orig + s->weights[i - 1]->len > c->orig)
+        if (i && w->copies[i - 1]->orig + w->copies[i - 1]->len > c->orig)
             return false;
     }
     return true;

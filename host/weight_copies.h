@@ -30,6 +30,11 @@
 #include "apir_proto.h"
 #include "session.h"
 
+/* The session's copies (s->weights); NULL when memory cannot be had. */
+struct apir_weights *apir_weights_new(void);
+/* Frees the copies left without charging the session (it is ending). */
+void apir_weights_free(struct apir_weights *w);
+
 /* Whether the current device has extra buffer types worth a copy. */
 bool apir_weights_offered(struct apir_session *s);
 /* The guest wrote t (in hb, checked) whole: keep a copy if one fits. */
@@ -41,8 +46,11 @@ void apir_weights_forget_buffer(struct apir_session *s, ggml_backend_buffer_t bu
  * points each MUL_MAT/MUL_MAT_ID at the copy of its weight where the
  * backend supports that. */
 void apir_weights_apply(struct apir_session *s, struct ggml_cgraph *graph);
-void apir_weights_free(struct apir_session *s);
-/* For tests and fuzzers: sorted, disjoint, each copy whole. */
+/* The profile line of the copies made (apir_session_log_profile). */
+void apir_weights_log_profile(const struct apir_session *s);
+/* For tests and fuzzers: how many copies are kept; whether they are sorted,
+ * disjoint, each copy whole. */
+uint32_t apir_weights_count(const struct apir_session *s);
 bool apir_weights_consistent(const struct apir_session *s);
 
 #endif

@@ -5,6 +5,7 @@
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
 
 #include <stdalign.h>
@@ -32,7 +33,8 @@ _Static_assert(offsetof(struct apir_tensor_rec, pad1) == 296, "pad1");
 #endif
 
 const struct apir_command_info apir_command_table[APIR_CMD_COUNT] = {
-#define APIR_X_INFO(num, name, req, rep) [num] = { #name, req, rep },
+#define APIR_X_INFO(num, name, classes) \
+    [num] = { #name, "" APIR_REQ_##name(APIR_ITEM_SIG), "" APIR_REP_##name(APIR_ITEM_SIG), classes },
     APIR_COMMAND_LIST(APIR_X_INFO)
 #undef APIR_X_INFO
 };
@@ -231,103 +233,4 @@ void apir_decode_header(struct apir_decoder *dec, struct apir_cmd_header *hdr)
     hdr->cmd_type = (int32_t)apir_decode_u32(dec);
     hdr->cmd_flags = (int32_t)apir_decode_u32(dec);
     hdr->reply_res_id = apir_decode_u32(dec);
-}
-
-bool apir_vmarshal(struct apir_encoder *enc, const char *sig, va_list *ap)
-{
-    for (const char *c = sig; *c && !enc->fatal; c++) {
-        switch (*c) {
-        case 'u': case 'e': case 'r':
-            apir_encode_u32(enc, va_arg(*ap, uint32_t));
-            break;
-        case 'i':
-            apir_encode_u32(enc, (uint32_t)va_arg(*ap, int32_t));
-            break;
-        case 'b':
-            apir_encode_bool(enc, va_arg(*ap, int) != 0);
-            break;
-        case 'c':
-            apir_encode_u8(enc, (uint8_t)va_arg(*ap, unsigned));
-            break;
-        case 'q': case 'h':
-            apir_encode_u64(enc, va_arg(*ap, uint64_t));
-            break;
-        case 's':
-            apir_encode_string(enc, va_arg(*ap, const char *));
-            break;
-        case 't':
-            apir_encode_tensor(enc, va_arg(*ap, const struct apir_tensor_rec *));
-            break;
-        case 'L': {
-            uint32_t n = va_arg(*ap, uint32_t);
-            apir_encode_tensor_list(enc, n, va_arg(*ap, const struct apir_tensor_rec *));
-            break;
-        }
-        default:  /* 'T' and unknown letters: a programming error */
-            enc->fatal = true;
-            break;
-        }
-    }
-    return !enc->fatal;
-}
-
-bool apir_marshal(struct apir_encoder *enc, const char *sig, ...)
-{
-    va_list ap;
-    va_start(ap, sig);
-    bool ok = apir_vmarshal(enc, sig, &ap);
-    va_end(ap);
-    return ok;
-}
-
-bool apir_vdemarshal(struct apir_decoder *dec, const char *sig, va_list *ap)
-{
-    for (const char *c = sig; *c; c++) {
-        /* After a failure keep walking so every output is zeroed. */
-        switch (*c) {
-        case 'u': case 'e': case 'r':
-            *va_arg(*ap, uint32_t *) = apir_decode_u32(dec);
-            break;
-        case 'i':
-            *va_arg(*ap, int32_t *) = (int32_t)apir_decode_u32(dec);
-            break;
-        case 'b':
-            *va_arg(*ap, bool *) = apir_decode_bool(dec);
-            break;
-        case 'c':
-            *va_arg(*ap, uint8_t *) = apir_decode_u8(dec);
-            break;
-        case 'q': case 'h':
-            *va_arg(*ap, uint64_t *) = apir_decode_u64(dec);
-            break;
-        case 's': {
-            char *dst = va_arg(*ap, char *);
-            size_t cap = va_arg(*ap, size_t);
-            apir_decode_string(dec, dst, cap);
-            break;
-        }
-        case 't':
-            apir_decode_tensor(dec, va_arg(*ap, struct apir_tensor_rec *));
-            break;
-        case 'L': {
-            struct apir_tensor_list *list = va_arg(*ap, struct apir_tensor_list *);
-            uint32_t max = va_arg(*ap, uint32_t);
-            apir_decode_tensor_list(dec, list, max);
-            break;
-        }
-        default:
-            dec->fatal = true;
-            return false;
-        }
-    }
-    return !dec->fatal;
-}
-
-bool apir_demarshal(struct apir_decoder *dec, const char *sig, ...)
-{
-    va_list ap;
-    va_start(ap, sig);
-    bool ok = apir_vdemarshal(dec, sig, &ap);
-    va_end(ap);
-    return ok;
 }

@@ -14,7 +14,6 @@
 #ifndef APIR_CODEC_H
 #define APIR_CODEC_H
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -87,29 +86,6 @@ struct apir_tensor_list {
 void apir_encode_tensor_list(struct apir_encoder *enc, uint32_t n, const struct apir_tensor_rec *recs);
 void apir_decode_tensor_list(struct apir_decoder *dec, struct apir_tensor_list *list, uint32_t max);
 void apir_tensor_list_get(const struct apir_tensor_list *list, uint32_t i, struct apir_tensor_rec *rec);
-
-/*
- * Marshalling by signature (the letters of apir_commands.h).
- *
- * apir_marshal takes, per letter: u,e,r -> uint32_t; i -> int32_t;
- * b -> int (bool); c -> unsigned (uint8 value); q,h -> uint64_t;
- * s -> const char *; t -> const struct apir_tensor_rec *;
- * L -> uint32_t n, const struct apir_tensor_rec *.
- *
- * apir_demarshal takes pointers: u,e,r -> uint32_t *; i -> int32_t *;
- * b -> bool *; c -> uint8_t *; q,h -> uint64_t *; s -> char *, size_t cap;
- * t -> struct apir_tensor_rec *; L -> struct apir_tensor_list *, uint32_t max.
- * 'T' cannot be marshalled this way (see host/inline_tensor.c).
- *
- * Both return false (and leave the codec fatal) on any failure; outputs of a
- * failed demarshal are zeroed.
- */
-bool apir_marshal(struct apir_encoder *enc, const char *sig, ...);
-/* The v-forms consume from *ap, so one va_list can feed a marshal and then
- * a demarshal (the guest's call stubs do). */
-bool apir_vmarshal(struct apir_encoder *enc, const char *sig, va_list *ap);
-bool apir_demarshal(struct apir_decoder *dec, const char *sig, ...);
-bool apir_vdemarshal(struct apir_decoder *dec, const char *sig, va_list *ap);
 
 /* The command header (12 bytes). */
 struct apir_cmd_header {

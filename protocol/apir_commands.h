@@ -1,27 +1,52 @@
 /*
  * The one APIR command table.
  *
- * Every backend command (the cmd_flags of a FORWARD) is listed once here with
- * its number, its name and the signature of its request and reply items.  The
- * guest's stubs (guest/apir_call.c marshals from the request signature and
- * demarshals the reply signature), the host's dispatch table (host/dispatch.c
- * names a handler host_cmd_<NAME> per row) and the name table are all derived
- * from this list, so a command cannot be half-added.
+ * Every backend command (the cmd_flags of a FORWARD) is one row of
+ * APIR_COMMAND_LIST - its number, its name, its classes - and two item lists
+ * right below, APIR_REQ_<NAME> and APIR_REP_<NAME>: the request and reply
+ * items in wire order, each as F(kind, field).  Everything else is derived
+ * from these, so a command cannot be half-added:
+ *   - the typed encoders and decoders of each message
+ *     (apir_encode_request_<NAME>, apir_decode_reply_<NAME>: apir_messages.h);
+ *   - the guest's typed call stubs (apir_call_<NAME>: guest/calls.h);
+ *   - the host's request structs, decoded and checked - handles resolved,
+ *     tensor records imported - before the handler runs, and its dispatch
+ *     array (struct apir_request_<NAME>: host/requests.h; the handler
+ *     host_cmd_<NAME> in host/dispatch.c);
+ *   - the signature strings (virgl's own walk, the fuzzers) and the names.
  *
- * Signature letters (each item is a multiple of 4 bytes on the wire):
- *   u  uint32         i  int32        e  enum (uint32)    r  shm res_id (uint32)
- *   b  bool (4 bytes) c  uint8 (4 bytes)
- *   q  uint64/size_t  h  host handle (uint64, opaque to the guest)
- *   s  string (uint64 length incl. NUL, bytes, zero padding to 4)
- *   t  serialized tensor (304 bytes)
- *   L  tensor list: uint32 n, n serialized tensors; the first is the subject,
- *      the others are what its src/view_src ids refer to  (apir 0.2)
- *   T  inline tensor: the reference guest's raw struct ggml_tensor plus the
- *      trailing items of APIR 0.1 section 3 (accepted, never followed)
+ * Item kinds (each item is a multiple of 4 bytes on the wire; the letter is
+ * the signature letter):
+ *   u32 'u', i32 'i', enum 'e' (uint32), res 'r' (a shared-memory res_id),
+ *   bool 'b' (4 bytes), u8 'c' (4 bytes), u64 'q' (uint64, also sizes),
+ *   buffer 'h', buft 'h'   host handles (uint64, opaque to the guest) of a
+ *                          buffer or a buffer type: the host resolves them
+ *   string 's'             uint64 length incl. NUL, bytes, zero padding to 4
+ *   tensor 't'             a serialized tensor (304 bytes) of a buffer
+ *   tensors 'L'            uint32 n, n serialized tensors; the first is the
+ *                          subject, the others what its src/view_src ids name
+ *   inline 'T'             the reference guest's raw struct ggml_tensor plus
+ *                          the trailing items of APIR 0.1 section 3
+ *                          (accepted, never followed)
+ *
+ * Classes (bits; how the command relates to device work in flight, which
+ * both sides need: host/graph_exec.c and guest/remote.c read them here):
+ *   APIR_QUERY         touches no tensor memory: answered while a graph the
+ *                      session launched is still on the device
+ *   APIR_ON_STREAM     goes on the device's stream in order (uploads,
+ *                      graphs): also runs beside a graph in flight
+ *   APIR_WAITS_DEVICE  waits for the device's work (graphs, synchronize):
+ *                      the guest spins through it, not sleeps at once
+ *   APIR_REPORTS       a deferred graph's failure is reported by it (what
+ *                      waits for results: reads, synchronize, graphs)
+ *   APIR_LEAVES_BUSY   the device may still run after its reply (keyed
+ *                      graphs, computed after they are answered)
+ * Anything neither a query nor on the stream waits for the device first.
  *
  * Numbers 0..22 are APIR 0.1 and never change.  23..34 are apir 0.2
  * extensions, 35 and above 0.3: a guest sends them only after the handshake
- * answered that minor or more (apir_command_minor).
+ * answered that minor or more (apir_command_minor).  docs/PROTOCOL.md
+ * describes the wire format.
  */
 #ifndef APIR_COMMANDS_H
 #define APIR_COMMANDS_H
@@ -29,50 +54,154 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/*  X(number, NAME,                         request, reply) */
+#define APIR_QUERY        (1u << 0)
+#define APIR_ON_STREAM    (1u << 1)
+#define APIR_WAITS_DEVICE (1u << 2)
+#define APIR_REPORTS      (1u << 3)
+#define APIR_LEAVES_BUSY  (1u << 4)
+
+/* What a graph command is: on the stream, waited for, reporting. */
+#define APIR_GRAPH (APIR_ON_STREAM | APIR_WAITS_DEVICE | APIR_REPORTS)
+
+/*  X(number, NAME,                         classes) */
 #define APIR_COMMAND_LIST(X)                                              \
-    X( 0, DEVICE_GET_DEVICE_COUNT,          "",      "i")                 \
-    X( 1, DEVICE_GET_COUNT,                 "",      "i")                 \
-    X( 2, DEVICE_GET_NAME,                  "",      "s")                 \
-    X( 3, DEVICE_GET_DESCRIPTION,           "",      "s")                 \
-    X( 4, DEVICE_GET_TYPE,                  "",      "e")                 \
-    X( 5, DEVICE_GET_MEMORY,                "",      "qq")                \
-    X( 6, DEVICE_SUPPORTS_OP,               "T",     "b")                 \
-    X( 7, DEVICE_GET_BUFFER_TYPE,           "",      "h")                 \
-    X( 8, DEVICE_GET_PROPS,                 "",      "bbbbb")             \
-    X( 9, DEVICE_BUFFER_FROM_PTR,           "rqq",   "hh")                \
-    X(10, BUFFER_TYPE_GET_NAME,             "h",     "s")                 \
-    X(11, BUFFER_TYPE_GET_ALIGNMENT,        "h",     "q")                 \
-    X(12, BUFFER_TYPE_GET_MAX_SIZE,         "h",     "q")                 \
-    X(13, BUFFER_TYPE_IS_HOST,              "h",     "b")                 \
-    X(14, BUFFER_TYPE_ALLOC_BUFFER,         "hq",    "h")                 \
-    X(15, BUFFER_TYPE_GET_ALLOC_SIZE,       "hT",    "q")                 \
-    X(16, BUFFER_GET_BASE,                  "h",     "q")                 \
-    X(17, BUFFER_SET_TENSOR,                "htrqq", "")                  \
-    X(18, BUFFER_GET_TENSOR,                "htrqq", "")                  \
-    X(19, BUFFER_CPY_TENSOR,                "htt",   "b")                 \
-    X(20, BUFFER_CLEAR,                     "hc",    "")                  \
-    X(21, BUFFER_FREE_BUFFER,               "h",     "")                  \
-    X(22, BACKEND_GRAPH_COMPUTE,            "rq",    "e")                 \
+    X( 0, DEVICE_GET_DEVICE_COUNT,          APIR_QUERY)                   \
+    X( 1, DEVICE_GET_COUNT,                 APIR_QUERY)                   \
+    X( 2, DEVICE_GET_NAME,                  APIR_QUERY)                   \
+    X( 3, DEVICE_GET_DESCRIPTION,           APIR_QUERY)                   \
+    X( 4, DEVICE_GET_TYPE,                  APIR_QUERY)                   \
+    X( 5, DEVICE_GET_MEMORY,                APIR_QUERY)                   \
+    X( 6, DEVICE_SUPPORTS_OP,               APIR_QUERY)                   \
+    X( 7, DEVICE_GET_BUFFER_TYPE,           APIR_QUERY)                   \
+    X( 8, DEVICE_GET_PROPS,                 APIR_QUERY)                   \
+    X( 9, DEVICE_BUFFER_FROM_PTR,           0)                            \
+    X(10, BUFFER_TYPE_GET_NAME,             APIR_QUERY)                   \
+    X(11, BUFFER_TYPE_GET_ALIGNMENT,        APIR_QUERY)                   \
+    X(12, BUFFER_TYPE_GET_MAX_SIZE,         APIR_QUERY)                   \
+    X(13, BUFFER_TYPE_IS_HOST,              APIR_QUERY)                   \
+    X(14, BUFFER_TYPE_ALLOC_BUFFER,         0)                            \
+    X(15, BUFFER_TYPE_GET_ALLOC_SIZE,       APIR_QUERY)                   \
+    X(16, BUFFER_GET_BASE,                  APIR_QUERY)                   \
+    X(17, BUFFER_SET_TENSOR,                APIR_ON_STREAM)               \
+    X(18, BUFFER_GET_TENSOR,                APIR_REPORTS)                 \
+    X(19, BUFFER_CPY_TENSOR,                0)                            \
+    X(20, BUFFER_CLEAR,                     0)                            \
+    X(21, BUFFER_FREE_BUFFER,               0)                            \
+    X(22, BACKEND_GRAPH_COMPUTE,            APIR_GRAPH)                   \
     /* apir 0.2 extensions */                                             \
-    X(23, DEVICE_SELECT,                    "u",     "")                  \
-    X(24, DEVICE_SUPPORTS_OP_L,             "L",     "b")                 \
-    X(25, BUFFER_TYPE_GET_ALLOC_SIZE_L,     "hL",    "q")                 \
-    X(26, BUFFER_MEMSET_TENSOR,             "htcqq", "")                  \
-    X(27, BACKEND_SYNCHRONIZE,              "",      "")                  \
-    X(28, DEVICE_OFFLOAD_OP_L,              "L",     "b")                 \
-    X(29, BUFFER_SET_TENSOR_AT,             "htrqqq", "")                 \
-    X(30, BUFFER_GET_TENSOR_AT,             "htrqqq", "")                 \
-    X(31, BACKEND_GRAPH_COMPUTE_AT,         "rqq",   "e")                 \
-    X(32, BUFFER_INIT_TENSOR,               "ht",    "e")                 \
-    X(33, BACKEND_GRAPH_COMPUTE_KEYED,      "rqqq",  "e")                 \
-    X(34, BACKEND_GRAPH_RECOMPUTE,          "q",     "e")                 \
-    /* apir 0.3 extensions (host/weight_copies.h) */                      \
-    X(35, BUFFER_NOTE_WEIGHT,               "ht",    "u")                 \
-    X(36, BUFFER_WRITTEN,                   "hqq",   "")
+    X(23, DEVICE_SELECT,                    0)                            \
+    X(24, DEVICE_SUPPORTS_OP_L,             APIR_QUERY)                   \
+    X(25, BUFFER_TYPE_GET_ALLOC_SIZE_L,     APIR_QUERY)                   \
+    X(26, BUFFER_MEMSET_TENSOR,             0)                            \
+    X(27, BACKEND_SYNCHRONIZE,              APIR_WAITS_DEVICE | APIR_REPORTS) \
+    X(28, DEVICE_OFFLOAD_OP_L,              APIR_QUERY)                   \
+    X(29, BUFFER_SET_TENSOR_AT,             APIR_ON_STREAM)               \
+    X(30, BUFFER_GET_TENSOR_AT,             APIR_REPORTS)                 \
+    X(31, BACKEND_GRAPH_COMPUTE_AT,         APIR_GRAPH)                   \
+    X(32, BUFFER_INIT_TENSOR,               0)                            \
+    X(33, BACKEND_GRAPH_COMPUTE_KEYED,      APIR_GRAPH | APIR_LEAVES_BUSY) \
+    X(34, BACKEND_GRAPH_RECOMPUTE,          APIR_GRAPH | APIR_LEAVES_BUSY) \
+    /* apir 0.3 extensions (weight copies: host/weight_copies.h; version) */ \
+    X(35, BUFFER_NOTE_WEIGHT,               0)                            \
+    X(36, BUFFER_WRITTEN,                   0)                            \
+    X(37, HOST_GET_VERSION,                 APIR_QUERY)
+
+/* ---- items: F(kind, field), in wire order ------------------------------- */
+
+#define APIR_REQ_DEVICE_GET_DEVICE_COUNT(F)
+#define APIR_REP_DEVICE_GET_DEVICE_COUNT(F)     F(i32, count)
+#define APIR_REQ_DEVICE_GET_COUNT(F)
+#define APIR_REP_DEVICE_GET_COUNT(F)            F(i32, count)
+#define APIR_REQ_DEVICE_GET_NAME(F)
+#define APIR_REP_DEVICE_GET_NAME(F)             F(string, name)
+#define APIR_REQ_DEVICE_GET_DESCRIPTION(F)
+#define APIR_REP_DEVICE_GET_DESCRIPTION(F)      F(string, description)
+#define APIR_REQ_DEVICE_GET_TYPE(F)
+#define APIR_REP_DEVICE_GET_TYPE(F)             F(enum, type)
+#define APIR_REQ_DEVICE_GET_MEMORY(F)
+#define APIR_REP_DEVICE_GET_MEMORY(F)           F(u64, free_bytes) F(u64, total_bytes)
+#define APIR_REQ_DEVICE_SUPPORTS_OP(F)          F(inline, op)
+#define APIR_REP_DEVICE_SUPPORTS_OP(F)          F(bool, supported)
+#define APIR_REQ_DEVICE_GET_BUFFER_TYPE(F)
+#define APIR_REP_DEVICE_GET_BUFFER_TYPE(F)      F(buft, buffer_type)
+/* Host buffers and events stay host-local; the fifth item is the pinned
+ * reference's (the spec's table has four, its guest reads five). */
+#define APIR_REQ_DEVICE_GET_PROPS(F)
+#define APIR_REP_DEVICE_GET_PROPS(F)            F(bool, async) F(bool, host_buffer) F(bool, buffer_from_host_ptr) \
+                                                F(bool, events) F(bool, mmap_support)
+#define APIR_REQ_DEVICE_BUFFER_FROM_PTR(F)      F(res, blob) F(u64, size) F(u64, max_tensor_size)
+#define APIR_REP_DEVICE_BUFFER_FROM_PTR(F)      F(buffer, buffer) F(buft, buffer_type)
+#define APIR_REQ_BUFFER_TYPE_GET_NAME(F)        F(buft, buffer_type)
+#define APIR_REP_BUFFER_TYPE_GET_NAME(F)        F(string, name)
+#define APIR_REQ_BUFFER_TYPE_GET_ALIGNMENT(F)   F(buft, buffer_type)
+#define APIR_REP_BUFFER_TYPE_GET_ALIGNMENT(F)   F(u64, alignment)
+#define APIR_REQ_BUFFER_TYPE_GET_MAX_SIZE(F)    F(buft, buffer_type)
+#define APIR_REP_BUFFER_TYPE_GET_MAX_SIZE(F)    F(u64, max_size)
+#define APIR_REQ_BUFFER_TYPE_IS_HOST(F)         F(buft, buffer_type)
+#define APIR_REP_BUFFER_TYPE_IS_HOST(F)         F(bool, is_host)
+/* A buffer handle of 0 answers a failed allocation, as in 0.1. */
+#define APIR_REQ_BUFFER_TYPE_ALLOC_BUFFER(F)    F(buft, buffer_type) F(u64, size)
+#define APIR_REP_BUFFER_TYPE_ALLOC_BUFFER(F)    F(buffer, buffer)
+#define APIR_REQ_BUFFER_TYPE_GET_ALLOC_SIZE(F)  F(buft, buffer_type) F(inline, tensor)
+#define APIR_REP_BUFFER_TYPE_GET_ALLOC_SIZE(F)  F(u64, size)
+#define APIR_REQ_BUFFER_GET_BASE(F)             F(buffer, buffer)
+#define APIR_REP_BUFFER_GET_BASE(F)             F(u64, base)
+/* offset and size within the tensor; the bytes at the start of the blob. */
+#define APIR_REQ_BUFFER_SET_TENSOR(F)           F(buffer, buffer) F(tensor, tensor) F(res, blob) F(u64, offset) F(u64, size)
+#define APIR_REP_BUFFER_SET_TENSOR(F)
+#define APIR_REQ_BUFFER_GET_TENSOR(F)           F(buffer, buffer) F(tensor, tensor) F(res, blob) F(u64, offset) F(u64, size)
+#define APIR_REP_BUFFER_GET_TENSOR(F)
+#define APIR_REQ_BUFFER_CPY_TENSOR(F)           F(buffer, buffer) F(tensor, src) F(tensor, dst)
+#define APIR_REP_BUFFER_CPY_TENSOR(F)           F(bool, copied)
+#define APIR_REQ_BUFFER_CLEAR(F)                F(buffer, buffer) F(u8, value)
+#define APIR_REP_BUFFER_CLEAR(F)
+#define APIR_REQ_BUFFER_FREE_BUFFER(F)          F(buffer, buffer)
+#define APIR_REP_BUFFER_FREE_BUFFER(F)
+/* The graph blob (guest/serialize.c, host/import.c) at the start of blob. */
+#define APIR_REQ_BACKEND_GRAPH_COMPUTE(F)       F(res, blob) F(u64, size)
+#define APIR_REP_BACKEND_GRAPH_COMPUTE(F)       F(enum, status)
+#define APIR_REQ_DEVICE_SELECT(F)               F(u32, device)
+#define APIR_REP_DEVICE_SELECT(F)
+#define APIR_REQ_DEVICE_SUPPORTS_OP_L(F)        F(tensors, op)
+#define APIR_REP_DEVICE_SUPPORTS_OP_L(F)        F(bool, supported)
+#define APIR_REQ_BUFFER_TYPE_GET_ALLOC_SIZE_L(F) F(buft, buffer_type) F(tensors, tensor)
+#define APIR_REP_BUFFER_TYPE_GET_ALLOC_SIZE_L(F) F(u64, size)
+#define APIR_REQ_BUFFER_MEMSET_TENSOR(F)        F(buffer, buffer) F(tensor, tensor) F(u8, value) F(u64, offset) F(u64, size)
+#define APIR_REP_BUFFER_MEMSET_TENSOR(F)
+#define APIR_REQ_BACKEND_SYNCHRONIZE(F)
+#define APIR_REP_BACKEND_SYNCHRONIZE(F)
+#define APIR_REQ_DEVICE_OFFLOAD_OP_L(F)         F(tensors, op)
+#define APIR_REP_DEVICE_OFFLOAD_OP_L(F)         F(bool, offload)
+/* The bytes at blob_offset of the blob (one of the guest's host buffers). */
+#define APIR_REQ_BUFFER_SET_TENSOR_AT(F)        F(buffer, buffer) F(tensor, tensor) F(res, blob) F(u64, blob_offset) \
+                                                F(u64, offset) F(u64, size)
+#define APIR_REP_BUFFER_SET_TENSOR_AT(F)
+#define APIR_REQ_BUFFER_GET_TENSOR_AT(F)        F(buffer, buffer) F(tensor, tensor) F(res, blob) F(u64, blob_offset) \
+                                                F(u64, offset) F(u64, size)
+#define APIR_REP_BUFFER_GET_TENSOR_AT(F)
+#define APIR_REQ_BACKEND_GRAPH_COMPUTE_AT(F)    F(res, blob) F(u64, blob_offset) F(u64, size)
+#define APIR_REP_BACKEND_GRAPH_COMPUTE_AT(F)    F(enum, status)
+#define APIR_REQ_BUFFER_INIT_TENSOR(F)          F(buffer, buffer) F(tensor, tensor)
+#define APIR_REP_BUFFER_INIT_TENSOR(F)          F(enum, status)
+/* key: the guest's name for the graph (never 0), for RECOMPUTE; the blob
+ * may end with the use counts (APIR_GRAPH_USE_COUNTS_TAG). */
+#define APIR_REQ_BACKEND_GRAPH_COMPUTE_KEYED(F) F(res, blob) F(u64, blob_offset) F(u64, size) F(u64, key)
+#define APIR_REP_BACKEND_GRAPH_COMPUTE_KEYED(F) F(enum, status)
+#define APIR_REQ_BACKEND_GRAPH_RECOMPUTE(F)     F(u64, key)
+#define APIR_REP_BACKEND_GRAPH_RECOMPUTE(F)     F(enum, status)
+/* kept: an apir_weight_note (apir_proto.h). */
+#define APIR_REQ_BUFFER_NOTE_WEIGHT(F)          F(buffer, buffer) F(tensor, tensor)
+#define APIR_REP_BUFFER_NOTE_WEIGHT(F)          F(u32, kept)
+#define APIR_REQ_BUFFER_WRITTEN(F)              F(buffer, buffer) F(u64, offset) F(u64, size)
+#define APIR_REP_BUFFER_WRITTEN(F)
+/* The host library's own protocol version (not the session's): what a
+ * virtio-gpu guest asks, since virglrenderer answers HANDSHAKE itself.  A
+ * host older than this command answers APIR_HANDLER_INVALID_INDEX. */
+#define APIR_REQ_HOST_GET_VERSION(F)
+#define APIR_REP_HOST_GET_VERSION(F)            F(u32, major) F(u32, minor)
 
 enum apir_command {
-#define APIR_X_ENUM(num, name, req, rep) APIR_CMD_##name = num,
+#define APIR_X_ENUM(num, name, classes) APIR_CMD_##name = num,
     APIR_COMMAND_LIST(APIR_X_ENUM)
 #undef APIR_X_ENUM
     APIR_CMD_COUNT
@@ -90,9 +219,22 @@ static inline uint32_t apir_command_minor(uint32_t cmd)
 
 struct apir_command_info {
     const char *name;      /* "BUFFER_SET_TENSOR" */
-    const char *request;   /* signature of the request items */
+    const char *request;   /* signature of the request items ("htrqq") */
     const char *reply;     /* signature of the reply items */
+    uint32_t classes;      /* APIR_QUERY ... */
 };
+
+/* Indexed by command number; NULL name for a number that is not a command. */
+extern const struct apir_command_info apir_command_table[APIR_CMD_COUNT];
+
+/* Name of a command number, or "UNKNOWN" (never NULL). */
+const char *apir_command_name(uint32_t cmd);
+
+/* The classes of a command number; 0 for a number that is not a command. */
+static inline uint32_t apir_command_classes(uint32_t cmd)
+{
+    return cmd < APIR_CMD_COUNT ? apir_command_table[cmd].classes : 0;
+}
 
 /*
  * Commands a host runs while a graph or upload it queued may still be on the
@@ -104,26 +246,7 @@ struct apir_command_info {
  */
 static inline bool apir_command_runs_beside_device(uint32_t cmd)
 {
-    switch (cmd) {
-    case APIR_CMD_DEVICE_GET_DEVICE_COUNT: case APIR_CMD_DEVICE_GET_COUNT: case APIR_CMD_DEVICE_GET_NAME:
-    case APIR_CMD_DEVICE_GET_DESCRIPTION: case APIR_CMD_DEVICE_GET_TYPE: case APIR_CMD_DEVICE_GET_MEMORY:
-    case APIR_CMD_DEVICE_SUPPORTS_OP: case APIR_CMD_DEVICE_GET_BUFFER_TYPE: case APIR_CMD_DEVICE_GET_PROPS:
-    case APIR_CMD_BUFFER_TYPE_GET_NAME: case APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT: case APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE:
-    case APIR_CMD_BUFFER_TYPE_IS_HOST: case APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE: case APIR_CMD_BUFFER_GET_BASE:
-    case APIR_CMD_DEVICE_SUPPORTS_OP_L: case APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L: case APIR_CMD_DEVICE_OFFLOAD_OP_L:
-    case APIR_CMD_BUFFER_SET_TENSOR: case APIR_CMD_BUFFER_SET_TENSOR_AT:
-    case APIR_CMD_BACKEND_GRAPH_COMPUTE: case APIR_CMD_BACKEND_GRAPH_COMPUTE_AT:
-    case APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED: case APIR_CMD_BACKEND_GRAPH_RECOMPUTE:
-        return true;
-    default:
-        return false;
-    }
+    return (apir_command_classes(cmd) & (APIR_QUERY | APIR_ON_STREAM)) != 0;
 }
-
-/* Indexed by command number; NULL name for a number that is not a command. */
-extern const struct apir_command_info apir_command_table[APIR_CMD_COUNT];
-
-/* Name of a command number, or "UNKNOWN" (never NULL). */
-const char *apir_command_name(uint32_t cmd);
 
 #endif

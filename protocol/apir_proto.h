@@ -1,10 +1,10 @@
 /*
  * APIR wire constants shared by guest and host.
  *
- * The numbers here are fixed by the APIR 0.1 protocol (docs/APIR-0.1.md in
- * ../shared): command types, return codes, the reply word.  What apir adds
- * (version 0.2 extensions, transport-private command types, limits) is marked
- * as such.  Every value that comes from a peer is checked against these limits
+ * The numbers here are fixed by the APIR 0.1 protocol (../shared/APIR-0.1.md;
+ * docs/PROTOCOL.md in our words): command types, return codes, the reply
+ * word.  What apir adds (the 0.2 and 0.3 extensions, transport-private
+ * command types, limits) is marked as such.  Every value that comes from a peer is checked against these limits
  * before it is used.
  */
 #ifndef APIR_PROTO_H
@@ -14,8 +14,8 @@
 
 #define APIR_VERSION_MAJOR 0
 /* 0.1 is the reference protocol; 0.2 adds the extension commands 23..34,
- * 0.3 the weight copies (35, 36).  A host answers min(guest minor, its
- * minor), so a 0.1 guest sees 0.1. */
+ * 0.3 the weight copies (35, 36) and the version query (37).  A host
+ * answers min(guest minor, its minor), so a 0.1 guest sees 0.1. */
 #define APIR_VERSION_MINOR 3
 #define APIR_VERSION_MINOR_REFERENCE 1
 
@@ -33,7 +33,7 @@ enum apir_cmd_type {
     APIR_CMD_TYPE_SHM_BLOB_CREATE  = 100,
     APIR_CMD_TYPE_SHM_BLOB_DESTROY = 101,
     /* A range of a file the guest has mapped (a model), shared without a
-     * copy: the host maps the same file (apir 0.3, transport/shm_server.c). */
+     * copy: the host maps the same file (apir 0.3, host/shm_server.c). */
     APIR_CMD_TYPE_SHM_BLOB_FILE    = 102,
 };
 

@@ -3,7 +3,7 @@
  *
  * This is a wire format, laid out with natural C alignment so that the struct
  * can be copied to and from the wire as-is on little-endian hosts; the
- * offsets are pinned by static assertions in apir_tensor.c.  ne and nb are
+ * offsets are pinned by static assertions in apir_codec.c.  ne and nb are
  * 32-bit, as in ggml-rpc's record: a tensor that does not fit is refused by
  * the guest's serializer, never truncated.
  */

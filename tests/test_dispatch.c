@@ -7,14 +7,16 @@
 #include "apir_proto.h"
 #include "ggml.h"
 #include "ggml-impl.h"
+#include "graph_exec.h"
 #include "host.h"
 #include "import.h"
 #include "session.h"
 #include "test_records.h"
+#include "test_session.h"
 #include "test_util.h"
+#include "weight_copies.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +25,6 @@
 
 static struct apir_host host;
 static uint8_t data_blob[DATA_SIZE] __attribute__((aligned(64)));
-static uint8_t reply_buf[APIR_REPLY_BLOB_SIZE];
 
 static struct apir_session *new_session(void)
 {
@@ -33,83 +34,51 @@ static struct apir_session *new_session(void)
     return s;
 }
 
-/* Marshals the request from the varargs per the command's signature, runs
- * it, and leaves a decoder over the reply. */
-static uint32_t fwd(struct apir_session *s, uint32_t cmd, struct apir_decoder *reply, ...)
+/* A tensor list of the n records at recs. */
+static struct apir_tensor_span span(uint32_t n, const struct apir_tensor_rec *recs)
 {
-    uint8_t req_buf[8192];
-    struct apir_encoder enc;
-    apir_encoder_init(&enc, req_buf, sizeof(req_buf));
-    va_list ap;
-    va_start(ap, reply);
-    if (cmd < APIR_CMD_COUNT)
-        apir_vmarshal(&enc, apir_command_table[cmd].request, &ap);
-    va_end(ap);
-    struct apir_decoder req;
-    apir_decoder_init(&req, req_buf, apir_encoder_used(&enc));
-    struct apir_encoder out;
-    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
-    uint32_t r = apir_session_forward(s, cmd, &req, &out);
-    apir_decoder_init(reply, reply_buf, apir_encoder_used(&out));
-    return r;
+    return (struct apir_tensor_span){ n, recs };
 }
 
-/* Raw bytes as the request. */
-static uint32_t fwd_raw(struct apir_session *s, uint32_t cmd, const void *bytes, size_t len)
+/* A handshake request (major, minor); the answer in *major, *minor. */
+static uint32_t handshake(struct apir_session *s, uint32_t want_major, uint32_t want_minor, uint32_t *major,
+                          uint32_t *minor)
 {
-    struct apir_decoder req;
-    apir_decoder_init(&req, bytes, len);
-    struct apir_encoder out;
-    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
-    return apir_session_forward(s, cmd, &req, &out);
-}
-
-static uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
-{
-    struct apir_decoder r;
-    uint64_t buft = 0, buf = 0;
-    fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r);
-    apir_demarshal(&r, "h", &buft);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, &r, buft, size) == APIR_HANDLER_OK);
-    apir_demarshal(&r, "h", &buf);
-    return buf;
+    uint8_t buf[64], out[64];
+    struct apir_encoder e, o;
+    struct apir_decoder d;
+    apir_encoder_init(&e, buf, sizeof(buf));
+    apir_encode_u32(&e, want_major);
+    apir_encode_u32(&e, want_minor);
+    apir_decoder_init(&d, buf, apir_encoder_used(&e));
+    apir_encoder_init(&o, out, sizeof(out));
+    uint32_t res = apir_session_handshake(s, &d, &o);
+    apir_decoder_init(&d, out, apir_encoder_used(&o));
+    *major = apir_decode_u32(&d);
+    *minor = apir_decode_u32(&d);
+    return res;
 }
 
 static void test_handshake(void)
 {
     struct apir_session *s = apir_session_new(&host, "hs");
-    uint8_t buf[64], out[64];
-    struct apir_encoder e, o;
-    struct apir_decoder d;
-
-    apir_encoder_init(&e, buf, sizeof(buf));
-    apir_marshal(&e, "uu", (uint32_t)0, (uint32_t)2);
-    apir_decoder_init(&d, buf, apir_encoder_used(&e));
-    apir_encoder_init(&o, out, sizeof(out));
-    CHECK(apir_session_handshake(s, &d, &o) == APIR_HANDSHAKE_MAGIC);
     uint32_t major = 9, minor = 9;
-    apir_decoder_init(&d, out, apir_encoder_used(&o));
-    apir_demarshal(&d, "uu", &major, &minor);
+    CHECK(handshake(s, 0, 2, &major, &minor) == APIR_HANDSHAKE_MAGIC);
     CHECK(major == 0 && minor == 2);
 
     /* A 0.1 guest is answered 0.1 and cannot send 0.2 commands. */
-    apir_encoder_init(&e, buf, sizeof(buf));
-    apir_marshal(&e, "uu", (uint32_t)0, (uint32_t)1);
-    apir_decoder_init(&d, buf, apir_encoder_used(&e));
-    apir_encoder_init(&o, out, sizeof(out));
-    CHECK(apir_session_handshake(s, &d, &o) == APIR_HANDSHAKE_MAGIC);
-    apir_decoder_init(&d, out, apir_encoder_used(&o));
-    apir_demarshal(&d, "uu", &major, &minor);
+    CHECK(handshake(s, 0, 1, &major, &minor) == APIR_HANDSHAKE_MAGIC);
     CHECK(minor == 1);
-    struct apir_decoder r;
-    CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)0) == APIR_HANDLER_INVALID_INDEX);
+    CHECK(fwd_DEVICE_SELECT(s, 0) == APIR_HANDLER_INVALID_INDEX);
 
     /* Another major is refused; a truncated handshake too. */
+    CHECK(handshake(s, 1, 0, &major, &minor) == 0);
+    uint8_t buf[64], out[64];
+    struct apir_encoder e, o;
+    struct apir_decoder d;
     apir_encoder_init(&e, buf, sizeof(buf));
-    apir_marshal(&e, "uu", (uint32_t)1, (uint32_t)0);
-    apir_decoder_init(&d, buf, apir_encoder_used(&e));
-    apir_encoder_init(&o, out, sizeof(out));
-    CHECK(apir_session_handshake(s, &d, &o) == 0);
+    apir_encode_u32(&e, 0);
+    apir_encode_u32(&e, 2);
     apir_decoder_init(&d, buf, 4);
     apir_encoder_init(&o, out, sizeof(out));
     CHECK(apir_session_handshake(s, &d, &o) == 0);
@@ -121,105 +90,93 @@ static void test_device_commands(void)
     struct apir_session *s = new_session();
     struct apir_decoder r;
     int32_t count = 0;
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "i", &count) && count == 1);
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_COUNT, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "i", &count) && count == 1);
-    char name[64];
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_NAME, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "s", name, sizeof(name)) && strcmp(name, "CPU") == 0);
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_DESCRIPTION, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "s", name, sizeof(name)) && name[0]);
+    CHECK(fwd_DEVICE_GET_DEVICE_COUNT(s, &count) == APIR_HANDLER_OK && count == 1);
+    count = 0;
+    CHECK(fwd_DEVICE_GET_COUNT(s, &count) == APIR_HANDLER_OK && count == 1);
+    static struct apir_string name;
+    CHECK(fwd_DEVICE_GET_NAME(s, &name) == APIR_HANDLER_OK && strcmp(name.s, "CPU") == 0);
+    name.s[0] = '\0';
+    CHECK(fwd_DEVICE_GET_DESCRIPTION(s, &name) == APIR_HANDLER_OK && name.s[0]);
     uint32_t type = 99;
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_TYPE, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "e", &type) && type == GGML_BACKEND_DEVICE_TYPE_CPU);
+    CHECK(fwd_DEVICE_GET_TYPE(s, &type) == APIR_HANDLER_OK && type == GGML_BACKEND_DEVICE_TYPE_CPU);
     uint64_t free_mem = 0, total = 0;
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_MEMORY, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "qq", &free_mem, &total) && total > 0 && free_mem <= total);
+    CHECK(fwd_DEVICE_GET_MEMORY(s, &free_mem, &total) == APIR_HANDLER_OK && total > 0 && free_mem <= total);
     bool a = true, hb = true, fp = false, ev = true, mm = false;
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_PROPS, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "bbbbb", &a, &hb, &fp, &ev, &mm) && !a && !hb && fp && !ev && mm);
+    CHECK(fwd_raw(s, APIR_CMD_DEVICE_GET_PROPS, "", 0, &r) == APIR_HANDLER_OK);
+    CHECK(apir_decode_reply_DEVICE_GET_PROPS(&r, &a, &hb, &fp, &ev, &mm) && !a && !hb && fp && !ev && mm);
     CHECK(apir_decoder_left(&r) == 0);  /* five items, as the pinned reference reads */
-    CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)0) == APIR_HANDLER_OK);
-    CHECK(fwd(s, APIR_CMD_DEVICE_SELECT, &r, (uint32_t)1) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(fwd(s, APIR_CMD_BACKEND_SYNCHRONIZE, &r) == APIR_HANDLER_OK);
+    CHECK(fwd_DEVICE_SELECT(s, 0) == APIR_HANDLER_OK);
+    CHECK(fwd_DEVICE_SELECT(s, 1) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BACKEND_SYNCHRONIZE(s) == APIR_HANDLER_OK);
     apir_session_free(s);
 }
 
 static void test_buffer_type_commands(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buft = 0, v = 0;
-    char name[64];
+    static struct apir_string name;
     bool is_host = true;
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "h", &buft) && buft != 0);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, buft) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "s", name, sizeof(name)) && strcmp(name, "CPU") == 0);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, &r, buft) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "q", &v) && v >= 1 && (v & (v - 1)) == 0);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, &r, buft) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "q", &v) && v > (1u << 30));
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_IS_HOST, &r, buft) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &is_host) && !is_host);
+    CHECK(fwd_DEVICE_GET_BUFFER_TYPE(s, &buft) == APIR_HANDLER_OK && buft != 0);
+    CHECK(fwd_BUFFER_TYPE_GET_NAME(s, buft, &name) == APIR_HANDLER_OK && strcmp(name.s, "CPU") == 0);
+    CHECK(fwd_BUFFER_TYPE_GET_ALIGNMENT(s, buft, &v) == APIR_HANDLER_OK && v >= 1 && (v & (v - 1)) == 0);
+    v = 0;
+    CHECK(fwd_BUFFER_TYPE_GET_MAX_SIZE(s, buft, &v) == APIR_HANDLER_OK && v > (1u << 30));
+    CHECK(fwd_BUFFER_TYPE_IS_HOST(s, buft, &is_host) == APIR_HANDLER_OK && !is_host);
     /* A buffer type handle that is not one. */
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, buft ^ 1) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, (uint64_t)0) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd_BUFFER_TYPE_GET_NAME(s, buft ^ 1, &name) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd_BUFFER_TYPE_GET_NAME(s, 0, &name) == APIR_HANDLER_BAD_HANDLE);
 
     struct apir_tensor_rec t = f32_rec(1, 0, 0, 100);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, &r, buft, (uint32_t)1, &t) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "q", &v) && v >= 400);
+    v = 0;
+    CHECK(fwd_BUFFER_TYPE_GET_ALLOC_SIZE_L(s, buft, span(1, &t), &v) == APIR_HANDLER_OK && v >= 400);
     apir_session_free(s);
 }
 
 static void test_buffer_data_commands(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     CHECK(buf != 0);
     uint64_t base = 0;
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_BASE, &r, buf) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "q", &base) && base != 0 && (base & 0xfff) == 0);
+    CHECK(fwd_BUFFER_GET_BASE(s, buf, &base) == APIR_HANDLER_OK && base != 0 && (base & 0xfff) == 0);
 
     /* set then get through the blob, at two blob offsets */
     struct apir_tensor_rec t = f32_rec(1, buf, 256, 1024);
     float *in = (float *)data_blob;
     for (int i = 0; i < 1024; i++)
         in[i] = (float)i * 0.5f;
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4096) == APIR_HANDLER_OK);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR_AT, &r, buf, &t, DATA_RES, (uint64_t)65536, (uint64_t)0, (uint64_t)4096) ==
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4096) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_GET_TENSOR_AT(s, buf, &t, DATA_RES, 65536, 0, 4096) ==
           APIR_HANDLER_OK);
     CHECK(memcmp(data_blob, data_blob + 65536, 4096) == 0);
     /* partial get with an offset inside the tensor */
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)8, (uint64_t)8) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t, DATA_RES, 8, 8) == APIR_HANDLER_OK);
     CHECK(((float *)data_blob)[0] == 1.0f && ((float *)data_blob)[1] == 1.5f);
 
     /* memset, then cpy into a second tensor, then read back */
-    CHECK(fwd(s, APIR_CMD_BUFFER_MEMSET_TENSOR, &r, buf, &t, 0x3fu, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_MEMSET_TENSOR(s, buf, &t, 0x3f, 0, 16) == APIR_HANDLER_OK);
     struct apir_tensor_rec t2 = f32_rec(2, buf, 8192, 1024);
     bool ok = false;
-    CHECK(fwd(s, APIR_CMD_BUFFER_CPY_TENSOR, &r, buf, &t, &t2) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &ok) && ok);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t2, DATA_RES, (uint64_t)0, (uint64_t)4096) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_CPY_TENSOR(s, buf, &t, &t2, &ok) == APIR_HANDLER_OK && ok);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t2, DATA_RES, 0, 4096) == APIR_HANDLER_OK);
     CHECK(data_blob[0] == 0x3f && data_blob[15] == 0x3f && ((float *)data_blob)[4] == 2.0f);
 
     /* clear */
-    CHECK(fwd(s, APIR_CMD_BUFFER_CLEAR, &r, buf, 0u) == APIR_HANDLER_OK);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t2, DATA_RES, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_CLEAR(s, buf, 0) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t2, DATA_RES, 0, 16) == APIR_HANDLER_OK);
     CHECK(data_blob[0] == 0 && data_blob[15] == 0);
 
     /* init_tensor answers a status */
     uint32_t st = 99;
-    CHECK(fwd(s, APIR_CMD_BUFFER_INIT_TENSOR, &r, buf, &t) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "e", &st) && st == GGML_STATUS_SUCCESS);
+    CHECK(fwd_BUFFER_INIT_TENSOR(s, buf, &t, &st) == APIR_HANDLER_OK && st == GGML_STATUS_SUCCESS);
 
     /* free; the handle is stale afterwards */
-    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_OK);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_BASE, &r, buf) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, buf) == APIR_HANDLER_OK);
+    base = 99;
+    CHECK(fwd_BUFFER_GET_BASE(s, buf, &base) == APIR_HANDLER_BAD_HANDLE && base == 0);
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, buf) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_HANDLE);
     CHECK(s->n_buffers == 0 && s->bytes_allocated == 0);
     apir_session_free(s);
 }
@@ -227,24 +184,22 @@ static void test_buffer_data_commands(void)
 static void test_buffer_from_ptr(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = 0, buft = 0;
-    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, DATA_RES, (uint64_t)65536, (uint64_t)65536) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "hh", &buf, &buft) && buf && buft);
+    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, DATA_RES, 65536, 65536, &buf, &buft) == APIR_HANDLER_OK && buf && buft);
     /* the buffer is the blob: a set lands in the blob itself */
     struct apir_tensor_rec t = f32_rec(1, buf, 0, 4);
     memset(data_blob + 131072, 0x11, 16);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR_AT, &r, buf, &t, DATA_RES, (uint64_t)131072, (uint64_t)0, (uint64_t)16) ==
+    CHECK(fwd_BUFFER_SET_TENSOR_AT(s, buf, &t, DATA_RES, 131072, 0, 16) ==
           APIR_HANDLER_OK);
     CHECK(data_blob[0] == 0x11 && data_blob[15] == 0x11);
     /* bigger than the blob, or an unknown blob: refused */
-    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, DATA_RES, (uint64_t)DATA_SIZE + 4096, (uint64_t)0) ==
-          APIR_HANDLER_BAD_REQUEST);
-    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, 77u, (uint64_t)4096, (uint64_t)0) == APIR_HANDLER_BAD_REQUEST);
+    uint64_t buf2 = 0, buft2 = 0;
+    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, DATA_RES, DATA_SIZE + 4096, 0, &buf2, &buft2) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, 77, 4096, 0, &buf2, &buft2) == APIR_HANDLER_BAD_REQUEST);
     /* a pinned blob outlives its removal until the buffer goes */
     CHECK(apir_session_blob_remove(s, DATA_RES));
     CHECK(apir_session_blob_find(s, DATA_RES) == NULL);
-    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, buf) == APIR_HANDLER_OK);
     CHECK(s->n_blobs == 0);
     apir_session_free(s);
 }
@@ -264,17 +219,13 @@ static size_t graph_blob(uint8_t *dst, size_t cap, const uint64_t *nodes, uint32
 
 static uint32_t compute(struct apir_session *s, size_t size, uint32_t *status)
 {
-    struct apir_decoder r;
-    uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, DATA_RES, (uint64_t)size);
     *status = 99;
-    apir_demarshal(&r, "e", status);
-    return res;
+    return fwd_BACKEND_GRAPH_COMPUTE(s, DATA_RES, size, status);
 }
 
 static void test_graph_compute(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64) };
     t[2].op = GGML_OP_ADD;
@@ -284,21 +235,21 @@ static void test_graph_compute(void)
     float *f = (float *)data_blob;
     for (int i = 0; i < 64; i++)
         f[i] = (float)i;
-    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)256);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 0, 256);
     for (int i = 0; i < 64; i++)
         f[i] = 100.0f;
-    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)256);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 256);
 
     uint64_t node = 13;
     size_t size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
     uint32_t status;
     CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
-    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)256);
+    fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 256);
     CHECK(f[0] == 100.0f && f[63] == 163.0f);
 
     /* the same graph at a blob offset */
     size = graph_blob(data_blob + 4096, DATA_SIZE - 4096, &node, 1, t, 3);
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)4096, (uint64_t)size) == APIR_HANDLER_OK);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_AT(s, DATA_RES, 4096, size, &status) == APIR_HANDLER_OK);
 
     /* cyclic references */
     struct apir_tensor_rec c[3] = { t[0], t[1], t[2] };
@@ -316,7 +267,7 @@ static void test_graph_compute(void)
     c[2].src[1] = 13;
     size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
     CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
-    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)256);
+    fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 256);
     CHECK(f[0] == 0.0f && f[63] == 63.0f);
 
     /* a src id not in the message */
@@ -451,7 +402,6 @@ static void test_empty_views(void)
 static void test_graph_use_counts(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[4] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64),
                                     f32_rec(14, buf, 768, 64) };
@@ -486,17 +436,13 @@ static void test_graph_use_counts(void)
         size += apir_encoder_used(&e);
         uint64_t key = 100 + k;
         uint32_t status = 99;
-        uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, &r, DATA_RES, (uint64_t)0, (uint64_t)size, key);
-        apir_demarshal(&r, "e", &status);
+        uint32_t res = fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, key, &status);
         CHECK(res == cases[k].want);
         if (res != APIR_HANDLER_OK)
             continue;
         CHECK(status == GGML_STATUS_SUCCESS);
-        struct ggml_cgraph *g = NULL;
-        for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
-            if (s->graph_cache[i].key == key)
-                g = s->graph_cache[i].graph;
-        CHECK(g && ggml_graph_n_nodes(g) == 3 && ggml_graph_node(g, 0) == s->graph_anchor);
+        struct ggml_cgraph *g = apir_graph_kept(s, key);
+        CHECK(g && ggml_graph_n_nodes(g) == 3 && ggml_graph_node(g, 0) == apir_graph_anchor(s));
         if (g) {
             CHECK(ggml_node_get_use_count(g, 1) == 1);
             CHECK(ggml_node_get_use_count(g, 2) == 0);
@@ -513,46 +459,46 @@ static void test_graph_use_counts(void)
 static void test_tensor_checks(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 4096);
     struct apir_tensor_rec t = f32_rec(1, buf, 0, 256);
     /* inside: ok; one byte too far: refused (write-what-where, CVE-2024-42479) */
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 1024) == APIR_HANDLER_OK);
     t.data = 4096 - 1020;
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     t.data = UINT64_MAX - 100;  /* offset + nbytes overflows */
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* arbitrary read through get_tensor (GHSA-5vm9-p64x-gqw9): offset+size past the tensor */
     t.data = 0;
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)1000, (uint64_t)100) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, DATA_RES, UINT64_MAX, (uint64_t)2) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t, DATA_RES, 1000, 100) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t, DATA_RES, UINT64_MAX, 2) == APIR_HANDLER_BAD_REQUEST);
     /* blob range outside the blob */
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR_AT, &r, buf, &t, DATA_RES, (uint64_t)DATA_SIZE - 8, (uint64_t)0, (uint64_t)16) ==
+    CHECK(fwd_BUFFER_GET_TENSOR_AT(s, buf, &t, DATA_RES, DATA_SIZE - 8, 0, 16) ==
           APIR_HANDLER_BAD_REQUEST);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t, 4242u, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t, 4242u, 0, 16) == APIR_HANDLER_BAD_REQUEST);
     /* type out of range (CVE-2024-42477) */
     t.type = GGML_TYPE_COUNT + 5;
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* a removed type (block size 0) */
     t.type = 4;  /* GGML_TYPE_Q4_2, removed */
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* ne[0] not a multiple of the block size (#25288) */
     t = f32_rec(1, buf, 0, 33);
     t.type = GGML_TYPE_Q4_0;
     t.nb[0] = (uint32_t)ggml_type_size(GGML_TYPE_Q4_0);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* tensor in another buffer than the command names */
     uint64_t buf2 = alloc_buffer(s, 4096);
     t = f32_rec(1, buf2, 0, 16);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* cpy with a destination larger copy than it holds (ggml#1103) */
     struct apir_tensor_rec src = f32_rec(1, buf, 0, 512), dst = f32_rec(2, buf2, 4096 - 64, 16);
-    CHECK(fwd(s, APIR_CMD_BUFFER_CPY_TENSOR, &r, buf2, &src, &dst) == APIR_HANDLER_BAD_REQUEST);
+    bool copied = true;
+    CHECK(fwd_BUFFER_CPY_TENSOR(s, buf2, &src, &dst, &copied) == APIR_HANDLER_BAD_REQUEST && !copied);
     /* strides whose products overflow 64 bits */
     t = f32_rec(1, buf, 0, 16);
     t.ne[1] = t.ne[2] = t.ne[3] = 0xffffffffu;
     t.nb[1] = t.nb[2] = t.nb[3] = 0xffffffffu;
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t, DATA_RES, (uint64_t)0, (uint64_t)4) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     apir_session_free(s);
 }
 
@@ -560,13 +506,13 @@ static void test_malformed(void)
 {
     struct apir_session *s = new_session();
     struct apir_decoder r;
-    CHECK(fwd(s, 999, &r) == APIR_HANDLER_INVALID_INDEX);
-    CHECK(fwd(s, APIR_CMD_COUNT, &r) == APIR_HANDLER_INVALID_INDEX);
+    CHECK(fwd_raw(s, 999, "", 0, &r) == APIR_HANDLER_INVALID_INDEX);
+    CHECK(fwd_raw(s, APIR_CMD_COUNT, "", 0, &r) == APIR_HANDLER_INVALID_INDEX);
     /* every command that takes items, with none */
     for (uint32_t cmd = 0; cmd < APIR_CMD_COUNT; cmd++) {
         if (!apir_command_table[cmd].request[0])
             continue;
-        uint32_t res = fwd_raw(s, cmd, "", 0);
+        uint32_t res = fwd_raw(s, cmd, "", 0, &r);
         CHECK_MSG(res == APIR_HANDLER_BAD_REQUEST || res == APIR_HANDLER_BAD_HANDLE, "%s -> %u", apir_command_name(cmd), res);
     }
     /* a bool item whose byte is not 0/1 in a request is still only a bool:
@@ -574,7 +520,7 @@ static void test_malformed(void)
     uint8_t raw[16] = { 0 };
     uint32_t n = 1000;
     memcpy(raw, &n, 4);
-    CHECK(fwd_raw(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, raw, sizeof(raw)) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_raw(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, raw, sizeof(raw), &r) == APIR_HANDLER_BAD_REQUEST);
     /* a reply that does not fit: a tiny reply window */
     uint8_t out[4];
     struct apir_encoder o;
@@ -588,23 +534,22 @@ static void test_malformed(void)
 static void test_supports_op(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     bool yes = false;
     struct apir_tensor_rec t[3] = { f32_rec(1, 0, 0, 64), f32_rec(2, 0, 0, 64), f32_rec(3, 0, 0, 64) };
     t[0].op = GGML_OP_ADD;
     t[0].src[0] = 2;
     t[0].src[1] = 3;
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && yes);
-    CHECK(fwd(s, APIR_CMD_DEVICE_OFFLOAD_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, t), &yes) == APIR_HANDLER_OK && yes);
+    bool offload = false;
+    CHECK(fwd_DEVICE_OFFLOAD_OP_L(s, span(3, t), &offload) == APIR_HANDLER_OK);
     /* refused ops and broken tensors answer false, not an error */
     t[0].op = GGML_OP_CUSTOM;
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    yes = true;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, t), &yes) == APIR_HANDLER_OK && !yes);
     t[0].op = GGML_OP_ADD;
     t[0].type = 1000;
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, t) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    yes = true;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, t), &yes) == APIR_HANDLER_OK && !yes);
 
     /* a depthwise convolution of a channels-last input keeps that order in
      * its result (test-backend-ops CONV_2D_DW cwhn=1); any other result
@@ -633,23 +578,23 @@ static void test_supports_op(void)
     cv[2].nb[3] = (H + 2) * 10 * C * 4;
     int32_t conv_params[6] = { 1, 1, 0, 0, 1, 1 };
     memcpy(cv[0].op_params, conv_params, sizeof(conv_params));
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && yes);
+    yes = false;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, cv), &yes) == APIR_HANDLER_OK && yes);
     cv[0].nb[3] = 4;  /* not one dense block any more */
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    yes = true;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, cv), &yes) == APIR_HANDLER_OK && !yes);
     cv[0].nb[3] = H * W * C * 4;
     struct apir_tensor_rec knl = cv[1];
     cv[1].nb[0] = 4;  /* a channels-first kernel with a channels-last input: ggml asserts */
     cv[1].nb[1] = 12;
     cv[1].nb[2] = cv[1].nb[3] = 36;
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    yes = true;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, cv), &yes) == APIR_HANDLER_OK && !yes);
     cv[1] = knl;
     cv[0].ne[2] = C - 1;  /* fewer channels than the input: the kernel wrote past it */
     cv[0].nb[3] = H * W * (C - 1) * 4;
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, cv) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "b", &yes) && !yes);
+    yes = true;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, cv), &yes) == APIR_HANDLER_OK && !yes);
 
     /* APIR 0.1 inline tensor: raw struct with garbage pointers that must
      * never be followed, a bogus trailing buffer handle, and srcs. */
@@ -673,50 +618,37 @@ static void test_supports_op(void)
     apir_encode_u64(&e, 0x7ffc12345678ull);  /* the reference sends a stack address */
     apir_encode_bytes(&e, &raw[1], sizeof(raw[1]));
     apir_encode_bytes(&e, &raw[2], sizeof(raw[2]));
-    struct apir_decoder req;
-    apir_decoder_init(&req, msg, apir_encoder_used(&e));
-    struct apir_encoder out;
-    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
-    CHECK(apir_session_forward(s, APIR_CMD_DEVICE_SUPPORTS_OP, &req, &out) == APIR_HANDLER_OK);
-    apir_decoder_init(&r, reply_buf, apir_encoder_used(&out));
-    CHECK(apir_demarshal(&r, "b", &yes) && yes);
+    yes = false;
+    size_t len = apir_encoder_used(&e);
+    CHECK(fwd_DEVICE_SUPPORTS_OP(s, (struct apir_bytes){ msg, len }, &yes) == APIR_HANDLER_OK && yes);
     /* every truncation of it is refused */
     int refused = 0;
-    size_t len = apir_encoder_used(&e);
-    for (size_t cut = 0; cut < len; cut += 4) {
-        apir_decoder_init(&req, msg, cut);
-        apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
-        refused += apir_session_forward(s, APIR_CMD_DEVICE_SUPPORTS_OP, &req, &out) == APIR_HANDLER_BAD_REQUEST;
-    }
+    for (size_t cut = 0; cut < len; cut += 4)
+        refused += fwd_DEVICE_SUPPORTS_OP(s, (struct apir_bytes){ msg, cut }, &yes) == APIR_HANDLER_BAD_REQUEST;
     CHECK(refused == (int)(len / 4));
 
     /* GET_ALLOC_SIZE with the inline format */
     uint64_t buft = 0, size = 0;
-    fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r);
-    apir_demarshal(&r, "h", &buft);
-    apir_encoder_init(&e, msg, sizeof(msg));
-    apir_encode_u64(&e, buft);
+    fwd_DEVICE_GET_BUFFER_TYPE(s, &buft);
     raw[1].buffer = NULL;
-    apir_encode_bytes(&e, &raw[1], sizeof(raw[1]));
-    apir_decoder_init(&req, msg, apir_encoder_used(&e));
-    apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
-    CHECK(apir_session_forward(s, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE, &req, &out) == APIR_HANDLER_OK);
-    apir_decoder_init(&r, reply_buf, apir_encoder_used(&out));
-    CHECK(apir_demarshal(&r, "q", &size) && size == 256);
+    CHECK(fwd_BUFFER_TYPE_GET_ALLOC_SIZE(s, buft, (struct apir_bytes){ &raw[1], sizeof(raw[1]) }, &size) ==
+              APIR_HANDLER_OK &&
+          size == 256);
     apir_session_free(s);
 }
 
 static void test_isolation_and_limits(void)
 {
     struct apir_session *a = new_session(), *b = new_session();
-    struct apir_decoder r;
     uint64_t buf_a = alloc_buffer(a, 4096);
     CHECK(buf_a != 0);
     /* b cannot name a's buffer, nor a's buffer type */
-    CHECK(fwd(b, APIR_CMD_BUFFER_GET_BASE, &r, buf_a) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(fwd(b, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf_a) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(fwd(b, APIR_CMD_BUFFER_TYPE_GET_NAME, &r, a->buft_handles[0]) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(fwd(a, APIR_CMD_BUFFER_GET_BASE, &r, buf_a) == APIR_HANDLER_OK);
+    uint64_t base = 0;
+    static struct apir_string name;
+    CHECK(fwd_BUFFER_GET_BASE(b, buf_a, &base) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd_BUFFER_FREE_BUFFER(b, buf_a) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd_BUFFER_TYPE_GET_NAME(b, a->buft_handles[0], &name) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(fwd_BUFFER_GET_BASE(a, buf_a, &base) == APIR_HANDLER_OK && base != 0);
 
     /* quotas: a buffer beyond max_alloc_bytes answers handle 0 */
     uint64_t saved = host.cfg.limits.max_alloc_bytes;
@@ -746,7 +678,6 @@ static struct apir_tensor_rec i32_rec(uint64_t id, uint64_t buffer, uint64_t off
  * 2 rows at 1024.  Uploads src0. */
 static void get_rows_setup(struct apir_session *s, uint64_t buf, struct apir_tensor_rec t[3])
 {
-    struct apir_decoder r;
     t[0] = f32_rec(21, buf, 0, 4);
     t[1] = i32_rec(22, buf, 512, 2);
     t[2] = f32_rec(23, buf, 1024, 4);
@@ -761,7 +692,7 @@ static void get_rows_setup(struct apir_session *s, uint64_t buf, struct apir_ten
     float *f = (float *)data_blob;
     for (int i = 0; i < 32; i++)
         f[i] = (float)i;
-    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, (uint64_t)128);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 0, 128);
 }
 
 /* With defer_graphs (as the shm transport runs sessions) a keyed graph is
@@ -771,7 +702,6 @@ static void test_deferred_graphs(void)
 {
     struct apir_session *s = new_session();
     s->defer_graphs = true;
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3];
     get_rows_setup(s, buf, t);
@@ -779,23 +709,21 @@ static void test_deferred_graphs(void)
     for (int k = 0; k < 2; k++) {
         int32_t ids[2] = { 7, k == 0 ? 1 : 8 };  /* then one out of range */
         memcpy(data_blob, ids, 8);
-        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+        fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
         memset(data_blob + 8192, 0, 256);
         size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
         uint32_t status = 99;
-        uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, &r, DATA_RES, (uint64_t)8192, (uint64_t)size,
-                           (uint64_t)(500 + k));
-        apir_demarshal(&r, "e", &status);
+        uint32_t res = fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 500 + k, &status);
         CHECK(res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);  /* accepted, */
-        CHECK(s->deferred != NULL);                                      /* not yet computed */
-        res = fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32);
-        CHECK(s->deferred == NULL);
+        CHECK(apir_graph_deferred(s));                                   /* not yet computed */
+        res = fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32);
+        CHECK(!apir_graph_deferred(s));
         if (k == 0)
             CHECK(res == APIR_HANDLER_OK && f[0] == 28.0f && f[4] == 4.0f);
         else
             CHECK(res == APIR_HANDLER_BAD_REQUEST);  /* the refusal, told once */
     }
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32) == APIR_HANDLER_OK);
     apir_session_free(s);
 }
 
@@ -804,31 +732,33 @@ static void test_deferred_graphs(void)
 static void test_graph_in_flight(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3];
     get_rows_setup(s, buf, t);
     int32_t ids[2] = { 7, 1 };
     memcpy(data_blob, ids, 8);
-    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
     size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, &r, DATA_RES, (uint64_t)8192, (uint64_t)size, (uint64_t)77) ==
-          APIR_HANDLER_OK);
-    CHECK(s->compute_in_flight != NULL);
-    CHECK(fwd(s, APIR_CMD_DEVICE_SUPPORTS_OP_L, &r, (uint32_t)3, (const struct apir_tensor_rec *)t) == APIR_HANDLER_OK);
-    CHECK(fwd(s, APIR_CMD_DEVICE_GET_MEMORY, &r) == APIR_HANDLER_OK);
-    CHECK(s->compute_in_flight != NULL);  /* queries ran beside it */
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, &r, (uint64_t)77) == APIR_HANDLER_OK && s->compute_in_flight != NULL);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32) == APIR_HANDLER_OK);
-    CHECK(s->compute_in_flight == NULL);  /* a read waited for it */
+    uint32_t status = 99;
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 77, &status) == APIR_HANDLER_OK &&
+          status == GGML_STATUS_SUCCESS);
+    CHECK(apir_graph_in_flight(s));
+    bool yes = false;
+    uint64_t free_mem = 0, total = 0;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, t), &yes) == APIR_HANDLER_OK);
+    CHECK(fwd_DEVICE_GET_MEMORY(s, &free_mem, &total) == APIR_HANDLER_OK);
+    CHECK(apir_graph_in_flight(s));  /* queries ran beside it */
+    CHECK(fwd_BACKEND_GRAPH_RECOMPUTE(s, 77, &status) == APIR_HANDLER_OK && apir_graph_in_flight(s));
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32) == APIR_HANDLER_OK);
+    CHECK(!apir_graph_in_flight(s));  /* a read waited for it */
     CHECK(((float *)data_blob)[0] == 28.0f);
     /* a graph of APIR 0.1 is waited for before its reply */
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)8192, (uint64_t)size) == APIR_HANDLER_OK);
-    CHECK(s->compute_in_flight == NULL);
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, &r, (uint64_t)77) == APIR_HANDLER_OK && s->compute_in_flight != NULL);
-    CHECK(fwd(s, APIR_CMD_BUFFER_CLEAR, &r, buf, 0u) == APIR_HANDLER_OK && s->compute_in_flight == NULL);
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, &r, (uint64_t)77) == APIR_HANDLER_OK && s->compute_in_flight != NULL);
-    CHECK(fwd(s, APIR_CMD_BACKEND_SYNCHRONIZE, &r) == APIR_HANDLER_OK && s->compute_in_flight == NULL);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_AT(s, DATA_RES, 8192, size, &status) == APIR_HANDLER_OK);
+    CHECK(!apir_graph_in_flight(s));
+    CHECK(fwd_BACKEND_GRAPH_RECOMPUTE(s, 77, &status) == APIR_HANDLER_OK && apir_graph_in_flight(s));
+    CHECK(fwd_BUFFER_CLEAR(s, buf, 0) == APIR_HANDLER_OK && !apir_graph_in_flight(s));
+    CHECK(fwd_BACKEND_GRAPH_RECOMPUTE(s, 77, &status) == APIR_HANDLER_OK && apir_graph_in_flight(s));
+    CHECK(fwd_BACKEND_SYNCHRONIZE(s) == APIR_HANDLER_OK && !apir_graph_in_flight(s));
     apir_session_free(s);
 }
 
@@ -837,26 +767,25 @@ static void test_graph_in_flight(void)
 static void test_index_policy(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3];
     get_rows_setup(s, buf, t);
     float *f = (float *)data_blob;
     int32_t ids[2] = { 7, 1 };
     memcpy(data_blob, ids, 8);
-    fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
     uint64_t node = 23;
     size_t size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
     uint32_t status;
     CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
-    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32);
+    fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32);
     CHECK(f[0] == 28.0f && f[4] == 4.0f);
 
     /* out of range, and negative: refused before compute */
     int32_t bad_ids[2][2] = { { 8, 0 }, { 0, -1 } };
     for (int k = 0; k < 2; k++) {
         memcpy(data_blob, bad_ids[k], 8);
-        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+        fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
         size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
         CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
     }
@@ -873,12 +802,12 @@ static void test_index_policy(void)
     uint64_t nodes[2] = { 25, 23 };
     for (int k = 0; k < 2; k++) {
         memcpy(data_blob, fl[k], 8);
-        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &g[1], DATA_RES, (uint64_t)0, (uint64_t)8);
+        fwd_BUFFER_SET_TENSOR(s, buf, &g[1], DATA_RES, 0, 8);
         size = graph_blob(data_blob, DATA_SIZE, nodes, 2, g, 5);
         uint32_t res = compute(s, size, &status);
         if (k == 0) {
             CHECK(res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
-            fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &g[3], DATA_RES, (uint64_t)0, (uint64_t)32);
+            fwd_BUFFER_GET_TENSOR(s, buf, &g[3], DATA_RES, 0, 32);
             CHECK(f[0] == 12.0f && f[4] == 20.0f);
         } else {
             CHECK(res == APIR_HANDLER_BAD_REQUEST && status == GGML_STATUS_ABORTED);
@@ -890,16 +819,15 @@ static void test_index_policy(void)
     static uint8_t shared_blob[65536] __attribute__((aligned(4096)));
     CHECK(apir_session_blob_add(s, 11, shared_blob, sizeof(shared_blob), NULL, NULL));
     uint64_t sbuf = 0, sbuft = 0;
-    CHECK(fwd(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, 11u, (uint64_t)sizeof(shared_blob), (uint64_t)sizeof(shared_blob)) ==
+    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, 11, sizeof(shared_blob), sizeof(shared_blob), &sbuf, &sbuft) ==
           APIR_HANDLER_OK);
-    apir_demarshal(&r, "hh", &sbuf, &sbuft);
     struct apir_tensor_rec sh[3] = { t[0], i32_rec(42, sbuf, 64, 2), t[2] };
     sh[2].src[1] = 42;
     int32_t shared_ids[2] = { 2, 6 };
     memcpy(shared_blob + 64, shared_ids, 8);
     size = graph_blob(data_blob, DATA_SIZE, &node, 1, sh, 3);
     CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
-    fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)32);
+    fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32);
     CHECK(f[0] == 8.0f && f[4] == 24.0f);
     shared_ids[1] = 9;
     memcpy(shared_blob + 64, shared_ids, 8);
@@ -923,7 +851,7 @@ static void test_index_policy(void)
     int64_t rows[2][2] = { { 0, 7 }, { 0, 8 } };
     for (int k = 0; k < 2; k++) {
         memcpy(data_blob, rows[k], 16);
-        fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &sr[2], DATA_RES, (uint64_t)0, (uint64_t)16);
+        fwd_BUFFER_SET_TENSOR(s, buf, &sr[2], DATA_RES, 0, 16);
         uint64_t n = 34;
         size = graph_blob(data_blob, DATA_SIZE, &n, 1, sr, 4);
         uint32_t res = compute(s, size, &status);
@@ -951,29 +879,23 @@ static struct apir_tensor_rec q4_0_rec(uint64_t id, uint64_t buffer, uint64_t of
 
 static uint32_t note_weight(struct apir_session *s, uint64_t buf, const struct apir_tensor_rec *w, uint32_t *answer)
 {
-    struct apir_decoder r;
     *answer = 99;
-    uint32_t res = fwd(s, APIR_CMD_BUFFER_NOTE_WEIGHT, &r, buf, w, answer);
-    apir_demarshal(&r, "u", answer);
-    return res;
+    return fwd_BUFFER_NOTE_WEIGHT(s, buf, w, answer);
 }
 
 static void mul_mat(struct apir_session *s, uint64_t buf, const struct apir_tensor_rec t[3], float out[WQ_N])
 {
-    struct apir_decoder r;
     size_t size = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &t[2].id, 1, t, 3);
     uint32_t status = 99;
-    CHECK(fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)65536, (uint64_t)size) == APIR_HANDLER_OK);
-    apir_demarshal(&r, "e", &status);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_AT(s, DATA_RES, 65536, size, &status) == APIR_HANDLER_OK);
     CHECK(status == GGML_STATUS_SUCCESS);
-    CHECK(fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, &t[2], DATA_RES, (uint64_t)0, (uint64_t)(4 * WQ_N)) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 4 * WQ_N) == APIR_HANDLER_OK);
     memcpy(out, data_blob, 4 * WQ_N);
 }
 
 static void test_weight_copies(void)
 {
     struct apir_session *s = new_session();
-    struct apir_decoder r;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     const uint64_t wbytes = ggml_row_size(GGML_TYPE_Q4_0, WQ_K) * WQ_N;
     struct apir_tensor_rec t[3] = { q4_0_rec(21, buf, 0), f32_rec(22, buf, 8192, WQ_K), f32_rec(23, buf, 12288, WQ_N) };
@@ -985,11 +907,11 @@ static void test_weight_copies(void)
     for (int i = 0; i < WQ_K * WQ_N; i++)
         wf[i] = (float)((i * 37) % 101 - 50) / 50.0f;
     ggml_quantize_chunk(GGML_TYPE_Q4_0, wf, data_blob, 0, WQ_N, WQ_K, NULL);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)0, wbytes) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 0, wbytes) == APIR_HANDLER_OK);
     float *x = (float *)data_blob;
     for (int i = 0; i < WQ_K; i++)
         x[i] = (float)(i % 7) - 3.0f;
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)(4 * WQ_K)) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 4 * WQ_K) == APIR_HANDLER_OK);
     float plain[WQ_N], copied[WQ_N];
     mul_mat(s, buf, t, plain);
 
@@ -997,30 +919,31 @@ static void test_weight_copies(void)
     uint64_t bytes0 = s->bytes_allocated, epoch0 = s->buffers_epoch;
     uint32_t answer;
     CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
-    CHECK(s->n_weights == 1 && s->bytes_allocated >= bytes0 + wbytes && s->buffers_epoch > epoch0);
+    CHECK(apir_weights_count(s) == 1 && s->bytes_allocated >= bytes0 + wbytes && s->buffers_epoch > epoch0);
     size_t size = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &t[2].id, 1, t, 3);
-    struct ggml_cgraph *g = apir_import_graph(s, data_blob + 65536, size, false);
+    struct ggml_cgraph *g = apir_import_graph(s, &s->scratch, data_blob + 65536, size, false);
     CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer && !strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK"));
     mul_mat(s, buf, t, copied);
     for (int i = 0; i < WQ_N; i++)
         CHECK(fabsf(copied[i] - plain[i]) <= 1e-2f * (1.0f + fabsf(plain[i])));
     /* noting again replaces it */
-    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT && s->n_weights == 1);
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT &&
+          apir_weights_count(s) == 1);
 
     /* a write the host sees: one block of row 0 */
     memset(data_blob, 0x11, 18);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[0], DATA_RES, (uint64_t)18, (uint64_t)18) == APIR_HANDLER_OK);
-    CHECK(s->n_weights == 0 && s->bytes_allocated == bytes0);
-    g = apir_import_graph(s, data_blob + 65536, size, false);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 18, 18) == APIR_HANDLER_OK);
+    CHECK(apir_weights_count(s) == 0 && s->bytes_allocated == bytes0);
+    g = apir_import_graph(s, &s->scratch, data_blob + 65536, size, false);
     CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer != NULL &&
           strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK") != 0);
 
     /* a write the guest reports, in range and out of it */
     CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
-    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, (uint64_t)(1 << 16), (uint64_t)1) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, UINT64_MAX, (uint64_t)2) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, wbytes, (uint64_t)100) == APIR_HANDLER_OK && s->n_weights == 1);
-    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, buf, wbytes - 1, (uint64_t)1) == APIR_HANDLER_OK && s->n_weights == 0);
+    CHECK(fwd_BUFFER_WRITTEN(s, buf, 1 << 16, 1) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_WRITTEN(s, buf, UINT64_MAX, 2) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(fwd_BUFFER_WRITTEN(s, buf, wbytes, 100) == APIR_HANDLER_OK && apir_weights_count(s) == 1);
+    CHECK(fwd_BUFFER_WRITTEN(s, buf, wbytes - 1, 1) == APIR_HANDLER_OK && apir_weights_count(s) == 0);
 
     /* a graph writing into the weight's bytes: the copy is dropped first */
     CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
@@ -1028,36 +951,43 @@ static void test_weight_copies(void)
     wr[1].op = GGML_OP_ADD;
     wr[1].src[0] = wr[1].src[1] = 22;
     size_t wsize = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &wr[1].id, 1, wr, 2);
-    CHECK(apir_import_graph(s, data_blob + 65536, wsize, false) != NULL && s->n_weights == 0);
+    CHECK(apir_import_graph(s, &s->scratch, data_blob + 65536, wsize, false) != NULL && apir_weights_count(s) == 0);
 
     /* memset, clear and free drop it too */
-    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && s->n_weights == 1);
-    CHECK(fwd(s, APIR_CMD_BUFFER_MEMSET_TENSOR, &r, buf, &t[0], 0u, (uint64_t)0, (uint64_t)1) == APIR_HANDLER_OK && s->n_weights == 0);
-    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && s->n_weights == 1);
-    CHECK(fwd(s, APIR_CMD_BUFFER_CLEAR, &r, buf, 0u) == APIR_HANDLER_OK && s->n_weights == 0);
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && apir_weights_count(s) == 1);
+    CHECK(fwd_BUFFER_MEMSET_TENSOR(s, buf, &t[0], 0, 0, 1) == APIR_HANDLER_OK && apir_weights_count(s) == 0);
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && apir_weights_count(s) == 1);
+    CHECK(fwd_BUFFER_CLEAR(s, buf, 0) == APIR_HANDLER_OK && apir_weights_count(s) == 0);
 
     /* what no layout takes, and what is not the guest's to name */
     CHECK(note_weight(s, buf, &t[1], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_NOT_KEPT);
     uint64_t other = alloc_buffer(s, 1 << 12);
     CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_BAD_REQUEST);
     struct apir_tensor_rec big = q4_0_rec(25, buf, (1 << 16) - 100);
-    CHECK(note_weight(s, buf, &big, &answer) == APIR_HANDLER_BAD_REQUEST && s->n_weights == 0);
-    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && s->n_weights == 1);
-    CHECK(fwd(s, APIR_CMD_BUFFER_FREE_BUFFER, &r, buf) == APIR_HANDLER_OK && s->n_weights == 0);
-    setenv("APIR_HOST_WEIGHT_COPIES", "0", 1);
-    CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_NEVER);
-    unsetenv("APIR_HOST_WEIGHT_COPIES");
+    CHECK(note_weight(s, buf, &big, &answer) == APIR_HANDLER_BAD_REQUEST && apir_weights_count(s) == 0);
+    CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && apir_weights_count(s) == 1);
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, buf) == APIR_HANDLER_OK && apir_weights_count(s) == 0);
+    s->host->cfg.weight_copies = false;  /* APIR_HOST_WEIGHT_COPIES=0 */
+    /* the host decodes the request before the handler: a tensor in the
+     * freed buffer is refused even when copies are off */
+    CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_BAD_REQUEST && answer == 0);
+    struct apir_tensor_rec w_other = q4_0_rec(26, other, 0);
+    CHECK(note_weight(s, other, &w_other, &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_NEVER);
+    s->host->cfg.weight_copies = true;
     /* 0.3 commands need 0.3 */
     s->minor = 2;
     CHECK(note_weight(s, other, &t[0], &answer) == APIR_HANDLER_INVALID_INDEX);
-    CHECK(fwd(s, APIR_CMD_BUFFER_WRITTEN, &r, other, (uint64_t)0, (uint64_t)1) == APIR_HANDLER_INVALID_INDEX);
+    CHECK(fwd_BUFFER_WRITTEN(s, other, 0, 1) == APIR_HANDLER_INVALID_INDEX);
     apir_session_free(s);
 }
 
 static void setup(void)
 {
-    struct apir_host_config cfg = { .backend_name = "CPU", .device = -1, .n_threads = 1, .backend_dir = APIR_GGML_BIN };
-    apir_limits_default(&cfg.limits);
+    struct apir_host_config cfg;
+    apir_host_config_default(&cfg);
+    cfg.backend_name = "CPU";
+    cfg.n_threads = 1;
+    cfg.backend_dir = APIR_GGML_BIN;
     char err[256];
     if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
         fprintf(stderr, "host init: %s\n", err);

@@ -6,6 +6,7 @@
  */
 #include "apir_commands.h"
 #include "apir_proto.h"
+#include "calls.h"
 #include "remote.h"
 #include "shm_proto.h"
 #include "test_util.h"
@@ -100,8 +101,8 @@ static bool open_remote(struct apir_remote *r)
 static uint64_t alloc(struct apir_remote *r, uint64_t size)
 {
     uint64_t buft = 0, buf = 0;
-    apir_call(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &buft);
-    apir_call(r, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, buft, size, &buf);
+    apir_call_DEVICE_GET_BUFFER_TYPE(r, &buft);
+    apir_call_BUFFER_TYPE_ALLOC_BUFFER(r, buft, size, &buf);
     return buf;
 }
 
@@ -125,19 +126,19 @@ static void test_handshake_and_commands(void)
     CHECK(open_remote(&r));
     CHECK(r.minor == APIR_VERSION_MINOR);
     int32_t n = 0;
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
-    char name[64];
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_NAME, name, sizeof(name)) == APIR_HANDLER_OK && !strcmp(name, "CPU"));
+    CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
+    struct apir_string name;
+    CHECK(apir_call_DEVICE_GET_NAME(&r, &name) == APIR_HANDLER_OK && !strcmp(name.s, "CPU"));
     uint64_t buf = alloc(&r, 1 << 20);
     CHECK(buf != 0);
     struct apir_tensor_rec t = rec_f32(buf, 4096, 1000);
     for (int i = 0; i < 4000; i++)
         r.data[i] = (uint8_t)i;
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_SET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
+    CHECK(apir_call_BUFFER_SET_TENSOR(&r, buf, &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK);
     memset(r.data, 0, 4000);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
+    CHECK(apir_call_BUFFER_GET_TENSOR(&r, buf, &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK);
     CHECK(r.data[0] == 0 && r.data[1] == 1 && r.data[3999] == (uint8_t)3999);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
+    CHECK(apir_call_BUFFER_FREE_BUFFER(&r, buf) == APIR_HANDLER_OK);
     apir_remote_close(&r);
 }
 
@@ -164,22 +165,21 @@ static void test_file_blob(void)
     } else {
         CHECK(rc == 0 && res_id != 0);
         uint64_t buf = 0, buft = 0;
-        CHECK(apir_call(&r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)(8192 - 64), (uint64_t)(8192 - 64), &buf,
-                        &buft) == APIR_HANDLER_OK && buf != 0);
+        CHECK(apir_call_DEVICE_BUFFER_FROM_PTR(&r, res_id, 8192 - 64, 8192 - 64, &buf, &buft) == APIR_HANDLER_OK &&
+              buf != 0);
         struct apir_tensor_rec t = rec_f32(buf, 0, 1000);
         memset(r.data, 0, 4000);
-        CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) == APIR_HANDLER_OK);
+        CHECK(apir_call_BUFFER_GET_TENSOR(&r, buf, &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK);
         CHECK(memcmp(r.data, bytes + 4096 + 64, 4000) == 0);
         /* the host's writes stay its own: the file is unchanged */
-        CHECK(apir_call(&r, APIR_CMD_BUFFER_CLEAR, buf, 0x55u) == APIR_HANDLER_OK);
+        CHECK(apir_call_BUFFER_CLEAR(&r, buf, 0x55u) == APIR_HANDLER_OK);
         uint8_t back[16];
         CHECK(pread(fd, back, sizeof(back), 4096 + 64) == (ssize_t)sizeof(back) && memcmp(back, bytes + 4096 + 64, 16) == 0);
-        CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
+        CHECK(apir_call_BUFFER_FREE_BUFFER(&r, buf) == APIR_HANDLER_OK);
         r.t->ops->blob_destroy(r.t, res_id, NULL, 8192 - 64);
         /* a blob starting off the backend's alignment: refused, never an abort */
         CHECK(r.t->ops->blob_share_file(r.t, fd, 0, 4096, 100, &res_id) == 0);
-        CHECK(apir_call(&r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id, (uint64_t)64, (uint64_t)64, &buf, &buft) ==
-              APIR_HANDLER_BAD_REQUEST);
+        CHECK(apir_call_DEVICE_BUFFER_FROM_PTR(&r, res_id, 64, 64, &buf, &buft) == APIR_HANDLER_BAD_REQUEST);
         r.t->ops->blob_destroy(r.t, res_id, NULL, 4096 - 100);
     }
     CHECK(r.t->ops->blob_share_file(r.t, fd, 4096, 3 * 4096, 0, &res_id) == -1);  /* past the end */
@@ -193,7 +193,7 @@ static void test_file_blob(void)
     close(fd);
     /* the connection is still good */
     int32_t n = 0;
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
     apir_remote_close(&r);
 }
 
@@ -220,27 +220,25 @@ static void test_many_shared_buffers(void)
             break;
         memset(ptr[i], 0x10 + i, SIZE);
         uint64_t buft = 0;
-        CHECK(apir_call(&r, APIR_CMD_DEVICE_BUFFER_FROM_PTR, res_id[i], (uint64_t)SIZE, (uint64_t)SIZE, &buf[i], &buft) ==
-                  APIR_HANDLER_OK &&
+        CHECK(apir_call_DEVICE_BUFFER_FROM_PTR(&r, res_id[i], SIZE, SIZE, &buf[i], &buft) == APIR_HANDLER_OK &&
               buf[i] != 0);
     }
     /* every buffer still reads back through the host, in the data area */
     for (int i = 0; i < N_BUFFERS; i++) {
         struct apir_tensor_rec t = rec_f32(buf[i], SIZE - 4000, 1000);
         memset(r.data, 0, 4000);
-        CHECK_MSG(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf[i], &t, r.data_res_id, (uint64_t)0, (uint64_t)4000) ==
-                          APIR_HANDLER_OK &&
+        CHECK_MSG(apir_call_BUFFER_GET_TENSOR(&r, buf[i], &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK &&
                       r.data[0] == (uint8_t)(0x10 + i) && r.data[3999] == (uint8_t)(0x10 + i),
                   "buffer %d", i);
     }
     for (int i = 0; i < N_BUFFERS; i++) {
         if (buf[i])
-            CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf[i]) == APIR_HANDLER_OK);
+            CHECK(apir_call_BUFFER_FREE_BUFFER(&r, buf[i]) == APIR_HANDLER_OK);
         if (ptr[i])
             r.t->ops->blob_destroy(r.t, res_id[i], ptr[i], SIZE);
     }
     int32_t n = 0;
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
     apir_remote_close(&r);
 }
 
@@ -251,11 +249,11 @@ static void test_isolation(void)
     uint64_t buf = alloc(&a, 4096);
     uint64_t base = 0;
     CHECK(buf != 0);
-    CHECK(apir_call(&b, APIR_CMD_BUFFER_GET_BASE, buf, &base) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(apir_call(&b, APIR_CMD_BUFFER_CLEAR, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(apir_call_BUFFER_GET_BASE(&b, buf, &base) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(apir_call_BUFFER_CLEAR(&b, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
     struct apir_tensor_rec t = rec_f32(buf, 0, 16);
-    CHECK(apir_call(&b, APIR_CMD_BUFFER_GET_TENSOR, buf, &t, b.data_res_id, (uint64_t)0, (uint64_t)64) != APIR_HANDLER_OK);
-    CHECK(apir_call(&a, APIR_CMD_BUFFER_GET_BASE, buf, &base) == APIR_HANDLER_OK && base != 0);
+    CHECK(apir_call_BUFFER_GET_TENSOR(&b, buf, &t, b.data_res_id, 0, 64) != APIR_HANDLER_OK);
+    CHECK(apir_call_BUFFER_GET_BASE(&a, buf, &base) == APIR_HANDLER_OK && base != 0);
     /* b's own buffer does not collide with a's handle */
     uint64_t buf_b = alloc(&b, 4096);
     CHECK(buf_b != 0 && buf_b != buf);
@@ -278,14 +276,14 @@ static void test_killed_client_frees(void)
             _exit(1);
         uint64_t buf = alloc(&r, 256u << 20);
         /* touch it so it is resident: clear the whole buffer */
-        apir_call(&r, APIR_CMD_BUFFER_CLEAR, buf, 7u);
+        apir_call_BUFFER_CLEAR(&r, buf, 7u);
         char c = buf ? 'y' : 'n';
         if (write(pipefd[1], &c, 1) != 1)
             _exit(1);
         /* Keep the host busy with 256 MiB clears: the kill lands in the
          * middle of a command. */
         for (;;)
-            apir_call(&r, APIR_CMD_BUFFER_CLEAR, buf, 3u);
+            apir_call_BUFFER_CLEAR(&r, buf, 3u);
     }
     char c = 0;
     CHECK(read(pipefd[0], &c, 1) == 1 && c == 'y');
@@ -312,7 +310,7 @@ static void test_killed_client_frees(void)
     CHECK_MSG(after - before < 32 * 1024, "host RSS before %ld, with client %ld, 1 s after SIGKILL %ld KiB", before,
               during, after);
     int32_t n = 0;
-    CHECK(apir_call(&probe, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK);
+    CHECK(apir_call_DEVICE_GET_COUNT(&probe, &n) == APIR_HANDLER_OK);
     close(pipefd[0]);
     close(pipefd[1]);
     apir_remote_close(&probe);
@@ -336,24 +334,24 @@ static void test_malformed_messages(void)
     CHECK(open_remote(&bad) && open_remote(&good));
     uint8_t junk[64];
     memset(junk, 0xff, sizeof(junk));
-    /* truncated request, unknown command */
+    /* truncated requests (malformed, whatever the handle they start with),
+     * unknown command */
     CHECK(raw_forward(&bad, APIR_CMD_BUFFER_SET_TENSOR, junk, 8) == APIR_FORWARD_BASE + APIR_HANDLER_BAD_REQUEST);
+    CHECK(raw_forward(&bad, APIR_CMD_BUFFER_SET_TENSOR, junk, 4) == APIR_FORWARD_BASE + APIR_HANDLER_BAD_REQUEST);
     CHECK(raw_forward(&bad, 4242, junk, 0) == APIR_FORWARD_BASE + APIR_HANDLER_INVALID_INDEX);
     /* stale handle */
     uint64_t buf = alloc(&bad, 4096);
-    CHECK(apir_call(&bad, APIR_CMD_BUFFER_FREE_BUFFER, buf) == APIR_HANDLER_OK);
-    CHECK(apir_call(&bad, APIR_CMD_BUFFER_CLEAR, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(apir_call_BUFFER_FREE_BUFFER(&bad, buf) == APIR_HANDLER_OK);
+    CHECK(apir_call_BUFFER_CLEAR(&bad, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
     /* tensor outside its buffer */
     buf = alloc(&bad, 4096);
     struct apir_tensor_rec t = rec_f32(buf, 4000, 100);
-    CHECK(apir_call(&bad, APIR_CMD_BUFFER_SET_TENSOR, buf, &t, bad.data_res_id, (uint64_t)0, (uint64_t)4) ==
-          APIR_HANDLER_BAD_REQUEST);
+    CHECK(apir_call_BUFFER_SET_TENSOR(&bad, buf, &t, bad.data_res_id, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* huge counts in a graph, and a cyclic graph */
     uint32_t huge[4] = { 0xffffffffu, 0, 0, 0 };
     memcpy(bad.data, huge, sizeof(huge));
     uint32_t status = 0;
-    CHECK(apir_call(&bad, APIR_CMD_BACKEND_GRAPH_COMPUTE, bad.data_res_id, (uint64_t)16, &status) ==
-          APIR_HANDLER_BAD_REQUEST);
+    CHECK(apir_call_BACKEND_GRAPH_COMPUTE(&bad, bad.data_res_id, 16, &status) == APIR_HANDLER_BAD_REQUEST);
     struct apir_tensor_rec g[2] = { rec_f32(buf, 0, 16), rec_f32(buf, 64, 16) };
     g[0].id = 1; g[1].id = 2;
     g[0].op = g[1].op = 2; /* ADD */
@@ -363,11 +361,11 @@ static void test_malformed_messages(void)
     apir_encode_u32(&e, 1);
     apir_encode_u64(&e, 1);
     apir_encode_tensor_list(&e, 2, g);
-    CHECK(apir_call(&bad, APIR_CMD_BACKEND_GRAPH_COMPUTE, bad.data_res_id, (uint64_t)apir_encoder_used(&e), &status) ==
+    CHECK(apir_call_BACKEND_GRAPH_COMPUTE(&bad, bad.data_res_id, apir_encoder_used(&e), &status) ==
           APIR_HANDLER_BAD_REQUEST);
     /* the other client was never disturbed */
     int32_t n = 0;
-    CHECK(apir_call(&good, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    CHECK(apir_call_DEVICE_GET_COUNT(&good, &n) == APIR_HANDLER_OK && n == 1);
     /* a framing error (command length beyond the area) hangs up on that
      * client alone */
     struct shm_hack { struct apir_transport base; int sock; struct apir_shm_ctrl *ctrl; } *h = (void *)bad.t;
@@ -377,8 +375,8 @@ static void test_malformed_messages(void)
     atomic_fetch_add(&h->ctrl->cmd_seq, 1);
     apir_futex_wake(&h->ctrl->cmd_seq);
     usleep(200000);
-    CHECK(apir_call(&bad, APIR_CMD_DEVICE_GET_COUNT, &n) == -1);
-    CHECK(apir_call(&good, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK);
+    CHECK(apir_call_DEVICE_GET_COUNT(&bad, &n) == -1);
+    CHECK(apir_call_DEVICE_GET_COUNT(&good, &n) == APIR_HANDLER_OK);
     apir_remote_close(&bad);
     apir_remote_close(&good);
 }
@@ -394,7 +392,7 @@ static void test_host_killed(void)
     stop_host(SIGKILL);
     int32_t n;
     uint64_t t0 = apir_now_ns();
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &n) == -1);
+    CHECK(apir_call_DEVICE_GET_COUNT(&r, &n) == -1);
     CHECK_MSG(apir_now_ns() - t0 < 1000000000ull, "failure took %llu ms",
               (unsigned long long)((apir_now_ns() - t0) / 1000000));
     apir_remote_close(&r);
@@ -403,7 +401,7 @@ static void test_host_killed(void)
         CHECK(false);
         return;
     }
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &n) == APIR_HANDLER_OK);
+    CHECK(apir_call_DEVICE_GET_COUNT(&r, &n) == APIR_HANDLER_OK);
     apir_remote_close(&r);
 }
 

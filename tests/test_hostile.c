@@ -15,6 +15,7 @@
  */
 #include "apir_commands.h"
 #include "apir_proto.h"
+#include "calls.h"
 #include "fdpass.h"
 #include "ggml.h"
 #include "remote.h"
@@ -186,7 +187,7 @@ static double time_to_serve(int limit_ms, char *err, size_t err_len)
         struct apir_remote r;
         if (open_guest(&r, err, err_len)) {
             int32_t n = 0;
-            bool ok = apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1;
+            bool ok = apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1;
             apir_remote_close(&r);
             if (ok)
                 return (double)(apir_now_ns() - t0) / 1e6;
@@ -439,7 +440,7 @@ static void test_sparse_blob(void)
     CHECK(fd >= 0 && send_blob(&r, fd, 1001, 16u << 20) == 0);
     close(fd);
     int32_t n = 0;
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
     apir_remote_close(&r);
     stop_host();
 }
@@ -468,11 +469,11 @@ static uint32_t run_long_graph(struct apir_remote *r)
 {
     uint64_t buft = 0, buf = 0;
     const uint64_t a_size = 4ull * MM_K * MM_M, b_size = 4ull * MM_K * MM_N, c_size = 4ull * MM_M * MM_N;
-    apir_call(r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &buft);
-    apir_call(r, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, buft, a_size + b_size + c_size, &buf);
+    apir_call_DEVICE_GET_BUFFER_TYPE(r, &buft);
+    apir_call_BUFFER_TYPE_ALLOC_BUFFER(r, buft, a_size + b_size + c_size, &buf);
     if (!buf)
         return 0xffffffffu;
-    apir_call(r, APIR_CMD_BUFFER_CLEAR, buf, 0u);
+    apir_call_BUFFER_CLEAR(r, buf, 0);
     static struct apir_tensor_rec recs[2 + MM_NODES];
     recs[0] = rec_f32_2d(1, buf, 0, MM_K, MM_M);
     recs[1] = rec_f32_2d(2, buf, a_size, MM_K, MM_N);
@@ -489,8 +490,8 @@ static uint32_t run_long_graph(struct apir_remote *r)
     }
     apir_encode_tensor_list(&e, 2 + MM_NODES, recs);
     uint32_t status = 0xffffffffu;
-    uint32_t rc = apir_call(r, APIR_CMD_BACKEND_GRAPH_COMPUTE, r->data_res_id, (uint64_t)apir_encoder_used(&e), &status);
-    return rc == APIR_HANDLER_OK && status != GGML_STATUS_SUCCESS ? 0x10000u + status : rc;
+    int rc = apir_call_BACKEND_GRAPH_COMPUTE(r, r->data_res_id, apir_encoder_used(&e), &status);
+    return rc == APIR_HANDLER_OK && status != GGML_STATUS_SUCCESS ? 0x10000u + status : (uint32_t)rc;
 }
 
 /* CPU seconds the host's processes have used (daemon and workers). */
@@ -696,7 +697,7 @@ static void run_attack(const char *dir, const char *const *extra, char *report, 
     /* The daemon and the victim live on. */
     CHECK(host_alive());
     int32_t n = 0;
-    CHECK(apir_call(&victim, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &n) == APIR_HANDLER_OK && n == 1);
+    CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&victim, &n) == APIR_HANDLER_OK && n == 1);
     CHECK(status_field(victim_pid, "PPid:") == host_pid);
     apir_remote_close(&victim);
     stop_host();

@@ -18,7 +18,6 @@
 #include "test_session.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,27 +133,23 @@ static struct apir_tensor_rec rec_of(struct layout *l, struct ggml_tensor *t)
 /* Raw bytes at an offset of the buffer (an I8 record over them). */
 static void put_bytes(struct layout *l, uint64_t off, const void *p, size_t n)
 {
-    struct apir_decoder r;
     struct apir_tensor_rec t = f32_rec(999, l->buf, off, 1);
     t.type = GGML_TYPE_I8;
     t.ne[0] = (uint32_t)n;
     t.nb[0] = 1;
     t.nb[1] = t.nb[2] = t.nb[3] = (uint32_t)n;
     memcpy(data_blob + STAGE, p, n);
-    CHECK(fwd(l->s, APIR_CMD_BUFFER_SET_TENSOR, &r, l->buf, &t, DATA_RES, (uint64_t)STAGE, (uint64_t)n) ==
-          APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_SET_TENSOR(l->s, l->buf, &t, DATA_RES, STAGE, n) == APIR_HANDLER_OK);
 }
 
 static void get_bytes(struct layout *l, uint64_t off, void *p, size_t n)
 {
-    struct apir_decoder r;
     struct apir_tensor_rec t = f32_rec(999, l->buf, off, 1);
     t.type = GGML_TYPE_I8;
     t.ne[0] = (uint32_t)n;
     t.nb[0] = 1;
     t.nb[1] = t.nb[2] = t.nb[3] = (uint32_t)n;
-    CHECK(fwd(l->s, APIR_CMD_BUFFER_GET_TENSOR, &r, l->buf, &t, DATA_RES, (uint64_t)STAGE, (uint64_t)n) ==
-          APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_GET_TENSOR(l->s, l->buf, &t, DATA_RES, STAGE, n) == APIR_HANDLER_OK);
     memcpy(p, data_blob + STAGE, n);
 }
 
@@ -187,12 +182,8 @@ static uint32_t run(struct layout *l, struct ggml_tensor **nodes, int n_nodes, u
     for (int i = 0; i < n_nodes; i++)
         apir_encode_u64(&e, ids[i]);
     apir_encode_tensor_list(&e, (uint32_t)l->n, recs);
-    struct apir_decoder r;
-    uint32_t res = fwd(l->s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, &r, DATA_RES, (uint64_t)GRAPH_AT,
-                       (uint64_t)apir_encoder_used(&e));
     *status = 99;
-    apir_demarshal(&r, "e", status);
-    return res;
+    return fwd_BACKEND_GRAPH_COMPUTE_AT(l->s, DATA_RES, GRAPH_AT, apir_encoder_used(&e), status);
 }
 
 static bool accepted(struct layout *l, struct ggml_tensor **nodes, int n_nodes)
@@ -301,10 +292,10 @@ static void test_moe_after_sort(void)
         nodes[n++] = ids;
         nodes[n++] = out;
         nodes[n++] = ids_copy;
-        uint64_t segments = s->n_segments;
+        uint64_t segments = s->stats.n_segments;
         CHECK(accepted(&l, nodes, n));
-        CHECK_MSG(s->n_segments == segments + 1, "variant %d: %llu pieces", variant,
-                  (unsigned long long)(s->n_segments - segments));
+        CHECK_MSG(s->stats.n_segments == segments + 1, "variant %d: %llu pieces", variant,
+                  (unsigned long long)(s->stats.n_segments - segments));
         static float h_logits[MOE_E * MOE_T], h_as[MOE_K * MOE_M * MOE_E], h_b[MOE_K * MOE_T],
             h_out[MOE_M * MOE_U * MOE_T];
         int32_t h_ids[MOE_U * MOE_T];
@@ -538,8 +529,11 @@ static void test_add_id_and_self_overwrite(void)
 
 static void setup(void)
 {
-    struct apir_host_config cfg = { .backend_name = "CPU", .device = -1, .n_threads = 1, .backend_dir = APIR_GGML_BIN };
-    apir_limits_default(&cfg.limits);
+    struct apir_host_config cfg;
+    apir_host_config_default(&cfg);
+    cfg.backend_name = "CPU";
+    cfg.n_threads = 1;
+    cfg.backend_dir = APIR_GGML_BIN;
     char err[256];
     if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
         fprintf(stderr, "host init: %s\n", err);

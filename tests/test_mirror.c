@@ -33,7 +33,7 @@ static void test_mirror(void)
 {
     struct apir_host host;
     memset(&host, 0, sizeof(host));
-    apir_limits_default(&host.cfg.limits);
+    apir_host_config_default(&host.cfg);
     struct apir_session *s = apir_session_new(&host, "mirror");
     struct ggml_backend_buffer_i iface = { .get_base = fake_get_base, .set_tensor = fake_set };
     ggml_backend_buffer_t buf = ggml_backend_buffer_init(&fake_buft, iface, NULL, sizeof(device_mem));
@@ -115,7 +115,7 @@ static void test_async_uploads(void)
 {
     struct apir_host host;
     memset(&host, 0, sizeof(host));
-    apir_limits_default(&host.cfg.limits);
+    apir_host_config_default(&host.cfg);
     struct apir_session *s = apir_session_new(&host, "async");
     struct ggml_backend_device dev = { .iface = { .get_buffer_type = fake_dev_buft } };
     struct ggml_backend backend = {
@@ -139,14 +139,14 @@ static void test_async_uploads(void)
         CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
     }
     CHECK(async_sets == APIR_MIRROR_ENTRIES && uploads == 0 && syncs == 0);
-    CHECK(s->uploads_in_flight == APIR_MIRROR_ENTRIES);
+    CHECK(apir_mirror_uploads_in_flight(s) == APIR_MIRROR_ENTRIES);
     CHECK(((int32_t *)device_mem)[0] == 0 && ((int32_t *)(device_mem + 64 * 5))[0] == 5);
     /* one more would reuse an entry still in flight: wait first */
     idx->data = device_mem + 4096;
     CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
-    CHECK(syncs == 1 && s->uploads_in_flight == 1);
+    CHECK(syncs == 1 && apir_mirror_uploads_in_flight(s) == 1);
     apir_session_settle(s);
-    CHECK(syncs == 2 && s->uploads_in_flight == 0);
+    CHECK(syncs == 2 && apir_mirror_uploads_in_flight(s) == 0);
     apir_session_settle(s);  /* nothing in flight: no wait */
     CHECK(syncs == 2);
     /* a buffer of another type than the stream's: a plain, settled upload */
@@ -155,7 +155,7 @@ static void test_async_uploads(void)
     CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
     idx->buffer = other;
     CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
-    CHECK(uploads == 1 && syncs == 3 && s->uploads_in_flight == 0);
+    CHECK(uploads == 1 && syncs == 3 && apir_mirror_uploads_in_flight(s) == 0);
     ggml_backend_buffer_free(other);
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);

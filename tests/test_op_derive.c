@@ -18,7 +18,6 @@
 #include "test_session.h"
 
 #include <signal.h>
-#include <stdarg.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -548,18 +547,15 @@ static uint32_t compute(struct apir_session *s, uint64_t node, const struct apir
     apir_encode_u32(&e, 1);
     apir_encode_u64(&e, node);
     apir_encode_tensor_list(&e, n, t);
-    struct apir_decoder r;
-    uint32_t res = fwd(s, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, DATA_RES, (uint64_t)apir_encoder_used(&e));
     uint32_t status = 99;
-    apir_demarshal(&r, "e", &status);
+    uint32_t res = fwd_BACKEND_GRAPH_COMPUTE(s, DATA_RES, apir_encoder_used(&e), &status);
     return res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS ? APIR_HANDLER_OK : res ? res : 1000 + status;
 }
 
 /* The result region after a compute, as the guest would read it back. */
 static bool region_is(struct apir_session *s, uint64_t buf, const struct apir_tensor_rec *t, uint8_t byte, size_t n)
 {
-    struct apir_decoder r;
-    if (fwd(s, APIR_CMD_BUFFER_GET_TENSOR, &r, buf, t, DATA_RES, (uint64_t)0, (uint64_t)n) != APIR_HANDLER_OK)
+    if (fwd_BUFFER_GET_TENSOR(s, buf, t, DATA_RES, 0, n) != APIR_HANDLER_OK)
         return false;
     for (size_t i = 0; i < n; i++)
         if (data_blob[i] != byte)
@@ -569,8 +565,11 @@ static bool region_is(struct apir_session *s, uint64_t buf, const struct apir_te
 
 static void test_session_refuses(void)
 {
-    struct apir_host_config cfg = { .backend_name = "CPU", .device = -1, .n_threads = 1, .backend_dir = APIR_GGML_BIN };
-    apir_limits_default(&cfg.limits);
+    struct apir_host_config cfg;
+    apir_host_config_default(&cfg);
+    cfg.backend_name = "CPU";
+    cfg.n_threads = 1;
+    cfg.backend_dir = APIR_GGML_BIN;
     char err[256];
     if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
         fprintf(stderr, "host init: %s\n", err);
@@ -581,11 +580,10 @@ static void test_session_refuses(void)
     s->minor = APIR_VERSION_MINOR;
     apir_session_blob_add(s, DATA_RES, data_blob, DATA_SIZE, NULL, NULL);
     uint64_t buf = alloc_buffer(s, 1 << 16);
-    struct apir_decoder r;
     /* the result region holds a sentinel */
     struct apir_tensor_rec t[2] = { f32_rec(1, buf, 0, 1), f32_rec(2, buf, 4096, 1024) };
     memset(data_blob, 0x5a, 4096);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)4096) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 4096) == APIR_HANDLER_OK);
 
     /* PAD: one float in, 1024 out, no padding params */
     t[1].op = GGML_OP_PAD;
@@ -602,7 +600,7 @@ static void test_session_refuses(void)
     /* an I8 result of SCALE at the buffer's end (a float kernel would write
      * 4 bytes per element past it) */
     memset(data_blob, 0x5a, 4096);
-    CHECK(fwd(s, APIR_CMD_BUFFER_SET_TENSOR, &r, buf, &t[1], DATA_RES, (uint64_t)0, (uint64_t)4096) == APIR_HANDLER_OK);
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 4096) == APIR_HANDLER_OK);
     struct apir_tensor_rec sc[2] = { f32_rec(1, buf, 0, 1024), f32_rec(2, buf, (1 << 16) - 1024, 1024) };
     sc[1].type = GGML_TYPE_I8;
     sc[1].nb[0] = 1;

@@ -1,33 +1,34 @@
 /*
  * Driving a host session directly, as the dispatcher is driven by a guest:
- * one command marshalled from the command table's request signature, the
- * reply decoded from a reply area, and a buffer allocated on the session's
- * device.  Shared by the node-check and index-check unit tests.
+ * typed forwarders derived from the command table, one per command,
+ *
+ *   uint32_t fwd_<NAME>(s, <request items>, <pointers for the reply items>)
+ *
+ * (the request encoded by apir_encode_request_<NAME>, the reply decoded by
+ * apir_decode_reply_<NAME> whatever the result, so a test can read the
+ * status a refused graph answers; outputs are zero when the handler did not
+ * run), fwd_raw for hand-made request bytes, and a buffer allocated on the
+ * session's device.
  */
 #ifndef APIR_TEST_SESSION_H
 #define APIR_TEST_SESSION_H
 
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
 #include "session.h"
 #include "test_util.h"
 
-#include <stdarg.h>
-
 static uint8_t reply_buf[APIR_REPLY_BLOB_SIZE];
+static uint8_t request_buf[APIR_MAX_COMMAND_SIZE];
 
-static uint32_t fwd(struct apir_session *s, uint32_t cmd, struct apir_decoder *reply, ...)
+/* Forwards len request bytes; *reply decodes what the handler answered. */
+static inline uint32_t fwd_raw(struct apir_session *s, uint32_t cmd, const void *bytes, size_t len,
+                               struct apir_decoder *reply)
 {
-    uint8_t req_buf[8192];
-    struct apir_encoder enc;
-    apir_encoder_init(&enc, req_buf, sizeof(req_buf));
-    va_list ap;
-    va_start(ap, reply);
-    apir_vmarshal(&enc, apir_command_table[cmd].request, &ap);
-    va_end(ap);
     struct apir_decoder req;
-    apir_decoder_init(&req, req_buf, apir_encoder_used(&enc));
+    apir_decoder_init(&req, bytes, len);
     struct apir_encoder out;
     apir_encoder_init(&out, reply_buf, sizeof(reply_buf));
     uint32_t r = apir_session_forward(s, cmd, &req, &out);
@@ -35,14 +36,26 @@ static uint32_t fwd(struct apir_session *s, uint32_t cmd, struct apir_decoder *r
     return r;
 }
 
-static uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
+#define APIR_X_TEST_FWD(num, NAME, classes)                                                                 \
+    static inline uint32_t fwd_##NAME(struct apir_session *s APIR_REQ_##NAME(APIR_ITEM_PARAM_IN)            \
+                                          APIR_REP_##NAME(APIR_ITEM_PARAM_OUT))                             \
+    {                                                                                                       \
+        struct apir_encoder enc;                                                                            \
+        apir_encoder_init(&enc, request_buf, sizeof(request_buf));                                          \
+        apir_encode_request_##NAME(&enc APIR_REQ_##NAME(APIR_ITEM_ARG));                                    \
+        struct apir_decoder reply;                                                                          \
+        uint32_t r = fwd_raw(s, APIR_CMD_##NAME, request_buf, apir_encoder_used(&enc), &reply);             \
+        apir_decode_reply_##NAME(&reply APIR_REP_##NAME(APIR_ITEM_ARG));                                    \
+        return r;                                                                                           \
+    }
+APIR_COMMAND_LIST(APIR_X_TEST_FWD)
+#undef APIR_X_TEST_FWD
+
+static inline uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
 {
-    struct apir_decoder r;
     uint64_t buft = 0, buf = 0;
-    fwd(s, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r);
-    apir_demarshal(&r, "h", &buft);
-    CHECK(fwd(s, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, &r, buft, size) == APIR_HANDLER_OK);
-    apir_demarshal(&r, "h", &buf);
+    fwd_DEVICE_GET_BUFFER_TYPE(s, &buft);
+    CHECK(fwd_BUFFER_TYPE_ALLOC_BUFFER(s, buft, size, &buf) == APIR_HANDLER_OK);
     return buf;
 }
 

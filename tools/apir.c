@@ -10,7 +10,7 @@
  */
 #include "apir_log.h"
 #include "apir_proto.h"
-#include "remote.h"
+#include "calls.h"
 #include "transport.h"
 #include "wait.h"
 
@@ -48,10 +48,10 @@ static int cmd_ping(const char *endpoint, int n)
         return 1;
     int32_t count;
     for (int i = 0; i < 1000 && i < n; i++)  /* warm-up */
-        apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &count);
+        apir_call_DEVICE_GET_COUNT(&r, &count);
     for (int i = 0; i < n; i++) {
         uint64_t a = apir_now_ns();
-        if (apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &count) != APIR_HANDLER_OK) {
+        if (apir_call_DEVICE_GET_COUNT(&r, &count) != APIR_HANDLER_OK) {
             fprintf(stderr, "apir ping: call %d failed\n", i);
             free(lat);
             apir_remote_close(&r);
@@ -87,28 +87,34 @@ static int cmd_info(const char *endpoint)
         return 1;
     }
     int32_t count = 0;
-    apir_call(&r, APIR_CMD_DEVICE_GET_DEVICE_COUNT, &count);
-    printf("host %s: APIR 0.%u, %d device(s)\n", r.t->endpoint, r.minor, count);
-    for (int32_t i = 0; i < count; i++) {
-        if (i > 0 && apir_call(&r, APIR_CMD_DEVICE_SELECT, (uint32_t)i) != APIR_HANDLER_OK)
+    apir_call_DEVICE_GET_DEVICE_COUNT(&r, &count);
+    uint32_t lib_major = 0, lib_minor = 0;
+    if (r.minor >= 3 && apir_call_HOST_GET_VERSION(&r, &lib_major, &lib_minor) == APIR_HANDLER_OK)
+        printf("host %s: APIR 0.%u (host library %u.%u), %d device(s)\n", r.t->endpoint, r.minor, lib_major, lib_minor,
+               count);
+    else
+        printf("host %s: APIR 0.%u, %d device(s)\n", r.t->endpoint, r.minor, count);
+    const uint32_t n_devices = count > 0 ? (uint32_t)count : 0;
+    for (uint32_t i = 0; i < n_devices; i++) {
+        if (i > 0 && apir_call_DEVICE_SELECT(&r, i) != APIR_HANDLER_OK)
             break;
-        char name[128] = "", desc[256] = "", buft_name[128] = "";
+        struct apir_string name = { "" }, desc = { "" }, buft_name = { "" };
         uint32_t type = 0;
         uint64_t free_mem = 0, total = 0, buft = 0, align = 0, max_size = 0;
         bool async = false, host_buf = false, from_ptr = false, events = false, mmap_ok = false;
-        apir_call(&r, APIR_CMD_DEVICE_GET_NAME, name, sizeof(name));
-        apir_call(&r, APIR_CMD_DEVICE_GET_DESCRIPTION, desc, sizeof(desc));
-        apir_call(&r, APIR_CMD_DEVICE_GET_TYPE, &type);
-        apir_call(&r, APIR_CMD_DEVICE_GET_MEMORY, &free_mem, &total);
-        apir_call(&r, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events, &mmap_ok);
-        apir_call(&r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &buft);
-        apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_NAME, buft, buft_name, sizeof(buft_name));
-        apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, buft, &align);
-        apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, buft, &max_size);
-        printf("device %d: %s - %s [%s]\n", i, name, desc, type_name(type));
+        apir_call_DEVICE_GET_NAME(&r, &name);
+        apir_call_DEVICE_GET_DESCRIPTION(&r, &desc);
+        apir_call_DEVICE_GET_TYPE(&r, &type);
+        apir_call_DEVICE_GET_MEMORY(&r, &free_mem, &total);
+        apir_call_DEVICE_GET_PROPS(&r, &async, &host_buf, &from_ptr, &events, &mmap_ok);
+        apir_call_DEVICE_GET_BUFFER_TYPE(&r, &buft);
+        apir_call_BUFFER_TYPE_GET_NAME(&r, buft, &buft_name);
+        apir_call_BUFFER_TYPE_GET_ALIGNMENT(&r, buft, &align);
+        apir_call_BUFFER_TYPE_GET_MAX_SIZE(&r, buft, &max_size);
+        printf("device %u: %s - %s [%s]\n", i, name.s, desc.s, type_name(type));
         printf("  memory: %llu MiB free of %llu MiB\n", (unsigned long long)(free_mem >> 20),
                (unsigned long long)(total >> 20));
-        printf("  buffer type: %s, alignment %llu, max size %llu MiB\n", buft_name, (unsigned long long)align,
+        printf("  buffer type: %s, alignment %llu, max size %llu MiB\n", buft_name.s, (unsigned long long)align,
                (unsigned long long)(max_size >> 20));
         printf("  props: buffer_from_host_ptr %s\n", from_ptr ? "yes" : "no");
     }

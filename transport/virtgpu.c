@@ -25,16 +25,23 @@
  *  - the HANDSHAKE answer is virglrenderer's compile-time version, which
  *    says nothing about which commands the host *library* knows (the pinned
  *    reference calls its 23-command set "0.2").  So after loading the library
- *    the transport asks it directly: a FORWARD of DEVICE_SELECT(0), an apir
- *    0.2 command that is harmless (device 0 is the default).  An apir host
- *    library runs it; the reference's answers "invalid index".  The minor
- *    handed to the guest core is 2 or 1 accordingly, and the guest sends
- *    apir 0.2 commands only in the first case.
+ *    the transport asks it directly: a FORWARD of HOST_GET_VERSION (apir
+ *    0.3), which answers the library's own major and minor.  A library
+ *    older than that command answers "invalid index"; then a FORWARD of
+ *    DEVICE_SELECT(0), an apir 0.2 command that is harmless (device 0 is the
+ *    default), tells an apir 0.2 library (it runs it) from the reference
+ *    (invalid index again).  The minor handed to the guest core is
+ *    min(its own minor, the library's): 3 for ours today, 2 for an apir
+ *    library without the version query, 1 for the reference; the guest sends
+ *    commands beyond 0.1 only when it is more than 1.  An apir library
+ *    (host/virgl.c) never sees the handshake and runs every command up to
+ *    APIR_VERSION_MINOR.  docs/PROTOCOL.md section 9 has the whole path.
  *
  * Every failure returns an error to the caller; nothing here aborts.
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "transport.h"
@@ -358,26 +365,46 @@ static int load_library(struct vgpu_transport *v)
     return 0;
 }
 
-/* Does the host library run apir 0.2 commands?  See the top of the file. */
-static bool library_speaks_0_2(struct vgpu_transport *v)
+/* One FORWARD of no request items, for the version questions (see the top
+ * of the file); the handler result, or -1 when the library did not answer. */
+static int forward_bare(struct vgpu_transport *v, uint32_t cmd, const struct apir_encoder *enc, const char *what,
+                        struct apir_decoder *reply)
+{
+    uint32_t ret;
+    if (call(v, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, apir_encoder_used(enc), LOADLIBRARY_TIMEOUT_NS, what, &ret, reply) != 0)
+        return -1;
+    return ret >= APIR_FORWARD_BASE ? (int)(ret - APIR_FORWARD_BASE) : -1;
+}
+
+/* The host library's protocol minor.  See the top of the file. */
+static uint32_t library_minor(struct vgpu_transport *v)
 {
     struct apir_encoder enc;
+    struct apir_decoder reply;
     apir_encoder_init(&enc, v->cmd, sizeof(v->cmd));
     apir_encode_reserve(&enc, APIR_CMD_HEADER_SIZE);
-    apir_encode_u32(&enc, 0);
-    uint32_t ret;
-    struct apir_decoder reply;
-    if (call(v, APIR_CMD_TYPE_FORWARD, APIR_CMD_DEVICE_SELECT, apir_encoder_used(&enc), LOADLIBRARY_TIMEOUT_NS,
-             "the protocol probe", &ret, &reply) != 0)
-        return false;
-    bool ok = ret == APIR_FORWARD_BASE + APIR_HANDLER_OK;
-    APIR_INFO("guest", "virtgpu: the host library %s apir 0.2 commands (probe answered %u)", ok ? "runs" : "does not run",
-              ret);
-    return ok;
+    uint32_t major = 0, minor = 1;
+    int rc = forward_bare(v, APIR_CMD_HOST_GET_VERSION, &enc, "the version query", &reply);
+    if (rc == APIR_HANDLER_OK && apir_decode_reply_HOST_GET_VERSION(&reply, &major, &minor) && major == APIR_VERSION_MAJOR &&
+        minor >= 1) {
+        APIR_INFO("guest", "virtgpu: the host library speaks APIR %u.%u", major, minor);
+        return minor;
+    }
+    if (v->base.broken)
+        return 1;
+    /* Older: an apir 0.2 library runs DEVICE_SELECT, the reference does not. */
+    apir_encoder_init(&enc, v->cmd, sizeof(v->cmd));
+    apir_encode_reserve(&enc, APIR_CMD_HEADER_SIZE);
+    apir_encode_request_DEVICE_SELECT(&enc, 0);
+    rc = forward_bare(v, APIR_CMD_DEVICE_SELECT, &enc, "the protocol probe", &reply);
+    minor = rc == APIR_HANDLER_OK ? 2 : 1;
+    APIR_INFO("guest", "virtgpu: the host library has no version query; it %s apir 0.2 commands",
+              minor == 2 ? "runs" : "does not run");
+    return minor;
 }
 
 /*
- * HANDSHAKE, then (once per connection) LOADLIBRARY and the protocol probe.
+ * HANDSHAKE, then (once per connection) LOADLIBRARY and the version query.
  * The caller gets the handshake's return value and a reply of two items
  * (major, minor) whose minor is the library's, not virglrenderer's.
  */
@@ -403,12 +430,14 @@ static int handshake(struct vgpu_transport *v, size_t len, uint64_t timeout_ns, 
         v->base.broken = true;
         return -1;
     }
-    if (guest_minor >= 2)
-        minor = library_speaks_0_2(v) ? (guest_minor < APIR_VERSION_MINOR ? guest_minor : APIR_VERSION_MINOR) : 1;
-    else
+    if (guest_minor >= 2) {
+        uint32_t lib = library_minor(v);
+        minor = guest_minor < lib ? guest_minor : lib;
+    } else {
         minor = guest_minor;
+    }
     if (v->base.broken)
-        return -1;  /* the probe got no answer */
+        return -1;  /* the query got no answer */
     struct apir_encoder out;
     apir_encoder_init(&out, v->handshake_reply, sizeof(v->handshake_reply));
     apir_encode_u32(&out, major);

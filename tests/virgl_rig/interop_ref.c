@@ -13,6 +13,7 @@
  */
 #include "apir_codec.h"
 #include "apir_proto.h"
+#include "calls.h"
 #include "ggml.h"
 #include "remote.h"
 #include "test_records.h"
@@ -35,26 +36,26 @@ static void test_reference_subset(void)
         CHECK(r.minor == expected_minor);
 
     int32_t count = 0;
-    char name[64] = "", desc[128] = "", buft_name[64] = "";
+    struct apir_string name = { "" }, desc = { "" }, buft_name = { "" };
     uint32_t type = 99;
     uint64_t free_mem = 0, total = 0, buft = 0, align = 0, max_size = 0;
-    bool async = 1, host_buf = 1, from_ptr = 0, events = 1;
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_COUNT, &count) == 0 && count >= 1);
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_NAME, name, sizeof(name)) == 0 && name[0]);
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_DESCRIPTION, desc, sizeof(desc)) == 0);
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_TYPE, &type) == 0 && type <= 3);
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_MEMORY, &free_mem, &total) == 0 && total > 0);
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_PROPS, &async, &host_buf, &from_ptr, &events) == 0);
-    CHECK(apir_call(&r, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &buft) == 0 && buft);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_NAME, buft, buft_name, sizeof(buft_name)) == 0);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_ALIGNMENT, buft, &align) == 0 && align > 0);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_TYPE_GET_MAX_SIZE, buft, &max_size) == 0 && max_size > 0);
-    printf("device %d: %s (%s), type %u, %llu MiB; buffer type %s, alignment %llu\n", count, name, desc, type,
-           (unsigned long long)(total >> 20), buft_name, (unsigned long long)align);
+    bool async = 1, host_buf = 1, from_ptr = 0, events = 1, mmap_support = 0;
+    CHECK(apir_call_DEVICE_GET_COUNT(&r, &count) == 0 && count >= 1);
+    CHECK(apir_call_DEVICE_GET_NAME(&r, &name) == 0 && name.s[0]);
+    CHECK(apir_call_DEVICE_GET_DESCRIPTION(&r, &desc) == 0);
+    CHECK(apir_call_DEVICE_GET_TYPE(&r, &type) == 0 && type <= 3);
+    CHECK(apir_call_DEVICE_GET_MEMORY(&r, &free_mem, &total) == 0 && total > 0);
+    CHECK(apir_call_DEVICE_GET_PROPS(&r, &async, &host_buf, &from_ptr, &events, &mmap_support) == 0);
+    CHECK(apir_call_DEVICE_GET_BUFFER_TYPE(&r, &buft) == 0 && buft);
+    CHECK(apir_call_BUFFER_TYPE_GET_NAME(&r, buft, &buft_name) == 0);
+    CHECK(apir_call_BUFFER_TYPE_GET_ALIGNMENT(&r, buft, &align) == 0 && align > 0);
+    CHECK(apir_call_BUFFER_TYPE_GET_MAX_SIZE(&r, buft, &max_size) == 0 && max_size > 0);
+    printf("device %d: %s (%s), type %u, %llu MiB; buffer type %s, alignment %llu\n", count, name.s, desc.s, type,
+           (unsigned long long)(total >> 20), buft_name.s, (unsigned long long)align);
 
     uint64_t buf = 0, base = 0;
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, buft, (uint64_t)(1 << 16), &buf) == 0 && buf);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_BASE, buf, &base) == 0);
+    CHECK(apir_call_BUFFER_TYPE_ALLOC_BUFFER(&r, buft, 1 << 16, &buf) == 0 && buf);
+    CHECK(apir_call_BUFFER_GET_BASE(&r, buf, &base) == 0);
     enum { N = 64 };
     struct apir_tensor_rec t[4] = { f32_rec(1, buf, 0, N), f32_rec(2, buf, 1024, N), f32_rec(3, buf, 2048, N),
                                     f32_rec(4, buf, 3072, N) };
@@ -68,10 +69,10 @@ static void test_reference_subset(void)
     float *f = (float *)(void *)r.data;
     for (int i = 0; i < N; i++)
         f[i] = (float)i;
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_SET_TENSOR, buf, &t[0], r.data_res_id, (uint64_t)0, (uint64_t)(4 * N)) == 0);
+    CHECK(apir_call_BUFFER_SET_TENSOR(&r, buf, &t[0], r.data_res_id, 0, 4 * N) == 0);
     for (int i = 0; i < N; i++)
         f[i] = 2.0f;
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_SET_TENSOR, buf, &t[1], r.data_res_id, (uint64_t)0, (uint64_t)(4 * N)) == 0);
+    CHECK(apir_call_BUFFER_SET_TENSOR(&r, buf, &t[1], r.data_res_id, 0, 4 * N) == 0);
 
     /* Graph blob (section 3): n_nodes, node ids, n_tensors, records. */
     struct apir_encoder e;
@@ -81,17 +82,17 @@ static void test_reference_subset(void)
     apir_encode_u64(&e, 4);
     apir_encode_tensor_list(&e, 4, t);
     uint32_t status = 99;
-    CHECK(apir_call(&r, APIR_CMD_BACKEND_GRAPH_COMPUTE, r.data_res_id, (uint64_t)apir_encoder_used(&e), &status) == 0);
+    CHECK(apir_call_BACKEND_GRAPH_COMPUTE(&r, r.data_res_id, apir_encoder_used(&e), &status) == 0);
     CHECK(status == GGML_STATUS_SUCCESS);
     memset(f, 0, 4 * N);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_GET_TENSOR, buf, &t[3], r.data_res_id, (uint64_t)0, (uint64_t)(4 * N)) == 0);
+    CHECK(apir_call_BUFFER_GET_TENSOR(&r, buf, &t[3], r.data_res_id, 0, 4 * N) == 0);
     bool right = true;
     for (int i = 0; i < N; i++)
         right = right && f[i] == ((float)i + 2.0f) * 2.0f;
     CHECK_MSG(right, "d[1] = %g, expected 6", (double)f[1]);
     printf("graph (a + b) * b on the host: %s\n", right ? "correct" : "WRONG");
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_CLEAR, buf, 0u) == 0);
-    CHECK(apir_call(&r, APIR_CMD_BUFFER_FREE_BUFFER, buf) == 0);
+    CHECK(apir_call_BUFFER_CLEAR(&r, buf, 0) == 0);
+    CHECK(apir_call_BUFFER_FREE_BUFFER(&r, buf) == 0);
     apir_remote_close(&r);
 }
 

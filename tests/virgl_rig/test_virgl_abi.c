@@ -16,6 +16,7 @@
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
 #include "ggml.h"
 #include "test_records.h"
@@ -23,7 +24,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -114,26 +114,39 @@ static uint8_t *add_blob(uint32_t ctx, uint32_t res, size_t size)
 
 /* ---- commands ---------------------------------------------------------------- */
 
-static uint8_t reply_buf[16384];
+static uint8_t reply_buf[16384], request_buf[8192];
+/* Whether the last typed call's reply decoded whole (its items were there). */
+static bool reply_ok;
 
-/* Marshals the request per the command's signature, dispatches, and leaves
- * a decoder over the reply. */
-static uint32_t call(uint32_t ctx, uint32_t cmd, struct apir_decoder *reply, ...)
-{
-    uint8_t req[8192];
-    struct apir_encoder enc;
-    apir_encoder_init(&enc, req, sizeof(req));
-    va_list ap;
-    va_start(ap, reply);
-    if (cmd < APIR_CMD_COUNT)
-        apir_vmarshal(&enc, apir_command_table[cmd].request, &ap);
-    va_end(ap);
-    char *after = NULL;
-    uint32_t r = lib_dispatch(ctx, &cbs, cmd, (char *)req, (const char *)req + apir_encoder_used(&enc), (char *)reply_buf,
-                              (const char *)reply_buf + sizeof(reply_buf), &after);
-    apir_decoder_init(reply, reply_buf, after ? (size_t)(after - (char *)reply_buf) : 0);
-    return r;
-}
+/*
+ * Typed calls, one per command of the table:
+ *
+ *   uint32_t call_<NAME>(ctx, <request items>, <pointers for the reply items>)
+ *
+ * encodes the request (apir_encode_request_<NAME>), dispatches it, and
+ * decodes the reply (apir_decode_reply_<NAME>) whatever the result: the
+ * outputs are zero when the handler answered nothing.  reply_ok says
+ * whether the reply held its items.  Not for the worker threads (one
+ * request and reply buffer).
+ */
+#define VIRGL_X_CALL(num, NAME, classes)                                                                        \
+    static inline uint32_t call_##NAME(uint32_t ctx APIR_REQ_##NAME(APIR_ITEM_PARAM_IN)                         \
+                                           APIR_REP_##NAME(APIR_ITEM_PARAM_OUT))                                \
+    {                                                                                                           \
+        struct apir_encoder enc;                                                                                \
+        apir_encoder_init(&enc, request_buf, sizeof(request_buf));                                              \
+        apir_encode_request_##NAME(&enc APIR_REQ_##NAME(APIR_ITEM_ARG));                                        \
+        char *after = NULL;                                                                                     \
+        uint32_t r = lib_dispatch(ctx, &cbs, APIR_CMD_##NAME, (char *)request_buf,                              \
+                                  (const char *)request_buf + apir_encoder_used(&enc), (char *)reply_buf,       \
+                                  (const char *)reply_buf + sizeof(reply_buf), &after);                         \
+        struct apir_decoder reply;                                                                              \
+        apir_decoder_init(&reply, reply_buf, after ? (size_t)(after - (char *)reply_buf) : 0);                  \
+        reply_ok = apir_decode_reply_##NAME(&reply APIR_REP_##NAME(APIR_ITEM_ARG));                             \
+        return r;                                                                                               \
+    }
+APIR_COMMAND_LIST(VIRGL_X_CALL)
+#undef VIRGL_X_CALL
 
 static uint32_t call_raw(uint32_t ctx, uint32_t cmd, const void *req, size_t len, size_t reply_cap, char **after)
 {
@@ -152,13 +165,10 @@ static uint32_t init_cpu(uint32_t ctx, bool size_ext)
 
 static uint64_t alloc_buffer(uint32_t ctx, uint64_t size)
 {
-    struct apir_decoder r;
     uint64_t buft = 0, buf = 0;
-    call(ctx, APIR_CMD_DEVICE_GET_BUFFER_TYPE, &r);
-    apir_demarshal(&r, "h", &buft);
-    if (call(ctx, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, &r, buft, size) != APIR_HANDLER_OK)
+    call_DEVICE_GET_BUFFER_TYPE(ctx, &buft);
+    if (call_BUFFER_TYPE_ALLOC_BUFFER(ctx, buft, size, &buf) != APIR_HANDLER_OK)
         return 0;
-    apir_demarshal(&r, "h", &buf);
     return buf;
 }
 
@@ -207,16 +217,15 @@ static void test_init_codes(void)
     hv[1].device = NULL;
 
     /* None of the failures left a context behind. */
-    struct apir_decoder r;
-    CHECK(call(1, APIR_CMD_DEVICE_GET_COUNT, &r) == APIR_HANDLER_FAILED);
+    int32_t count = 0;
+    CHECK(call_DEVICE_GET_COUNT(1, &count) == APIR_HANDLER_FAILED);
 
     CHECK(OK(init_cpu(1, true)));
     CHECK(init_cpu(1, true) == APIR_LOAD_HOST_BASE + APIR_INIT_ALREADY_INITIALIZED);
-    int32_t count = 0;
-    CHECK(call(1, APIR_CMD_DEVICE_GET_COUNT, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "i", &count) && count >= 1);
+    CHECK(call_DEVICE_GET_COUNT(1, &count) == APIR_HANDLER_OK);
+    CHECK(reply_ok && count >= 1);
     lib_deinit(1);
-    CHECK(call(1, APIR_CMD_DEVICE_GET_COUNT, &r) == APIR_HANDLER_FAILED);
+    CHECK(call_DEVICE_GET_COUNT(1, &count) == APIR_HANDLER_FAILED);
     CHECK(OK(init_cpu(1, true)));  /* the same ctx_id again, fresh */
     lib_deinit(1);
 }
@@ -227,35 +236,34 @@ static void test_isolation(void)
     CHECK(OK(init_cpu(3, true)));
     uint8_t *b2 = add_blob(2, 20, 1 << 16);
     uint8_t *b3 = add_blob(3, 30, 1 << 16);
-    struct apir_decoder r;
     uint64_t h2 = alloc_buffer(2, 4096), h3 = alloc_buffer(3, 4096);
     CHECK(h2 && h3);
 
     /* A handle is only good in its own context. */
     uint64_t base = 0;
-    CHECK(call(3, APIR_CMD_BUFFER_GET_BASE, &r, h2) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(call(3, APIR_CMD_BUFFER_FREE_BUFFER, &r, h2) == APIR_HANDLER_BAD_HANDLE);
-    CHECK(call(2, APIR_CMD_BUFFER_GET_BASE, &r, h2) == APIR_HANDLER_OK && apir_demarshal(&r, "q", &base));
+    CHECK(call_BUFFER_GET_BASE(3, h2, &base) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(call_BUFFER_FREE_BUFFER(3, h2) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(call_BUFFER_GET_BASE(2, h2, &base) == APIR_HANDLER_OK && reply_ok);
 
     /* Data: ctx 2 writes through its blob and reads back. */
     struct apir_tensor_rec t2 = f32_rec(1, h2, 0, 256);
     for (int i = 0; i < 1024; i++)
         b2[i] = (uint8_t)i;
-    CHECK(call(2, APIR_CMD_BUFFER_SET_TENSOR, &r, h2, &t2, 20u, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_SET_TENSOR(2, h2, &t2, 20, 0, 1024) == APIR_HANDLER_OK);
     memset(b2, 0, 1024);
-    CHECK(call(2, APIR_CMD_BUFFER_GET_TENSOR, &r, h2, &t2, 20u, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_GET_TENSOR(2, h2, &t2, 20, 0, 1024) == APIR_HANDLER_OK);
     bool same = true;
     for (int i = 0; i < 1024; i++)
         same = same && b2[i] == (uint8_t)i;
     CHECK(same);
 
-    /* ctx 3 can name neither ctx 2's buffer nor its blob. */
+    /* ctx 3 can name neither ctx 2's buffer (a foreign handle) nor its blob. */
     struct apir_tensor_rec t3 = f32_rec(1, h3, 0, 256);
     struct apir_tensor_rec t2_in_3 = f32_rec(1, h2, 0, 256);
-    CHECK(call(3, APIR_CMD_BUFFER_GET_TENSOR, &r, h2, &t2_in_3, 30u, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(call(3, APIR_CMD_BUFFER_GET_TENSOR, &r, h3, &t3, 20u, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_GET_TENSOR(3, h2, &t2_in_3, 30, 0, 1024) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(call_BUFFER_GET_TENSOR(3, h3, &t3, 20, 0, 1024) == APIR_HANDLER_BAD_REQUEST);
     memset(b3, 0xee, 1024);
-    CHECK(call(3, APIR_CMD_BUFFER_GET_TENSOR, &r, h3, &t3, 30u, (uint64_t)0, (uint64_t)1024) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_GET_TENSOR(3, h3, &t3, 30, 0, 1024) == APIR_HANDLER_OK);
     CHECK(b3[0] != 1 || b3[1] != 2);  /* ctx 3's buffer is not ctx 2's */
     (void)b3;
 }
@@ -277,16 +285,14 @@ static void *worker_main(void *arg)
         memset(w->blob, (int)(w->ctx + (uint32_t)it), 4096);
         struct apir_encoder e;
         apir_encoder_init(&e, req, sizeof(req));
-        apir_marshal(&e, apir_command_table[APIR_CMD_BUFFER_SET_TENSOR].request, w->buf, &t, w->res, (uint64_t)0,
-                     (uint64_t)4096);
+        apir_encode_request_BUFFER_SET_TENSOR(&e, w->buf, &t, w->res, 0, 4096);
         char *after;
         if (lib_dispatch(w->ctx, &cbs, APIR_CMD_BUFFER_SET_TENSOR, (char *)req, (char *)req + apir_encoder_used(&e),
                          (char *)rep, (char *)rep + sizeof(rep), &after) != APIR_HANDLER_OK)
             w->failures++;
         memset(w->blob, 0, 4096);
         apir_encoder_init(&e, req, sizeof(req));
-        apir_marshal(&e, apir_command_table[APIR_CMD_BUFFER_GET_TENSOR].request, w->buf, &t, w->res, (uint64_t)0,
-                     (uint64_t)4096);
+        apir_encode_request_BUFFER_GET_TENSOR(&e, w->buf, &t, w->res, 0, 4096);
         if (lib_dispatch(w->ctx, &cbs, APIR_CMD_BUFFER_GET_TENSOR, (char *)req, (char *)req + apir_encoder_used(&e),
                          (char *)rep, (char *)rep + sizeof(rep), &after) != APIR_HANDLER_OK)
             w->failures++;
@@ -317,7 +323,6 @@ static void test_concurrent_contexts(void)
 
 static void test_malformed(void)
 {
-    struct apir_decoder r;
     char *after = NULL;
     uint8_t junk[64];
     memset(junk, 0xa5, sizeof(junk));
@@ -333,8 +338,9 @@ static void test_malformed(void)
     CHECK(lib_dispatch(2, &cbs, APIR_CMD_DEVICE_GET_COUNT, NULL, NULL, (char *)reply_buf, (char *)reply_buf + 64,
                        &after) == APIR_HANDLER_OK);
 
-    /* Truncated requests. */
+    /* Truncated requests: malformed, whatever the handle they start with. */
     CHECK(call_raw(2, APIR_CMD_BUFFER_SET_TENSOR, junk, 8, sizeof(reply_buf), &after) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_raw(2, APIR_CMD_BUFFER_SET_TENSOR, junk, 4, sizeof(reply_buf), &after) == APIR_HANDLER_BAD_REQUEST);
     CHECK(call_raw(2, APIR_CMD_BACKEND_GRAPH_COMPUTE, junk, 2, sizeof(reply_buf), &after) == APIR_HANDLER_BAD_REQUEST);
     CHECK(call_raw(2, APIR_CMD_DEVICE_SUPPORTS_OP, junk, 64, sizeof(reply_buf), &after) == APIR_HANDLER_BAD_REQUEST);
     uint8_t zero_list[4] = { 0 };
@@ -346,27 +352,25 @@ static void test_malformed(void)
     /* Ranges outside the blob (size known through get_shmem_size). */
     uint64_t h = alloc_buffer(2, 1 << 20);
     struct apir_tensor_rec big = f32_rec(1, h, 0, 1 << 18);  /* 1 MiB tensor, 64 KiB blob */
-    CHECK(call(2, APIR_CMD_BUFFER_SET_TENSOR, &r, h, &big, 20u, (uint64_t)0, (uint64_t)(1 << 16)) == APIR_HANDLER_OK);
-    CHECK(call(2, APIR_CMD_BUFFER_SET_TENSOR, &r, h, &big, 20u, (uint64_t)0, (uint64_t)(1 << 17)) ==
-          APIR_HANDLER_BAD_REQUEST);
-    CHECK(call(2, APIR_CMD_BUFFER_GET_TENSOR_AT, &r, h, &big, 20u, (uint64_t)(1 << 16) - 8, (uint64_t)0, (uint64_t)16) ==
-          APIR_HANDLER_BAD_REQUEST);
-    CHECK(call(2, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &big, 77u, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_SET_TENSOR(2, h, &big, 20, 0, 1 << 16) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_SET_TENSOR(2, h, &big, 20, 0, 1 << 17) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_GET_TENSOR_AT(2, h, &big, 20, (1 << 16) - 8, 0, 16) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_GET_TENSOR(2, h, &big, 77, 0, 16) == APIR_HANDLER_BAD_REQUEST);
 
     /* Graphs: garbage, and a size beyond the blob. */
     uint8_t *g = blob_of(2, 20)->ptr;
     memset(g, 0x5a, 4096);
     uint32_t status = 0;
-    CHECK(call(2, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, 20u, (uint64_t)4096) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(call(2, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, 20u, (uint64_t)(1 << 17)) == APIR_HANDLER_BAD_REQUEST);
-    (void)status;
+    CHECK(call_BACKEND_GRAPH_COMPUTE(2, 20, 4096, &status) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BACKEND_GRAPH_COMPUTE(2, 20, 1 << 17, &status) == APIR_HANDLER_BAD_REQUEST);
 
     /* Wrapping a blob as a buffer is not offered over virgl, nor advertised
      * (five items: the pinned reference reads mmap_support too). */
-    CHECK(call(2, APIR_CMD_DEVICE_BUFFER_FROM_PTR, &r, 20u, (uint64_t)4096, (uint64_t)4096) == APIR_HANDLER_BAD_REQUEST);
+    uint64_t wrapped = 0, wrapped_type = 0;
+    CHECK(call_DEVICE_BUFFER_FROM_PTR(2, 20, 4096, 4096, &wrapped, &wrapped_type) == APIR_HANDLER_BAD_REQUEST);
     bool props[5] = { 1, 1, 1, 1, 1 };
-    CHECK(call(2, APIR_CMD_DEVICE_GET_PROPS, &r) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "bbbbb", &props[0], &props[1], &props[2], &props[3], &props[4]) && !props[2]);
+    CHECK(call_DEVICE_GET_PROPS(2, &props[0], &props[1], &props[2], &props[3], &props[4]) == APIR_HANDLER_OK);
+    CHECK(reply_ok && !props[2]);
 
     /* A real graph still runs afterwards: c = a + b. */
     struct apir_tensor_rec t[3] = { f32_rec(11, h, 0, 64), f32_rec(12, h, 256, 64), f32_rec(13, h, 512, 64) };
@@ -377,18 +381,18 @@ static void test_malformed(void)
     float *f = (float *)(void *)g;
     for (int i = 0; i < 64; i++)
         f[i] = (float)i;
-    CHECK(call(2, APIR_CMD_BUFFER_SET_TENSOR, &r, h, &t[0], 20u, (uint64_t)0, (uint64_t)256) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_SET_TENSOR(2, h, &t[0], 20, 0, 256) == APIR_HANDLER_OK);
     for (int i = 0; i < 64; i++)
         f[i] = 100.0f;
-    CHECK(call(2, APIR_CMD_BUFFER_SET_TENSOR, &r, h, &t[1], 20u, (uint64_t)0, (uint64_t)256) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_SET_TENSOR(2, h, &t[1], 20, 0, 256) == APIR_HANDLER_OK);
     struct apir_encoder e;
     apir_encoder_init(&e, g, 1 << 16);
     apir_encode_u32(&e, 1);
     apir_encode_u64(&e, 13);
     apir_encode_tensor_list(&e, 3, t);
-    CHECK(call(2, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, 20u, (uint64_t)apir_encoder_used(&e)) == APIR_HANDLER_OK);
-    CHECK(apir_demarshal(&r, "e", &status) && status == GGML_STATUS_SUCCESS);
-    CHECK(call(2, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &t[2], 20u, (uint64_t)0, (uint64_t)256) == APIR_HANDLER_OK);
+    CHECK(call_BACKEND_GRAPH_COMPUTE(2, 20, apir_encoder_used(&e), &status) == APIR_HANDLER_OK);
+    CHECK(reply_ok && status == GGML_STATUS_SUCCESS);
+    CHECK(call_BUFFER_GET_TENSOR(2, h, &t[2], 20, 0, 256) == APIR_HANDLER_OK);
     CHECK(f[0] == 100.0f && f[63] == 163.0f);
 
     /* An unsupported op never reaches the backend. */
@@ -397,12 +401,12 @@ static void test_malformed(void)
     apir_encode_u32(&e, 1);
     apir_encode_u64(&e, 13);
     apir_encode_tensor_list(&e, 3, t);
-    CHECK(call(2, APIR_CMD_BACKEND_GRAPH_COMPUTE, &r, 20u, (uint64_t)apir_encoder_used(&e)) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BACKEND_GRAPH_COMPUTE(2, 20, apir_encoder_used(&e), &status) == APIR_HANDLER_BAD_REQUEST);
     int32_t count = 0;
-    CHECK(call(2, APIR_CMD_DEVICE_GET_COUNT, &r) == APIR_HANDLER_OK && apir_demarshal(&r, "i", &count) && count >= 1);
+    CHECK(call_DEVICE_GET_COUNT(2, &count) == APIR_HANDLER_OK && reply_ok && count >= 1);
     /* apir 0.2 commands are accepted (the handshake never reaches us). */
-    CHECK(call(2, APIR_CMD_DEVICE_SELECT, &r, 0u) == APIR_HANDLER_OK);
-    CHECK(call(2, APIR_CMD_DEVICE_SELECT, &r, 99u) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_DEVICE_SELECT(2, 0) == APIR_HANDLER_OK);
+    CHECK(call_DEVICE_SELECT(2, 99) == APIR_HANDLER_BAD_REQUEST);
 }
 
 /* Without get_shmem_size the bound is the host mapping that holds the blob. */
@@ -413,23 +417,21 @@ static void test_bounds_without_size_callback(void)
     CHECK(b != NULL);
     uint64_t h = alloc_buffer(4, 1 << 20);
     struct apir_tensor_rec t = f32_rec(1, h, 0, 1 << 18);
-    struct apir_decoder r;
-    CHECK(call(4, APIR_CMD_BUFFER_SET_TENSOR, &r, h, &t, 40u, (uint64_t)0, (uint64_t)16384) == APIR_HANDLER_OK);
-    CHECK(call(4, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &t, 40u, (uint64_t)0, (uint64_t)16384) == APIR_HANDLER_OK);
-    CHECK(call(4, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &t, 40u, (uint64_t)0, (uint64_t)32768) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(call(4, APIR_CMD_BUFFER_GET_TENSOR_AT, &r, h, &t, 40u, (uint64_t)16000, (uint64_t)0, (uint64_t)1024) ==
-          APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_SET_TENSOR(4, h, &t, 40, 0, 16384) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 16384) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 32768) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_GET_TENSOR_AT(4, h, &t, 40, 16000, 0, 1024) == APIR_HANDLER_BAD_REQUEST);
     /* Memory that is not a shared mapping (heap) is never a blob. */
     static uint8_t heap_blob[16384] __attribute__((aligned(4096)));
     hv[4].blobs[1] = (struct blob){ 41, heap_blob, sizeof(heap_blob) };
-    CHECK(call(4, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &t, 41u, (uint64_t)0, (uint64_t)16) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 41, 0, 16) == APIR_HANDLER_BAD_REQUEST);
     /* A blob that moved (res_id reused): the new mapping's bound applies. */
     uint8_t *moved = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     struct blob old = hv[4].blobs[0];
     hv[4].blobs[0].ptr = moved;
     hv[4].blobs[0].size = 8192;
-    CHECK(call(4, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &t, 40u, (uint64_t)0, (uint64_t)16384) == APIR_HANDLER_BAD_REQUEST);
-    CHECK(call(4, APIR_CMD_BUFFER_GET_TENSOR, &r, h, &t, 40u, (uint64_t)0, (uint64_t)8192) == APIR_HANDLER_OK);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 16384) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 8192) == APIR_HANDLER_OK);
     hv[4].blobs[0] = old;
     munmap(moved, 8192);
     lib_deinit(4);
@@ -442,27 +444,25 @@ static void test_unknown_ctx(void)
     CHECK(after == (char *)reply_buf);
     lib_deinit(777);
     lib_deinit(777);
-    struct apir_decoder r;
-    CHECK(call(777, APIR_CMD_BUFFER_FREE_BUFFER, &r, (uint64_t)0x1234) == APIR_HANDLER_FAILED);
+    CHECK(call_BUFFER_FREE_BUFFER(777, 0x1234) == APIR_HANDLER_FAILED);
 }
 
 static void test_deinit_frees(void)
 {
     CHECK(OK(init_cpu(5, true)));
     long before = rss_kib();
-    uint64_t h = alloc_buffer(5, 256ull << 20);
-    struct apir_decoder r;
+    uint64_t h = alloc_buffer(5, 256ull << 20), base = 0;
     CHECK(h != 0);
-    CHECK(call(5, APIR_CMD_BUFFER_CLEAR, &r, h, 1u) == APIR_HANDLER_OK);  /* touch every page */
+    CHECK(call_BUFFER_CLEAR(5, h, 1) == APIR_HANDLER_OK);  /* touch every page */
     long during = rss_kib();
     CHECK_MSG(during - before > 200 * 1024, "RSS %ld -> %ld KiB", before, during);
     lib_deinit(5);
     long after = rss_kib();
     CHECK_MSG(after - before < 64 * 1024, "RSS %ld -> %ld -> %ld KiB after deinit", before, during, after);
     /* The context and its handles are gone; the ctx_id can start afresh. */
-    CHECK(call(5, APIR_CMD_BUFFER_GET_BASE, &r, h) == APIR_HANDLER_FAILED);
+    CHECK(call_BUFFER_GET_BASE(5, h, &base) == APIR_HANDLER_FAILED);
     CHECK(OK(init_cpu(5, true)));
-    CHECK(call(5, APIR_CMD_BUFFER_GET_BASE, &r, h) == APIR_HANDLER_BAD_HANDLE);
+    CHECK(call_BUFFER_GET_BASE(5, h, &base) == APIR_HANDLER_BAD_HANDLE);
     lib_deinit(5);
     lib_deinit(2);
     lib_deinit(3);

@@ -1,4 +1,6 @@
-/* The host side of the shm transport: accept loop and one worker per guest. */
+/* The host's server for the shm transport (transport/shm_proto.h): the
+ * accept loop, guests served on threads (shm_server.c) or in worker
+ * processes (workers.c). */
 #ifndef APIR_SHM_SERVER_H
 #define APIR_SHM_SERVER_H
 

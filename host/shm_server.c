@@ -1,6 +1,7 @@
 /*
- * apir-host's transport: accepts guests on a Unix socket and runs one worker
- * thread per guest.  See shm_proto.h for the wire rules.
+ * apir-host's server for the same-host transport: accepts guests on a Unix
+ * socket and serves each on a thread here, or in a worker process
+ * (workers.c).  transport/shm_proto.h has the wire rules.
  *
  * Threads: the main thread polls the listening socket and every guest socket
  * for hang-up only (it never reads a guest socket after the hello); each
@@ -21,6 +22,7 @@
  * between nodes instead.
  */
 #include "shm_server.h"
+#include "shm_server_impl.h"
 
 #include "apir_codec.h"
 #include "apir_log.h"
@@ -52,72 +54,6 @@
 #define MADV_POPULATE_READ 22  /* Linux 5.14 */
 #endif
 
-struct shm_client {
-    struct apir_shm_server *srv;
-    int fd;
-    int pid;
-    uid_t uid;                      /* the peer's (SO_PEERCRED) */
-    _Atomic uint64_t busy_since_ns; /* when the command being served began; 0: idle */
-    atomic_int refs;
-    atomic_bool dead;
-    struct apir_shm_ctrl *ctrl;
-    struct apir_session *session;
-    struct shm_client *next;
-};
-
-struct apir_shm_server {
-    struct apir_host *host;
-    int listen_fd;                /* -1: serving one inherited connection */
-    int stop_pipe[2];
-    char path[108];
-    struct shm_client *clients;
-    atomic_uint n_clients;
-    uint64_t next_id;
-    /* Process isolation: each guest is served by a fresh worker process
-     * (this program re-executed with --serve-fd), so a guest that makes a
-     * backend abort takes down only its own worker. */
-    char **worker_argv;
-    struct worker_slot {
-        pid_t pid;                /* 0: free; the slot names the worker's uid (sandbox.h) */
-        uid_t peer_uid;
-    } *children;                  /* max_clients slots */
-    uint32_t n_children;
-    int child_pipe[2];
-    /* New connections: a token bucket refilled at spawn_per_s. */
-    double spawn_tokens;
-    uint64_t spawn_refill_ns;
-    /* Serving threads: connections whose hello has not arrived yet. */
-    struct pending_conn {
-        int fd;
-        uid_t uid;
-        uint64_t deadline_ns;
-    } pending[128];
-    uint32_t n_pending;
-    /* Refused connections linger until the guest has read why: closing a
-     * socket with its hello unread would reset the connection and lose the
-     * answer.  Bounded; the oldest goes first. */
-    int lingering[16];
-    uint32_t n_lingering;
-};
-
-static int sigchld_fd = -1;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void on_sigchld(int sig)
-{
-    (void)sig;
-    char b = 1;
-    if (sigchld_fd >= 0) {
-        ssize_t r = write(sigchld_fd, &b, 1);
-        (void)r;
-    }
-}
 
 static void unmap_release(void *ptr, size_t size, void *user)
 {
@@ -131,9 +67,9 @@ static void client_put(struct shm_client *c)
         return;
     if (c->session)
         APIR_INFO("host", "%s: disconnected after %llu commands (%llu graphs, %llu of them kept and recomputed, %llu refused); "
-                  "freeing %u buffers", c->session->name, (unsigned long long)c->session->n_commands,
-                  (unsigned long long)c->session->n_graphs, (unsigned long long)c->session->n_recomputes,
-                  (unsigned long long)c->session->n_refused, c->session->n_buffers);
+                  "freeing %u buffers", c->session->name, (unsigned long long)c->session->stats.n_commands,
+                  (unsigned long long)c->session->stats.n_graphs, (unsigned long long)c->session->stats.n_recomputes,
+                  (unsigned long long)c->session->stats.n_refused, c->session->n_buffers);
     if (c->session)
         apir_session_log_profile(c->session);
     apir_session_free(c->session);
@@ -371,7 +307,7 @@ static void *client_worker(void *arg)
             continue;
         }
         seen = seq;
-        atomic_store_explicit(&c->busy_since_ns, now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&c->busy_since_ns, apir_now_ns(), memory_order_relaxed);
         bool go_on = serve_one(c);
         atomic_store_explicit(&c->busy_since_ns, 0, memory_order_relaxed);
         if (!go_on)
@@ -383,7 +319,7 @@ static void *client_worker(void *arg)
     return NULL;
 }
 
-static void refuse(int fd, const char *message)
+void apir_server_refuse(int fd, const char *message)
 {
     struct apir_shm_hello_reply r = { .magic = APIR_SHM_MAGIC, .status = 1 };
     snprintf(r.message, sizeof(r.message), "%s", message);
@@ -412,7 +348,7 @@ static bool compute_should_stop(void *data)
         return true;
     const uint64_t budget_ns = (uint64_t)c->srv->host->cfg.limits.graph_timeout_ms * 1000000ull;
     uint64_t since = atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed);
-    return budget_ns && since && now_ns() - since > budget_ns;
+    return budget_ns && since && apir_now_ns() - since > budget_ns;
 }
 
 /* Backends that take an abort callback (the CPU backend) get theirs now. */
@@ -462,8 +398,7 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
             c->session = apir_session_new(srv->host, name);
         if (c && c->session) {
             /* serve_one computes accepted keyed graphs after the reply */
-            const char *defer = getenv("APIR_HOST_DEFER");
-            c->session->defer_graphs = !(defer && !strcmp(defer, "0"));
+            c->session->defer_graphs = srv->host->cfg.defer_graphs;
         }
         if (!c || !c->session ||
             !apir_session_blob_add(c->session, APIR_SHM_REPLY_RES_ID, reply, (size_t)hello.reply_size, unmap_release, NULL))
@@ -472,7 +407,7 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
             reply = NULL;  /* owned by the session now */
     }
     if (why) {
-        refuse(fd, why);
+        apir_server_refuse(fd, why);
         if (ctrl)
             munmap(ctrl, APIR_SHM_CTRL_SIZE);
         if (reply)
@@ -510,8 +445,8 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
     APIR_INFO("host", "%s connected", c->session->name);
 }
 
-/* Process isolation: hand the connection to a new worker process. */
-static void linger_close(struct apir_shm_server *srv, int fd)
+/* A refused connection: kept open until the guest has read why. */
+void apir_server_linger_close(struct apir_shm_server *srv, int fd)
 {
     shutdown(fd, SHUT_WR);
     if (srv->n_lingering == sizeof(srv->lingering) / sizeof(srv->lingering[0])) {
@@ -563,7 +498,7 @@ static bool take_spawn_token(struct apir_shm_server *srv)
     const struct apir_limits *l = &srv->host->cfg.limits;
     if (!l->spawn_per_s)
         return true;
-    uint64_t now = now_ns();
+    uint64_t now = apir_now_ns();
     srv->spawn_tokens += (double)(now - srv->spawn_refill_ns) * 1e-9 * l->spawn_per_s;
     srv->spawn_refill_ns = now;
     if (srv->spawn_tokens > (double)l->spawn_burst)
@@ -588,91 +523,15 @@ static const char *admission_refusal(struct apir_shm_server *srv, uid_t uid)
     return NULL;
 }
 
-/* Process isolation: hand the connection to a new worker process in a free
- * slot (the slot gives the worker its uid: sandbox.h). */
-static void spawn_worker(struct apir_shm_server *srv, int fd, uid_t uid)
-{
-    uint32_t slot = 0;
-    const uint32_t n_slots = srv->host->cfg.limits.max_clients;
-    while (slot < n_slots && srv->children[slot].pid != 0)
-        slot++;
-    if (slot == n_slots) {
-        refuse(fd, "too many clients");
-        linger_close(srv, fd);
-        return;
-    }
-    uint64_t id = ++srv->next_id;
-    char fd_arg[16], id_arg[24], slot_arg[16];
-    snprintf(fd_arg, sizeof(fd_arg), "%d", fd);
-    snprintf(id_arg, sizeof(id_arg), "%llu", (unsigned long long)id);
-    snprintf(slot_arg, sizeof(slot_arg), "%u", slot);
-    int argc = 0;
-    while (srv->worker_argv[argc])
-        argc++;
-    char **argv = calloc((size_t)argc + 7, sizeof(char *));
-    if (!argv) {
-        refuse(fd, "out of memory");
-        close(fd);
-        return;
-    }
-    for (int i = 0; i < argc; i++)
-        argv[i] = srv->worker_argv[i];
-    argv[argc++] = "--serve-fd";
-    argv[argc++] = fd_arg;
-    argv[argc++] = "--client-id";
-    argv[argc++] = id_arg;
-    argv[argc++] = "--worker-slot";
-    argv[argc++] = slot_arg;
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* Workers go with the daemon: a killed host is a dead host. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        fcntl(fd, F_SETFD, 0);  /* the worker inherits this one fd */
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    free(argv);
-    close(fd);
-    if (pid < 0) {
-        APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
-        return;
-    }
-    srv->children[slot] = (struct worker_slot){ .pid = pid, .peer_uid = uid };
-    srv->n_children++;
-    APIR_INFO("host", "guest#%llu (uid %u): worker process %d, slot %u", (unsigned long long)id, (unsigned)uid, (int)pid,
-              slot);
-}
-
-static void reap_children(struct apir_shm_server *srv)
-{
-    char buf[64];
-    while (read(srv->child_pipe[0], buf, sizeof(buf)) > 0)
-        ;
-    pid_t pid;
-    int status;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++) {
-            if (srv->children[i].pid != pid)
-                continue;
-            srv->children[i].pid = 0;
-            srv->n_children--;
-            if (WIFSIGNALED(status))
-                APIR_WARN("host", "worker process %d died of signal %d; its guest is disconnected, others go on",
-                          (int)pid, WTERMSIG(status));
-            break;
-        }
-    }
-}
-
 /* Serving threads: a new connection waits for its hello among the polled. */
 static void add_pending(struct apir_shm_server *srv, int fd, uid_t uid)
 {
     if (srv->n_pending == sizeof(srv->pending) / sizeof(srv->pending[0])) {
-        refuse(fd, "too many connections waiting for their hello");
-        linger_close(srv, fd);
+        apir_server_refuse(fd, "too many connections waiting for their hello");
+        apir_server_linger_close(srv, fd);
         return;
     }
-    uint64_t deadline = now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
+    uint64_t deadline = apir_now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
     srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .uid = uid, .deadline_ns = deadline };
 }
 
@@ -701,10 +560,10 @@ static void accept_new(struct apir_shm_server *srv)
     uid_t uid = peer_uid(fd);
     const char *why = admission_refusal(srv, uid);
     if (why) {
-        refuse(fd, why);
-        linger_close(srv, fd);
+        apir_server_refuse(fd, why);
+        apir_server_linger_close(srv, fd);
     } else if (srv->worker_argv) {
-        spawn_worker(srv, fd, uid);
+        apir_workers_spawn(srv, fd, uid);
     } else {
         add_pending(srv, fd, uid);
     }
@@ -747,7 +606,7 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     }
     srv->host = host;
     srv->spawn_tokens = (double)host->cfg.limits.spawn_burst;
-    srv->spawn_refill_ns = now_ns();
+    srv->spawn_refill_ns = apir_now_ns();
     srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
     srv->child_pipe[0] = srv->child_pipe[1] = -1;
     snprintf(srv->path, sizeof(srv->path), "%s", path);
@@ -801,19 +660,6 @@ fail:
     return NULL;
 }
 
-bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv)
-{
-    srv->children = calloc(srv->host->cfg.limits.max_clients ? srv->host->cfg.limits.max_clients : 1,
-                           sizeof(*srv->children));
-    if (!srv->children)
-        return false;
-    srv->worker_argv = worker_argv;
-    sigchld_fd = srv->child_pipe[1];
-    struct sigaction sa = { .sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP };
-    sigemptyset(&sa.sa_mask);
-    return sigaction(SIGCHLD, &sa, NULL) == 0;
-}
-
 int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id)
 {
     struct apir_shm_server *srv = calloc(1, sizeof(*srv));
@@ -840,32 +686,6 @@ void apir_shm_server_stop(struct apir_shm_server *srv)
     (void)r;
 }
 
-/*
- * A worker process's guest hung up in the middle of a command, or a command
- * ran past its budget: the kernel computing cannot be stopped from outside
- * (a single node may run for minutes), so the process ends, now, without
- * unwinding - the kernel reclaims all of it, and nobody else is served here.
- */
-static void worker_watch(struct apir_shm_server *srv, bool hung_up)
-{
-    struct shm_client *c = srv->clients;
-    if (srv->listen_fd >= 0 || !c)
-        return;
-    const uint64_t budget_ns = (uint64_t)srv->host->cfg.limits.graph_timeout_ms * 1000000ull;
-    uint64_t since = atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed);
-    if (!since)
-        return;
-    if (hung_up) {
-        APIR_WARN("host", "%s: the guest left in the middle of a command: ending its worker", c->session->name);
-        _exit(0);
-    }
-    if (budget_ns && now_ns() - since > budget_ns) {
-        APIR_WARN("host", "%s: a command ran past the %u ms budget (--graph-timeout-ms): ending its worker",
-                  c->session->name, srv->host->cfg.limits.graph_timeout_ms);
-        _exit(1);
-    }
-}
-
 /* How long the main loop may sleep: until the next handshake deadline, or
  * the next look at a worker's command clock. */
 static int poll_timeout_ms(const struct apir_shm_server *srv)
@@ -875,7 +695,7 @@ static int poll_timeout_ms(const struct apir_shm_server *srv)
         return l->graph_timeout_ms ? (int)(l->graph_timeout_ms < 1000 ? l->graph_timeout_ms : 1000) : -1;
     if (!srv->n_pending)
         return -1;
-    uint64_t next = UINT64_MAX, now = now_ns();
+    uint64_t next = UINT64_MAX, now = apir_now_ns();
     for (uint32_t i = 0; i < srv->n_pending; i++)
         if (srv->pending[i].deadline_ns < next)
             next = srv->pending[i].deadline_ns;
@@ -930,7 +750,7 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             return 0;
         }
         if (pfds[2].revents & POLLIN)
-            reap_children(srv);
+            apir_workers_reap(srv);
         for (uint32_t k = n_linger; k-- > 0;)
             if (pfds[linger_at + k].revents)
                 linger_service(srv, k, pfds[linger_at + k].revents);
@@ -940,13 +760,13 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         while (c) {
             struct shm_client *next = c->next;
             bool hung_up = pfds[i++].revents & (POLLHUP | POLLERR | POLLNVAL);
-            worker_watch(srv, hung_up);
+            apir_worker_watch(srv, hung_up);
             if (hung_up)
                 drop_client(srv, c);
             c = next;
         }
         /* From the last: serving one moves the last into its place. */
-        const uint64_t now = now_ns();
+        const uint64_t now = apir_now_ns();
         for (uint32_t k = n_pend; k-- > 0;)
             pending_service(srv, k, pfds[pending_at + k].revents, now);
         if (pfds[0].revents & POLLIN)
@@ -960,19 +780,7 @@ void apir_shm_server_free(struct apir_shm_server *srv)
         return;
     while (srv->clients)
         drop_client(srv, srv->clients);
-    const uint32_t n_slots = srv->children ? srv->host->cfg.limits.max_clients : 0;
-    for (uint32_t i = 0; i < n_slots; i++)
-        if (srv->children[i].pid)
-            kill(srv->children[i].pid, SIGTERM);
-    for (int i = 0; i < 500 && srv->n_children > 0; i++) {
-        reap_children(srv);
-        if (srv->n_children)
-            usleep(10000);
-    }
-    for (uint32_t i = 0; i < n_slots; i++)
-        if (srv->children[i].pid)
-            kill(srv->children[i].pid, SIGKILL);
-    free(srv->children);
+    apir_workers_stop(srv);
     for (uint32_t i = 0; i < srv->n_lingering; i++)
         close(srv->lingering[i]);
     for (uint32_t i = 0; i < srv->n_pending; i++)

@@ -1,0 +1,73 @@
+#include "buffers.h"
+
+#include "apir_log.h"
+#include "upload_mirror.h"
+#include "weight_copies.h"
+
+#include <stdlib.h>
+
+bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size)
+{
+    const struct apir_limits *lim = &s->host->cfg.limits;
+    if (s->n_buffers >= lim->max_buffers || size > lim->max_alloc_bytes - s->bytes_allocated) {
+        APIR_WARN("host", "%s: buffer quota reached (%u buffers, %llu bytes, asking %llu)", s->name, s->n_buffers,
+                  (unsigned long long)s->bytes_allocated, (unsigned long long)size);
+        return false;
+    }
+    return true;
+}
+
+uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf, uint32_t device, uint32_t pinned_blob)
+{
+    struct apir_host_buffer *hb = calloc(1, sizeof(*hb));
+    uint64_t handle = hb ? apir_handle_new(&s->handles, APIR_HANDLE_BUFFER, hb, 0) : 0;
+    if (!handle) {
+        free(hb);
+        ggml_backend_buffer_free(buf);
+        return 0;
+    }
+    struct apir_handle_slot *slot = apir_handle_get(&s->handles, handle, APIR_HANDLE_BUFFER);
+    hb->handle = handle;
+    hb->buffer = buf;
+    hb->base = ggml_backend_buffer_get_base(buf);
+    hb->size = ggml_backend_buffer_get_size(buf);
+    hb->device = device;
+    hb->pinned_blob = pinned_blob;
+    hb->opaque_base = ((uint64_t)apir_handle_slot_index(&s->handles, slot) + 1) << APIR_OPAQUE_BASE_SHIFT;
+    s->n_buffers++;
+    s->bytes_allocated += hb->size;
+    return handle;
+}
+
+void apir_buffer_forget_copies(struct apir_session *s, struct apir_host_buffer *hb, const void *data, size_t len)
+{
+    if (len == SIZE_MAX) {
+        apir_mirror_forget_buffer(s, hb->buffer);
+        apir_weights_forget_buffer(s, hb->buffer);
+    } else {
+        apir_mirror_forget_range(s, hb->buffer, data, len);
+        apir_weights_forget_range(s, data, len);
+    }
+}
+
+void apir_buffer_release(struct apir_session *s, struct apir_host_buffer *hb)
+{
+    apir_buffer_forget_copies(s, hb, NULL, SIZE_MAX);
+    ggml_backend_buffer_free(hb->buffer);
+    if (hb->pinned_blob)
+        apir_session_blob_unpin(s, hb->pinned_blob);
+    s->n_buffers--;
+    s->bytes_allocated -= hb->size;
+    s->buffers_epoch++;
+    apir_handle_free(&s->handles, hb->handle);
+    free(hb);
+}
+
+void apir_buffers_release_all(struct apir_session *s)
+{
+    for (uint32_t i = 0; i < s->handles.capacity; i++) {
+        struct apir_handle_slot *slot = &s->handles.slots[i];
+        if (slot->kind == APIR_HANDLE_BUFFER)
+            apir_buffer_release(s, slot->object);
+    }
+}

@@ -1,0 +1,294 @@
+/*
+ * Graph execution (the contract is in graph_exec.h): the graph commands'
+ * handlers, keyed graphs kept for recomputes, deferral and settling.
+ */
+#include "graph_exec.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-impl.h"
+#include "handlers.h"
+#include "import.h"
+#include "op_policy.h"
+#include "upload_mirror.h"
+#include "wait.h"
+
+#include <stdlib.h>
+
+/* A graph kept by key (apir 0.2 BACKEND_GRAPH_COMPUTE_KEYED): a reused
+ * graph is recomputed by key, without being sent, decoded and checked
+ * again.  Each slot owns its tensors' context.  Buffer memory going
+ * anywhere in the session (s->buffers_epoch) invalidates every slot (its
+ * tensors could point into it). */
+struct apir_graph_slot {
+    uint64_t key;            /* 0: empty */
+    uint64_t epoch;          /* s->buffers_epoch when imported */
+    uint64_t last_use;
+    uint32_t device;
+    struct ggml_cgraph *graph;
+    struct apir_import_scratch scratch;
+};
+
+struct apir_graphs {
+    struct apir_graph_slot slots[APIR_GRAPH_CACHE_SLOTS];
+    uint64_t clock;                        /* the last last_use given */
+    /* Keyed graphs computed after their reply (s->defer_graphs): */
+    struct apir_graph_slot *deferred;      /* accepted, not yet computed */
+    uint32_t deferred_cmd;                 /* the command that accepted it (for the profile) */
+    const char *deferred_error;            /* a deferred graph failed: told at the next wait */
+    /* A keyed graph launched and not waited for (run_graph): queries are
+     * answered meanwhile; apir_session_settle waits for it. */
+    ggml_backend_t in_flight;
+    struct ggml_context *anchor_ctx;       /* apir_graph_anchor (graph_exec.h) */
+    struct ggml_tensor *anchor;
+};
+
+struct apir_graphs *apir_graphs_new(void)
+{
+    struct apir_graphs *g = calloc(1, sizeof(*g));
+    if (!g)
+        return NULL;
+    struct ggml_init_params anchor_params = { .mem_size = ggml_tensor_overhead(), .no_alloc = true };
+    g->anchor_ctx = ggml_init(anchor_params);
+    g->anchor = g->anchor_ctx ? ggml_new_tensor_1d(g->anchor_ctx, GGML_TYPE_F32, 1) : NULL;
+    if (g->anchor)
+        ggml_set_name(g->anchor, "apir_graph_anchor");
+    return g;
+}
+
+void apir_graphs_free(struct apir_graphs *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++)
+        apir_import_scratch_free(&g->slots[i].scratch);
+    if (g->anchor_ctx)
+        ggml_free(g->anchor_ctx);
+    free(g);
+}
+
+struct ggml_tensor *apir_graph_anchor(const struct apir_session *s)
+{
+    return s->graphs->anchor;
+}
+
+struct ggml_cgraph *apir_graph_kept(const struct apir_session *s, uint64_t key)
+{
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS && key; i++)
+        if (s->graphs->slots[i].key == key)
+            return s->graphs->slots[i].graph;
+    return NULL;
+}
+
+bool apir_graph_deferred(const struct apir_session *s)
+{
+    return s->graphs->deferred != NULL;
+}
+
+bool apir_graph_in_flight(const struct apir_session *s)
+{
+    return s->graphs->in_flight != NULL;
+}
+
+void apir_session_settle(struct apir_session *s)
+{
+    ggml_backend_t synced = s->graphs->in_flight;
+    if (synced) {
+        ggml_backend_synchronize(synced);
+        s->graphs->in_flight = NULL;
+    }
+    apir_mirror_wait_uploads(s, synced);
+}
+
+/* Where a keyed graph goes: its own slot, an empty one, or the least
+ * recently used. */
+static struct apir_graph_slot *graph_slot_for(struct apir_graphs *graphs, uint64_t key)
+{
+    struct apir_graph_slot *best = &graphs->slots[0];
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS; i++) {
+        struct apir_graph_slot *g = &graphs->slots[i];
+        if (g->key == key)
+            return g;
+        if (g->key == 0 || (best->key != 0 && g->last_use < best->last_use))
+            best = g;
+    }
+    return best;
+}
+
+/*
+ * Checks (op_policy.c) and computes a graph imported into sc.  in_flight:
+ * launched, not waited for (the device goes on while the host answers
+ * queries: on the H200 each new prompt batch's supports_op questions
+ * waited ~6 ms behind the previous batch before).
+ */
+static enum ggml_status run_graph(struct apir_session *s, struct apir_import_scratch *sc, uint32_t cmd,
+                                  ggml_backend_t backend, struct ggml_cgraph *graph, bool in_flight, uint32_t *result)
+{
+    const char *why = NULL;
+    uint64_t t0 = apir_now_ns(), segments0 = s->stats.n_segments;
+    enum ggml_status status = apir_policy_compute(s, sc, backend, graph, &why);
+    s->graphs->in_flight = backend;
+    if (!in_flight || status != GGML_STATUS_SUCCESS)
+        apir_session_settle(s);
+    uint64_t dt = apir_now_ns() - t0;
+    s->stats.compute_ns += dt;
+    APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us%s", s->name, apir_command_name(cmd),
+               ggml_graph_n_nodes(graph), (unsigned long long)(s->stats.n_segments - segments0), dt / 1e3,
+               in_flight ? " (launch)" : "");
+    apir_mirror_forget_written(s, graph);
+    s->stats.n_graphs++;
+    if (why)
+        *result = apir_refuse(s, cmd, why);
+    return status;
+}
+
+/* A graph blob at [offset, offset+size) of blob res_id; key 0: an APIR 0.1
+ * graph, computed before the reply, imported into the session's scratch;
+ * a keyed graph goes into its cache slot's. */
+static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset, uint64_t size,
+                              uint64_t key, uint32_t *status_out)
+{
+    struct apir_graphs *graphs = s->graphs;
+    enum ggml_status status = GGML_STATUS_ABORTED;
+    uint32_t result = APIR_HANDLER_OK;
+    ggml_backend_t backend = apir_session_backend(s, s->device);
+    const uint8_t *blob = apir_session_blob_range(s, res_id, offset, size);
+    struct apir_graph_slot *slot = key ? graph_slot_for(graphs, key) : NULL;
+    struct apir_import_scratch *sc = slot ? &slot->scratch : &s->scratch;
+    if (slot) {
+        /* Its tensors may be those of the graph still in flight. */
+        if (slot->key)
+            apir_session_settle(s);
+        slot->key = 0;  /* until this import succeeds */
+    }
+    if (!backend) {
+        status = GGML_STATUS_FAILED;
+    } else if (!blob) {
+        result = apir_refuse(s, cmd, "graph range outside its blob");
+    } else {
+        uint64_t t0 = apir_now_ns();
+        struct ggml_cgraph *graph = apir_import_graph(s, sc, blob, size, key != 0);
+        s->stats.import_ns += apir_now_ns() - t0;
+        if (graph) {
+            /* ggml's own reuse marker: backends (CUDA graphs) skip their
+             * per-node change checks when it matches the last graph's. */
+            graph->uid = key;
+            if (slot) {
+                slot->epoch = s->buffers_epoch;
+                slot->last_use = ++graphs->clock;
+                slot->device = s->device;
+                slot->graph = graph;
+                slot->key = key;
+            }
+            if (slot && s->defer_graphs) {
+                graphs->deferred = slot;
+                graphs->deferred_cmd = cmd;
+                status = GGML_STATUS_SUCCESS;
+            } else {
+                status = run_graph(s, sc, cmd, backend, graph, slot != NULL, &result);
+            }
+        } else {
+            result = apir_refuse(s, cmd, apir_import_error());
+        }
+    }
+    *status_out = (uint32_t)status;
+    return result;
+}
+
+APIR_HANDLER(BACKEND_GRAPH_COMPUTE)
+{
+    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE, req->blob, 0, req->size, 0, &rep->status);
+}
+
+APIR_HANDLER(BACKEND_GRAPH_COMPUTE_AT)
+{
+    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req->blob, req->blob_offset, req->size, 0, &rep->status);
+}
+
+APIR_HANDLER(BACKEND_GRAPH_COMPUTE_KEYED)
+{
+    if (req->key == 0)
+        return apir_refuse(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, "key 0");
+    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, req->blob, req->blob_offset, req->size, req->key,
+                         &rep->status);
+}
+
+/* The token path: a graph the guest sent before, computed again.  Index
+ * values are checked again (they change per call); the records cannot. */
+APIR_HANDLER(BACKEND_GRAPH_RECOMPUTE)
+{
+    struct apir_graphs *graphs = s->graphs;
+    if (req->key == 0)
+        return apir_refuse(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, "key 0");
+    struct apir_graph_slot *slot = NULL;
+    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS && !slot; i++)
+        if (graphs->slots[i].key == req->key)
+            slot = &graphs->slots[i];
+    ggml_backend_t backend = apir_session_backend(s, s->device);
+    if (!slot || slot->epoch != s->buffers_epoch || slot->device != s->device || !backend) {
+        rep->status = GGML_STATUS_ABORTED;
+        return APIR_HANDLER_STALE;
+    }
+    slot->last_use = ++graphs->clock;
+    s->stats.n_recomputes++;
+    if (s->defer_graphs) {
+        graphs->deferred = slot;
+        graphs->deferred_cmd = APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
+        rep->status = GGML_STATUS_SUCCESS;
+        return APIR_HANDLER_OK;
+    }
+    uint32_t result = APIR_HANDLER_OK;
+    rep->status = (uint32_t)run_graph(s, &slot->scratch, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, backend, slot->graph, true,
+                                      &result);
+    return result;
+}
+
+APIR_HANDLER(BACKEND_SYNCHRONIZE)
+{
+    (void)req;
+    (void)rep;
+    /* apir_graph_before_command has settled (it is not a query) and told a
+     * deferred failure; this waits for the stream itself. */
+    ggml_backend_t backend = apir_session_backend(s, s->device);
+    if (!backend)
+        return APIR_HANDLER_FAILED;
+    ggml_backend_synchronize(backend);
+    return APIR_HANDLER_OK;
+}
+
+void apir_session_run_deferred(struct apir_session *s)
+{
+    struct apir_graphs *graphs = s->graphs;
+    struct apir_graph_slot *slot = graphs->deferred;
+    if (!slot)
+        return;
+    graphs->deferred = NULL;
+    uint64_t t0 = apir_now_ns();
+    ggml_backend_t backend = apir_session_backend(s, slot->device);
+    uint32_t result = APIR_HANDLER_OK;
+    enum ggml_status status = backend ? run_graph(s, &slot->scratch, graphs->deferred_cmd, backend, slot->graph, true,
+                                                  &result)
+                                      : GGML_STATUS_FAILED;
+    s->stats.cmd_ns[graphs->deferred_cmd] += apir_now_ns() - t0;
+    if (result != APIR_HANDLER_OK || status != GGML_STATUS_SUCCESS) {
+        graphs->deferred_error =
+            status == GGML_STATUS_ABORTED ? "a graph was refused while computing" : "a graph failed";
+        slot->key = 0;  /* not kept: a recompute must send it again */
+    }
+}
+
+uint32_t apir_graph_before_command(struct apir_session *s, uint32_t cmd)
+{
+    struct apir_graphs *graphs = s->graphs;
+    apir_session_run_deferred(s);
+    if (!apir_command_runs_beside_device(cmd))
+        apir_session_settle(s);
+    if (graphs->deferred_error && (apir_command_classes(cmd) & APIR_REPORTS)) {
+        APIR_WARN("host", "%s: %s fails: %s before it", s->name, apir_command_name(cmd), graphs->deferred_error);
+        graphs->deferred_error = NULL;
+        return APIR_HANDLER_BAD_REQUEST;
+    }
+    return APIR_HANDLER_OK;
+}

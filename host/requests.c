@@ -1,0 +1,151 @@
+/*
+ * Decoding and checking request items for the derived request structs
+ * (requests.h), in two phases: the wire values first, every item read once
+ * and in order, so that a short or malformed request is refused as
+ * malformed whatever it names; then handles looked up in the session's
+ * table and tensors imported through import.c.  After the first refusal
+ * nothing more is resolved (no import is wasted on a request that fails
+ * anyway) and outputs are zero.
+ */
+#include "requests.h"
+
+#include "apir_log.h"
+#include "import.h"
+#include "inline_tensor.h"
+
+#include <string.h>
+
+void apir_request_begin(struct apir_request_decoder *rd, struct apir_session *s, struct apir_decoder *dec, uint32_t cmd,
+                        uint32_t n_tensor_items)
+{
+    rd->s = s;
+    rd->dec = dec;
+    rd->cmd = cmd;
+    rd->result = APIR_HANDLER_OK;
+    rd->why = NULL;
+    if (n_tensor_items && !apir_import_begin(&s->scratch, n_tensor_items, 0)) {
+        rd->result = APIR_HANDLER_FAILED;
+        rd->why = "no memory to import its tensors";
+    }
+}
+
+static void refuse(struct apir_request_decoder *rd, uint32_t result, const char *why)
+{
+    if (rd->result == APIR_HANDLER_OK) {
+        rd->result = result;
+        rd->why = why;
+    }
+}
+
+uint32_t apir_request_finish(struct apir_request_decoder *rd)
+{
+    if (rd->result != APIR_HANDLER_OK)
+        APIR_WARN("host", "%s: %s refused: %s", rd->s->name, apir_command_name(rd->cmd), rd->why);
+    return rd->result;
+}
+
+/* Phase one: the wire values, every item read once, in order.  Scalars
+ * need nothing more; the rest is resolved once the whole request decoded,
+ * so a short or malformed request is refused as such, whatever it names. */
+#define WIRE_COPY(kind, type)                                                    \
+    void apir_req_wire_##kind(struct apir_request_decoder *rd, type *w)          \
+    {                                                                            \
+        apir_get_##kind(rd->dec, w);                                             \
+    }                                                                            \
+    void apir_req_resolve_##kind(struct apir_request_decoder *rd, const type *w, type *out) \
+    {                                                                            \
+        (void)rd;                                                                \
+        *out = *w;                                                               \
+    }
+WIRE_COPY(u32, uint32_t)
+WIRE_COPY(i32, int32_t)
+WIRE_COPY(enum, uint32_t)
+WIRE_COPY(res, uint32_t)
+WIRE_COPY(bool, bool)
+WIRE_COPY(u8, uint8_t)
+WIRE_COPY(u64, uint64_t)
+#undef WIRE_COPY
+
+void apir_req_wire_buffer(struct apir_request_decoder *rd, uint64_t *w) { *w = apir_decode_u64(rd->dec); }
+void apir_req_wire_buft(struct apir_request_decoder *rd, uint64_t *w) { *w = apir_decode_u64(rd->dec); }
+void apir_req_wire_tensor(struct apir_request_decoder *rd, struct apir_tensor_rec *w) { apir_decode_tensor(rd->dec, w); }
+void apir_req_wire_tensors(struct apir_request_decoder *rd, struct apir_tensor_list *w)
+{
+    apir_decode_tensor_list(rd->dec, w, APIR_MAX_LIST_TENSORS);
+}
+
+/* An inline tensor has no fixed layout: it is parsed and imported where it
+ * stands (always the request's last item), and resolved already. */
+void apir_req_wire_inline(struct apir_request_decoder *rd, struct ggml_tensor **w)
+{
+    *w = NULL;
+    if (rd->result != APIR_HANDLER_OK || rd->dec->fatal)
+        return;
+    *w = apir_import_inline(rd->s, &rd->s->scratch, rd->dec);
+    if (rd->dec->fatal)
+        refuse(rd, APIR_HANDLER_BAD_REQUEST, "malformed inline tensor");
+}
+
+void apir_request_wire_done(struct apir_request_decoder *rd)
+{
+    if (rd->dec->fatal)
+        refuse(rd, APIR_HANDLER_BAD_REQUEST, "malformed request");
+}
+
+/* Phase two: handles and tensors, until the first refusal. */
+void apir_req_resolve_buffer(struct apir_request_decoder *rd, const uint64_t *handle, struct apir_host_buffer **out)
+{
+    *out = NULL;
+    if (rd->result != APIR_HANDLER_OK)
+        return;
+    struct apir_handle_slot *slot = apir_handle_get(&rd->s->handles, *handle, APIR_HANDLE_BUFFER);
+    if (!slot)
+        refuse(rd, APIR_HANDLER_BAD_HANDLE, "unknown, stale or foreign buffer handle");
+    else
+        *out = slot->object;
+}
+
+void apir_req_resolve_buft(struct apir_request_decoder *rd, const uint64_t *handle, struct apir_buft_ref *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (rd->result != APIR_HANDLER_OK)
+        return;
+    struct apir_handle_slot *slot = apir_handle_get(&rd->s->handles, *handle, APIR_HANDLE_BUFT);
+    if (!slot) {
+        refuse(rd, APIR_HANDLER_BAD_HANDLE, "unknown, stale or foreign buffer type handle");
+        return;
+    }
+    out->buft = slot->object;
+    out->device = (uint32_t)slot->aux;
+    out->handle = *handle;
+}
+
+void apir_req_resolve_tensor(struct apir_request_decoder *rd, const struct apir_tensor_rec *rec, struct ggml_tensor **out)
+{
+    *out = NULL;
+    if (rd->result != APIR_HANDLER_OK)
+        return;
+    *out = apir_import_tensor(rd->s, &rd->s->scratch, rec, true, NULL);
+    if (!*out)
+        refuse(rd, APIR_HANDLER_BAD_REQUEST, apir_import_error());
+}
+
+void apir_req_resolve_tensors(struct apir_request_decoder *rd, const struct apir_tensor_list *list, struct ggml_tensor **out)
+{
+    *out = NULL;
+    if (rd->result != APIR_HANDLER_OK)
+        return;
+    struct ggml_tensor **tensors = NULL;
+    if (apir_import_begin(&rd->s->scratch, list->count, 0))
+        tensors = apir_import_list(rd->s, &rd->s->scratch, list->count, list->records, false);
+    if (tensors)
+        *out = tensors[0];
+    else
+        APIR_DEBUG("host", "%s: %s: tensor refused: %s", rd->s->name, apir_command_name(rd->cmd), apir_import_error());
+}
+
+void apir_req_resolve_inline(struct apir_request_decoder *rd, struct ggml_tensor *const *w, struct ggml_tensor **out)
+{
+    (void)rd;
+    *out = *w;
+}

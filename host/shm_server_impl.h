@@ -1,0 +1,82 @@
+/*
+ * The shm server's state, shared by its two files: shm_server.c (the accept
+ * loop, admission, serving guests on threads) and workers.c (worker
+ * processes: one per guest with process isolation).  Nothing else includes
+ * this.
+ */
+#ifndef APIR_SHM_SERVER_IMPL_H
+#define APIR_SHM_SERVER_IMPL_H
+
+#include "shm_server.h"
+#include "session.h"
+#include "shm_proto.h"
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+struct shm_client {
+    struct apir_shm_server *srv;
+    int fd;
+    int pid;
+    uid_t uid;                      /* the peer's (SO_PEERCRED) */
+    _Atomic uint64_t busy_since_ns; /* when the command being served began; 0: idle */
+    atomic_int refs;
+    atomic_bool dead;
+    struct apir_shm_ctrl *ctrl;
+    struct apir_session *session;
+    struct shm_client *next;
+};
+
+struct apir_shm_server {
+    struct apir_host *host;
+    int listen_fd;                /* -1: serving one inherited connection */
+    int stop_pipe[2];
+    char path[108];
+    struct shm_client *clients;
+    atomic_uint n_clients;
+    uint64_t next_id;
+    /* Process isolation: each guest is served by a fresh worker process
+     * (this program re-executed with --serve-fd), so a guest that makes a
+     * backend abort takes down only its own worker. */
+    char **worker_argv;
+    struct worker_slot {
+        pid_t pid;                /* 0: free; the slot names the worker's uid (sandbox.h) */
+        uid_t peer_uid;
+    } *children;                  /* max_clients slots */
+    uint32_t n_children;
+    int child_pipe[2];
+    /* New connections: a token bucket refilled at spawn_per_s. */
+    double spawn_tokens;
+    uint64_t spawn_refill_ns;
+    /* Serving threads: connections whose hello has not arrived yet. */
+    struct pending_conn {
+        int fd;
+        uid_t uid;
+        uint64_t deadline_ns;
+    } pending[128];
+    uint32_t n_pending;
+    /* Refused connections linger until the guest has read why: closing a
+     * socket with its hello unread would reset the connection and lose the
+     * answer.  Bounded; the oldest goes first. */
+    int lingering[16];
+    uint32_t n_lingering;
+};
+
+
+/* shm_server.c: refusing a connection with a message it can read. */
+void apir_server_refuse(int fd, const char *message);
+void apir_server_linger_close(struct apir_shm_server *srv, int fd);
+
+/* workers.c */
+/* Hands the connection to a new worker process in a free slot (the slot
+ * gives the worker its uid: sandbox.h); fd is closed here either way. */
+void apir_workers_spawn(struct apir_shm_server *srv, int fd, uid_t uid);
+/* Collects the workers that ended (SIGCHLD woke the main loop). */
+void apir_workers_reap(struct apir_shm_server *srv);
+/* Ends every worker: SIGTERM, a bounded wait, then SIGKILL. */
+void apir_workers_stop(struct apir_shm_server *srv);
+/* In a worker process: ends it when its guest hung up mid-command or the
+ * command ran past its budget. */
+void apir_worker_watch(struct apir_shm_server *srv, bool hung_up);
+
+#endif

@@ -1,0 +1,169 @@
+/*
+ * Worker processes (apir-host's process isolation): each guest is served by
+ * a fresh process - this program re-executed with --serve-fd - in a slot
+ * whose number gives it its own uid (sandbox.h), so a guest that makes a
+ * backend abort, or that a kernel cannot stop, takes down only its worker.
+ * The daemon starts, counts, reaps and, at its end, stops them; a worker
+ * watches its own guest and command clock.
+ */
+#include "shm_server_impl.h"
+
+#include "apir_log.h"
+#include "wait.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The daemon's SIGCHLD handler writes here to wake its main loop. */
+static int sigchld_fd = -1;
+
+static void on_sigchld(int sig)
+{
+    (void)sig;
+    char b = 1;
+    if (sigchld_fd >= 0) {
+        ssize_t r = write(sigchld_fd, &b, 1);
+        (void)r;
+    }
+}
+
+/* Process isolation: hand the connection to a new worker process in a free
+ * slot (the slot gives the worker its uid: sandbox.h). */
+void apir_workers_spawn(struct apir_shm_server *srv, int fd, uid_t uid)
+{
+    uint32_t slot = 0;
+    const uint32_t n_slots = srv->host->cfg.limits.max_clients;
+    while (slot < n_slots && srv->children[slot].pid != 0)
+        slot++;
+    if (slot == n_slots) {
+        apir_server_refuse(fd, "too many clients");
+        apir_server_linger_close(srv, fd);
+        return;
+    }
+    uint64_t id = ++srv->next_id;
+    char fd_arg[16], id_arg[24], slot_arg[16];
+    snprintf(fd_arg, sizeof(fd_arg), "%d", fd);
+    snprintf(id_arg, sizeof(id_arg), "%llu", (unsigned long long)id);
+    snprintf(slot_arg, sizeof(slot_arg), "%u", slot);
+    int argc = 0;
+    while (srv->worker_argv[argc])
+        argc++;
+    char **argv = calloc((size_t)argc + 7, sizeof(char *));
+    if (!argv) {
+        apir_server_refuse(fd, "out of memory");
+        close(fd);
+        return;
+    }
+    for (int i = 0; i < argc; i++)
+        argv[i] = srv->worker_argv[i];
+    argv[argc++] = "--serve-fd";
+    argv[argc++] = fd_arg;
+    argv[argc++] = "--client-id";
+    argv[argc++] = id_arg;
+    argv[argc++] = "--worker-slot";
+    argv[argc++] = slot_arg;
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Workers go with the daemon: a killed host is a dead host. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fcntl(fd, F_SETFD, 0);  /* the worker inherits this one fd */
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    free(argv);
+    close(fd);
+    if (pid < 0) {
+        APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
+        return;
+    }
+    srv->children[slot] = (struct worker_slot){ .pid = pid, .peer_uid = uid };
+    srv->n_children++;
+    APIR_INFO("host", "guest#%llu (uid %u): worker process %d, slot %u", (unsigned long long)id, (unsigned)uid, (int)pid,
+              slot);
+}
+
+void apir_workers_reap(struct apir_shm_server *srv)
+{
+    char buf[64];
+    while (read(srv->child_pipe[0], buf, sizeof(buf)) > 0)
+        ;
+    pid_t pid;
+    int status;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++) {
+            if (srv->children[i].pid != pid)
+                continue;
+            srv->children[i].pid = 0;
+            srv->n_children--;
+            if (WIFSIGNALED(status))
+                APIR_WARN("host", "worker process %d died of signal %d; its guest is disconnected, others go on",
+                          (int)pid, WTERMSIG(status));
+            break;
+        }
+    }
+}
+
+bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv)
+{
+    srv->children = calloc(srv->host->cfg.limits.max_clients ? srv->host->cfg.limits.max_clients : 1,
+                           sizeof(*srv->children));
+    if (!srv->children)
+        return false;
+    srv->worker_argv = worker_argv;
+    sigchld_fd = srv->child_pipe[1];
+    struct sigaction sa = { .sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP };
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGCHLD, &sa, NULL) == 0;
+}
+
+/*
+ * A worker process's guest hung up in the middle of a command, or a command
+ * ran past its budget: the kernel computing cannot be stopped from outside
+ * (a single node may run for minutes), so the process ends, now, without
+ * unwinding - the kernel reclaims all of it, and nobody else is served here.
+ */
+void apir_worker_watch(struct apir_shm_server *srv, bool hung_up)
+{
+    struct shm_client *c = srv->clients;
+    if (srv->listen_fd >= 0 || !c)
+        return;
+    const uint64_t budget_ns = (uint64_t)srv->host->cfg.limits.graph_timeout_ms * 1000000ull;
+    uint64_t since = atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed);
+    if (!since)
+        return;
+    if (hung_up) {
+        APIR_WARN("host", "%s: the guest left in the middle of a command: ending its worker", c->session->name);
+        _exit(0);
+    }
+    if (budget_ns && apir_now_ns() - since > budget_ns) {
+        APIR_WARN("host", "%s: a command ran past the %u ms budget (--graph-timeout-ms): ending its worker",
+                  c->session->name, srv->host->cfg.limits.graph_timeout_ms);
+        _exit(1);
+    }
+}
+
+void apir_workers_stop(struct apir_shm_server *srv)
+{
+    const uint32_t n_slots = srv->children ? srv->host->cfg.limits.max_clients : 0;
+    for (uint32_t i = 0; i < n_slots; i++)
+        if (srv->children[i].pid)
+            kill(srv->children[i].pid, SIGTERM);
+    /* A bounded wait (this is shutdown, not a hot path). */
+    for (int i = 0; i < 500 && srv->n_children > 0; i++) {
+        apir_workers_reap(srv);
+        if (srv->n_children)
+            usleep(10000);
+    }
+    for (uint32_t i = 0; i < n_slots; i++)
+        if (srv->children[i].pid)
+            kill(srv->children[i].pid, SIGKILL);
+    free(srv->children);
+    srv->children = NULL;
+}
