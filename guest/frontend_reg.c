@@ -11,6 +11,8 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 
+#include "ggml-impl.h"  /* ggml_log_internal */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +71,23 @@ static void print_profiles(void)
     }
 }
 
+/*
+ * apir's log lines go through ggml's logger: a program that captures ggml's
+ * log (ggml_log_set, llama_log_set: llama-server, ollama-style apps) gets
+ * ours with it; ggml's default logger writes them to stderr as before.
+ * APIR_LOG_LEVEL still filters first; APIR_LOG_FILE, if set, still wins.
+ */
+static void log_to_ggml(enum apir_log_level level, const char *line)
+{
+    static const enum ggml_log_level levels[] = {
+        [APIR_LOG_ERROR] = GGML_LOG_LEVEL_ERROR,
+        [APIR_LOG_WARN] = GGML_LOG_LEVEL_WARN,
+        [APIR_LOG_INFO] = GGML_LOG_LEVEL_INFO,
+        [APIR_LOG_DEBUG] = GGML_LOG_LEVEL_DEBUG,
+    };
+    ggml_log_internal(levels[level], "%s", line);
+}
+
 static void connect_devices(void)
 {
     struct apir_reg_ctx *c = &reg_ctx;
@@ -115,6 +134,7 @@ static ggml_backend_reg_t apir_backend_reg(void)
     apir_reg.api_version = GGML_BACKEND_API_VERSION;
     apir_reg.iface = apir_reg_iface;
     apir_reg.context = &reg_ctx;
+    apir_log_set_sink(log_to_ggml);
     pthread_once(&reg_ctx.once, connect_devices);
     return &apir_reg;
 }

@@ -30,6 +30,38 @@ struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_c
     return r->enc;
 }
 
+/*
+ * What a failed command's code means, for the guest's log line.  The reply
+ * carries the code only: which quota and its value stay in the host's log
+ * (and are the host's: another tenant's use is never told).  APIR_HANDLER_LIMIT
+ * is named from the command: a buffer command is over the guest's buffer
+ * count or bytes.
+ */
+static const char *handler_result_text(enum apir_command cmd, uint32_t result)
+{
+    switch (result) {
+    case APIR_HANDLER_FAILED:
+        return "the operation failed";
+    case APIR_HANDLER_BAD_REQUEST:
+        return "malformed or out-of-bounds request, or a graph node the host would not build";
+    case APIR_HANDLER_BAD_HANDLE:
+        return "unknown, stale or foreign handle";
+    case APIR_HANDLER_LIMIT:
+        return strstr(apir_command_name(cmd), "BUFFER")
+                   ? "a per-client limit was hit (buffers or bytes quota: apir-host --max-buffers, --max-alloc-mib; "
+                     "the host's log names it)"
+                   : "a per-client limit was hit (a quota of apir-host's --max-* options; the host's log names it)";
+    case APIR_HANDLER_REPLY_FULL:
+        return "the reply does not fit the reply area";
+    case APIR_HANDLER_INVALID_INDEX:
+        return "command unknown to the host or above the negotiated protocol";
+    case APIR_HANDLER_STALE:
+        return "the host no longer keeps that graph";
+    default:
+        return "unknown result";
+    }
+}
+
 int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, struct apir_decoder *reply)
 {
     const char *name = apir_command_name(cmd);
@@ -69,7 +101,7 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
     }
     uint32_t result = ret - APIR_FORWARD_BASE;
     if (result != APIR_HANDLER_OK) {
-        APIR_WARN("guest", "%s failed on the host (code %u)", name, result);
+        APIR_WARN("guest", "%s failed on the host (code %u): %s", name, result, handler_result_text(cmd, result));
         return (int)result;
     }
     return APIR_HANDLER_OK;

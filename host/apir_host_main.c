@@ -10,12 +10,21 @@
  * seccomp - before the guest's hello.
  * With --isolation thread this process serves every guest itself, without
  * a sandbox: for trusted guests only.
+ *
+ * The command line (getopt_long): every option in long_opts below, with
+ * --opt VALUE and --opt=VALUE; the short letters are those rpc-server users
+ * know (-H -p -d -t -c) where they fit.  A new option is a row in long_opts,
+ * a line in usage() and a case in parse_args().
  */
+#include "apir_build.h"
 #include "apir_log.h"
 #include "host.h"
 #include "sandbox.h"
 #include "shm_server.h"
 
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +38,9 @@ void apir_test_attack_prepare(void);
 void apir_test_attack_run(void);
 #endif
 
+/* Exit statuses (usage() and the README list them). */
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
 static struct apir_shm_server *g_server;  /* for the signal handler only */
 
 static void on_signal(int sig)
@@ -38,64 +50,396 @@ static void on_signal(int sig)
         apir_shm_server_stop(g_server);
 }
 
-static void usage(FILE *out)
+/* A worker asked to stop (the daemon's shutdown, or ^C reaching the whole
+ * process group) ends quietly: its end is expected, not a crash to report. */
+static void on_worker_stop(int sig)
+{
+    (void)sig;
+    _exit(0);
+}
+
+/* Long-only options have ids above the character range. */
+enum {
+    OPT_VERSION = 256,
+    OPT_BACKEND_DIR,
+    OPT_LIST_DEVICES,
+    OPT_LOG_LEVEL,
+    OPT_ISOLATION,
+    OPT_WORKER_UID_BASE,
+    OPT_NO_SANDBOX,
+    OPT_SANDBOX_LOG,
+    OPT_SANDBOX_ALLOW,
+    OPT_MAX_CLIENTS,
+    OPT_MAX_BUFFERS,
+    OPT_MAX_ALLOC_MIB,
+    OPT_MAX_GRAPH_NODES,
+    OPT_MAX_GRAPH_TENSORS,
+    OPT_MAX_BLOBS,
+    OPT_MAX_BLOB_MIB,
+    OPT_MAX_CLIENTS_PER_UID,
+    OPT_SPAWN_RATE,
+    OPT_SPAWN_BURST,
+    OPT_HANDSHAKE_TIMEOUT_MS,
+    OPT_GRAPH_TIMEOUT_MS,
+    OPT_SOCKET_MODE,
+    OPT_SOCKET_GROUP,
+    /* internal: how the daemon starts a worker (workers.c) */
+    OPT_SERVE_FD,
+    OPT_CLIENT_ID,
+    OPT_WORKER_SLOT,
+};
+
+/* Leading colon: a missing value is reported as such (case ':'). */
+static const char short_opts[] = ":hH:l:p:b:d:t:c";
+
+static const struct option long_opts[] = {
+    { "help", no_argument, NULL, 'h' },
+    { "version", no_argument, NULL, OPT_VERSION },
+    { "listen", required_argument, NULL, 'l' },
+    { "host", required_argument, NULL, 'H' },
+    { "port", required_argument, NULL, 'p' },
+    { "backend", required_argument, NULL, 'b' },
+    { "device", required_argument, NULL, 'd' },
+    { "threads", required_argument, NULL, 't' },
+    { "cache", no_argument, NULL, 'c' },
+    { "backend-dir", required_argument, NULL, OPT_BACKEND_DIR },
+    { "list-devices", no_argument, NULL, OPT_LIST_DEVICES },
+    { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
+    { "isolation", required_argument, NULL, OPT_ISOLATION },
+    { "worker-uid-base", required_argument, NULL, OPT_WORKER_UID_BASE },
+    { "no-sandbox", no_argument, NULL, OPT_NO_SANDBOX },
+    { "sandbox-log", no_argument, NULL, OPT_SANDBOX_LOG },
+    { "sandbox-allow", required_argument, NULL, OPT_SANDBOX_ALLOW },
+    { "max-clients", required_argument, NULL, OPT_MAX_CLIENTS },
+    { "max-buffers", required_argument, NULL, OPT_MAX_BUFFERS },
+    { "max-alloc-mib", required_argument, NULL, OPT_MAX_ALLOC_MIB },
+    { "max-graph-nodes", required_argument, NULL, OPT_MAX_GRAPH_NODES },
+    { "max-graph-tensors", required_argument, NULL, OPT_MAX_GRAPH_TENSORS },
+    { "max-blobs", required_argument, NULL, OPT_MAX_BLOBS },
+    { "max-blob-mib", required_argument, NULL, OPT_MAX_BLOB_MIB },
+    { "max-clients-per-uid", required_argument, NULL, OPT_MAX_CLIENTS_PER_UID },
+    { "spawn-rate", required_argument, NULL, OPT_SPAWN_RATE },
+    { "spawn-burst", required_argument, NULL, OPT_SPAWN_BURST },
+    { "handshake-timeout-ms", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT_MS },
+    { "graph-timeout-ms", required_argument, NULL, OPT_GRAPH_TIMEOUT_MS },
+    { "socket-mode", required_argument, NULL, OPT_SOCKET_MODE },
+    { "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
+    { "serve-fd", required_argument, NULL, OPT_SERVE_FD },
+    { "client-id", required_argument, NULL, OPT_CLIENT_ID },
+    { "worker-slot", required_argument, NULL, OPT_WORKER_SLOT },
+    { NULL, 0, NULL, 0 },
+};
+
+static void usage(FILE *out, const char *default_socket, const char *backend_dir, const char *backend_dir_source)
 {
     fprintf(out,
             "usage: apir-host [options]\n"
-            "  --listen unix:PATH     socket to serve (default $XDG_RUNTIME_DIR/apir/host.sock, else /run/apir/host.sock)\n"
-            "  --backend NAME         ggml backend (CPU, CUDA, Vulkan...; default: first GPU, else CPU)\n"
-            "  --device N             serve only device N of the backend (default: all)\n"
-            "  --threads N            CPU backend threads\n"
-            "  --backend-dir DIR      where ggml's backend libraries are (default: %s)\n"
-            "  --list-devices         list the backends and devices found, then exit\n"
-            "  --log-level LEVEL      error|warn|info|debug (default info)\n"
-            "  --isolation MODE       process: each guest in its own sandboxed worker process (default);\n"
-            "                         thread: all guests in this process, unsandboxed - TRUSTED GUESTS ONLY\n"
-            "                         (a guest that crashes or compromises it reaches every other guest)\n"
+            "Serves a ggml backend (CPU, CUDA, Vulkan...) to ggml programs that load libggml-apir.so.\n"
+            "Options take their value as --opt VALUE or --opt=VALUE.\n"
+            "  -h, --help               this help, then exit\n"
+            "      --version            apir's version, the APIR protocol version and the ggml it was built against\n"
+            "  -l, --listen unix:PATH   socket to serve (default %s)\n"
+            "  -H, --host unix:PATH     the same (rpc-server's -H); there is no TCP: guests share memory with\n"
+            "                           the host, so they run on this machine (unix:) or in a VM (libapir-virgl.so)\n"
+            "  -p, --port N             refused: no TCP transport (see -H)\n"
+            "      --socket-mode MODE   permissions of the socket file (octal; default 0660: owner and group\n"
+            "                           may connect); not used when systemd passes the socket (SocketMode=)\n"
+            "      --socket-group GROUP group of the socket file (name or gid; default: the daemon's group);\n"
+            "                           not used when systemd passes the socket (SocketGroup=)\n"
+            "  -b, --backend NAME       ggml backend (CPU, CUDA, Vulkan...; default: the first GPU's, else CPU)\n"
+            "  -d, --device N|NAME      serve only device N of the backend, or the device named NAME\n"
+            "                           (CUDA0, CPU...: --list-devices; default: every device of the backend)\n"
+            "  -t, --threads N          CPU backend threads (default %d: the cores this process may use,\n"
+            "                           within its cgroup's CPU quota; 0: the backend's own default)\n"
+            "  -c, --cache              accepted for rpc-server's -c and ignored: the host maps a guest's model\n"
+            "                           file directly, there is nothing to cache\n"
+            "      --backend-dir DIR    where ggml's backend libraries are (default: $APIR_BACKEND_DIR, else\n"
+            "                           %s from this program's folder, as installed)\n"
+            "                           here: %s (%s)\n"
+            "      --list-devices       list the backends and devices found, then exit\n"
+            "      --log-level LEVEL    error|warn|info|debug (default info, or $APIR_LOG_LEVEL)\n"
+            "      --isolation MODE     process: each guest in its own sandboxed worker process (default);\n"
+            "                           thread: all guests in this process, unsandboxed - TRUSTED GUESTS ONLY\n"
+            "                           (a guest that crashes or compromises it reaches every other guest)\n"
             "worker sandbox (process isolation):\n"
-            "  --worker-uid-base N    as root, worker k runs as uid/gid N+k (default %u)\n"
-            "  --no-sandbox           workers keep the daemon's uid and every syscall (debugging only)\n"
-            "  --sandbox-log          name each refused syscall in the worker's log (still refused)\n"
-            "  --sandbox-allow LIST   also allow these syscalls (comma-separated names), e.g. for a GPU driver\n"
+            "      --worker-uid-base N  as root, worker k runs as uid/gid N+k (default %u)\n"
+            "      --no-sandbox         workers keep the daemon's uid and every syscall (debugging only)\n"
+            "      --sandbox-log        name each refused syscall in the worker's log (still refused)\n"
+            "      --sandbox-allow LIST also allow these syscalls (comma-separated names), e.g. for a GPU driver\n"
             "limits per guest (over a limit the call fails; other guests go on):\n"
-            "  --max-clients N        concurrent guests (64)\n"
-            "  --max-buffers N        live buffers (4096)\n"
-            "  --max-alloc-mib N      MiB in live buffers (unlimited)\n"
-            "  --max-graph-nodes N    nodes per graph (65536)\n"
-            "  --max-graph-tensors N  tensors per graph (262144)\n"
-            "  --max-blobs N          shared-memory blobs (1024)\n"
-            "  --max-blob-mib N       MiB of shared memory mapped (half the RAM, at most 65536)\n"
+            "      --max-clients N      concurrent guests (64)\n"
+            "      --max-buffers N      live buffers (4096)\n"
+            "      --max-alloc-mib N    MiB in live buffers (unlimited)\n"
+            "      --max-graph-nodes N  nodes per graph (65536)\n"
+            "      --max-graph-tensors N  tensors per graph (262144)\n"
+            "      --max-blobs N        shared-memory blobs (1024)\n"
+            "      --max-blob-mib N     MiB of shared memory mapped (half the RAM, at most 65536)\n"
             "denial of service:\n"
-            "  --max-clients-per-uid N  concurrent connections of one peer uid, root's too (16; 0: no limit)\n"
-            "  --spawn-rate N         new connections per second, all peers (20; 0: no limit)\n"
-            "  --spawn-burst N        ... at once (40)\n"
-            "  --handshake-timeout-ms N  a connection's hello must come by then (5000)\n"
-            "  --graph-timeout-ms N   one command's time; a worker over it is ended (60000; 0: none)\n",
-            APIR_GGML_BIN, APIR_SANDBOX_UID_BASE_DEFAULT);
+            "      --max-clients-per-uid N  concurrent connections of one peer uid, root's too (16; 0: no limit)\n"
+            "      --spawn-rate N       new connections per second, all peers (20; 0: no limit)\n"
+            "      --spawn-burst N      ... at once (40)\n"
+            "      --handshake-timeout-ms N  a connection's hello must come by then (5000; at most 600000)\n"
+            "      --graph-timeout-ms N one command's time; a worker over it is ended (60000; 0: none)\n"
+            "exit status: 0 stopped by SIGTERM or SIGINT, or --help, --version, --list-devices done;\n"
+            "             1 cannot serve (no backend or device, bad backend directory, socket in use...);\n"
+            "             2 bad command line\n",
+            default_socket, apir_host_default_threads(), APIR_BIN_TO_GGML, backend_dir ? backend_dir : "none found",
+            backend_dir_source, APIR_SANDBOX_UID_BASE_DEFAULT);
 }
 
-static int parse_u64(const char *s, unsigned long long *out)
+static const char *opt_name(int id)
 {
-    char *end;
-    if (!s || !*s)
-        return -1;
-    *out = strtoull(s, &end, 10);
-    return *end ? -1 : 0;
+    for (const struct option *o = long_opts; o->name; o++)
+        if (o->val == id)
+            return o->name;
+    return "?";
+}
+
+/* A decimal number from min to max, or a message and false. */
+static bool num_arg(int id, const char *v, unsigned long long min, unsigned long long max, unsigned long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = 0;
+    if (v && *v >= '0' && *v <= '9')
+        n = strtoull(v, &end, 10);
+    if (!end || *end || errno || n < min || n > max) {
+        fprintf(stderr, "apir-host: --%s: '%s' is not a number from %llu to %llu\n", opt_name(id), v ? v : "", min, max);
+        return false;
+    }
+    *out = n;
+    return true;
+}
+
+static const char no_tcp[] = "apir has no TCP transport: a guest shares memory with its host, so it runs on this "
+                             "machine (--listen unix:PATH) or in a VM (virtgpu, served by libapir-virgl.so)";
+
+/* --listen/-H: unix:PATH, or a path with a '/'.  Anything else - tcp:...,
+ * host:port, a bare host name - is refused, never bound as a file name. */
+static bool parse_listen(const char *v, char *path, size_t len)
+{
+    const size_t scheme = strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+    const char *p = v;
+    if (!strncmp(v, "unix:", 5)) {
+        p = v + 5;
+    } else if (!strncmp(v, "virtgpu", 7) && (v[7] == '\0' || v[7] == ':')) {
+        fprintf(stderr, "apir-host: --listen %s: a VM guest's host is libapir-virgl.so in the hypervisor, not apir-host\n", v);
+        return false;
+    } else if (scheme > 0 && v[scheme] == ':') {
+        fprintf(stderr, "apir-host: --listen %s: not a unix: endpoint; %s\n", v, no_tcp);
+        return false;
+    } else if (!strchr(v, '/')) {
+        fprintf(stderr, "apir-host: --listen %s: not a socket path (unix:PATH, or ./%s in this folder); %s\n", v, v, no_tcp);
+        return false;
+    }
+    if (!*p) {
+        fprintf(stderr, "apir-host: --listen %s: no socket path\n", v);
+        return false;
+    }
+    if (strlen(p) >= len) {
+        fprintf(stderr, "apir-host: --listen %s: socket path too long (at most %zu bytes)\n", v, len - 1);
+        return false;
+    }
+    snprintf(path, len, "%s", p);
+    return true;
+}
+
+struct args {
+    struct apir_host_config cfg;
+    struct apir_sandbox_config sandbox;
+    char path[108];
+    struct apir_shm_listen_options listen;  /* the socket file's mode and group */
+    bool list, isolate, version, help;
+    const char *backend_dir;     /* --backend-dir, else NULL */
+    int serve_fd;
+    unsigned long long worker_slot, client_id;
+};
+
+/* EXIT_OK to go on; else the exit status (a message was printed). */
+static int parse_args(struct args *a, int argc, char **argv)
+{
+    int c;
+    opterr = 0;  /* our own messages, with the option's name */
+    while ((c = getopt_long(argc, argv, short_opts, long_opts, NULL)) != -1) {
+        unsigned long long n = 0;
+#define NUM(lo, hi) do { if (!num_arg(c, optarg, (lo), (hi), &n)) return EXIT_USAGE; } while (0)
+        switch (c) {
+        case 'h':
+            a->help = true;
+            break;
+        case OPT_VERSION:
+            a->version = true;
+            break;
+        case 'l':
+        case 'H':
+            if (!parse_listen(optarg, a->path, sizeof(a->path)))
+                return EXIT_USAGE;
+            break;
+        case 'p':
+            fprintf(stderr, "apir-host: --port %s: %s\n", optarg, no_tcp);
+            return EXIT_USAGE;
+        case 'b':
+            a->cfg.backend_name = optarg;
+            break;
+        case 'd':
+            if (*optarg >= '0' && *optarg <= '9') {
+                NUM(0, APIR_HOST_MAX_DEVICES - 1);
+                a->cfg.device = (int)n;
+                a->cfg.device_name = NULL;
+            } else if (*optarg && !strchr(optarg, ',')) {
+                a->cfg.device_name = optarg;
+                a->cfg.device = -1;
+            } else {
+                fprintf(stderr, "apir-host: --device %s: give one device, by number or name (one host serves "
+                                "one device or all devices of one backend)\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 't':
+            NUM(0, 1024);
+            a->cfg.n_threads = (int)n;
+            break;
+        case 'c':
+            fprintf(stderr, "apir-host: --cache ignored: the host maps a guest's model file directly, "
+                            "there is nothing to cache\n");
+            break;
+        case OPT_BACKEND_DIR:
+            a->backend_dir = optarg;
+            break;
+        case OPT_LIST_DEVICES:
+            a->list = true;
+            break;
+        case OPT_LOG_LEVEL: {
+            enum apir_log_level l;
+            if (apir_log_level_from_string(optarg, &l) != 0) {
+                fprintf(stderr, "apir-host: --log-level %s: use error, warn, info or debug\n", optarg);
+                return EXIT_USAGE;
+            }
+            apir_log_set_level(l);
+            break;
+        }
+        case OPT_ISOLATION:
+            if (strcmp(optarg, "process") && strcmp(optarg, "thread")) {
+                fprintf(stderr, "apir-host: --isolation %s: use process or thread\n", optarg);
+                return EXIT_USAGE;
+            }
+            a->isolate = !strcmp(optarg, "process");
+            break;
+        case OPT_WORKER_UID_BASE:
+            NUM(1, 0xFFFFFFFEull);
+            a->sandbox.uid_base = (uint32_t)n;
+            break;
+        case OPT_NO_SANDBOX:
+            a->sandbox.enabled = false;
+            break;
+        case OPT_SANDBOX_LOG:
+            a->sandbox.log_only = true;
+            break;
+        case OPT_SANDBOX_ALLOW:
+            a->sandbox.extra_allow = optarg;
+            break;
+        case OPT_MAX_CLIENTS:
+            NUM(1, 65536);
+            a->cfg.limits.max_clients = (uint32_t)n;
+            break;
+        case OPT_MAX_BUFFERS:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.max_buffers = (uint32_t)n;
+            break;
+        case OPT_MAX_ALLOC_MIB:
+            NUM(0, UINT64_MAX >> 20);
+            a->cfg.limits.max_alloc_bytes = (uint64_t)n << 20;
+            break;
+        case OPT_MAX_GRAPH_NODES:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.max_graph_nodes = (uint32_t)n;
+            break;
+        case OPT_MAX_GRAPH_TENSORS:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.max_graph_tensors = (uint32_t)n;
+            break;
+        case OPT_MAX_BLOBS:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.max_blobs = (uint32_t)n;
+            break;
+        case OPT_MAX_BLOB_MIB:
+            NUM(0, UINT64_MAX >> 20);
+            a->cfg.limits.max_blob_bytes = (uint64_t)n << 20;
+            break;
+        case OPT_MAX_CLIENTS_PER_UID:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.max_clients_per_uid = (uint32_t)n;
+            break;
+        case OPT_SPAWN_RATE:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.spawn_per_s = (uint32_t)n;
+            break;
+        case OPT_SPAWN_BURST:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.spawn_burst = (uint32_t)n;
+            break;
+        case OPT_HANDSHAKE_TIMEOUT_MS:
+            NUM(0, 600000);
+            a->cfg.limits.handshake_timeout_ms = (uint32_t)n;
+            break;
+        case OPT_GRAPH_TIMEOUT_MS:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.graph_timeout_ms = (uint32_t)n;
+            break;
+        case OPT_SOCKET_MODE:
+            if (apir_shm_parse_socket_mode(optarg, &a->listen.mode) != 0) {
+                fprintf(stderr, "apir-host: --socket-mode wants an octal mode from 0 to 0777, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case OPT_SOCKET_GROUP:
+            a->listen.group = optarg;
+            break;
+        case OPT_SERVE_FD:
+            NUM(0, INT_MAX);
+            a->serve_fd = (int)n;
+            break;
+        case OPT_CLIENT_ID:
+            NUM(0, UINT64_MAX);
+            a->client_id = n;
+            break;
+        case OPT_WORKER_SLOT:
+            NUM(0, UINT32_MAX);
+            a->worker_slot = n;
+            break;
+        case ':':
+            fprintf(stderr, "apir-host: %s needs a value (try --help)\n", argv[optind - 1]);
+            return EXIT_USAGE;
+        default:
+            if (optopt && optopt < 256 && strncmp(argv[optind - 1], "--", 2) != 0)
+                fprintf(stderr, "apir-host: unknown option -%c (try --help)\n", optopt);
+            else
+                fprintf(stderr, "apir-host: unknown or ambiguous option %s (try --help)\n", argv[optind - 1]);
+            return EXIT_USAGE;
+        }
+#undef NUM
+    }
+    /* Workers re-run this command line with options appended: nothing may
+     * end the options early. */
+    if (optind < argc || (optind > 1 && !strcmp(argv[optind - 1], "--"))) {
+        fprintf(stderr, "apir-host: unexpected argument '%s' (options only; try --help)\n",
+                optind < argc ? argv[optind] : "--");
+        return EXIT_USAGE;
+    }
+    return EXIT_OK;
 }
 
 int main(int argc, char **argv)
 {
-    struct apir_host_config cfg;
-    apir_host_config_default(&cfg);
-    cfg.backend_dir = APIR_GGML_BIN;
-    char path[108];
-    apir_shm_default_path(path, sizeof(path));
-    bool list = false, isolate = true;
-    int serve_fd = -1;
-    unsigned long long worker_slot = 0;
-    struct apir_sandbox_config sandbox;
-    apir_sandbox_config_default(&sandbox);
-    unsigned long long client_id = 0;
+    static struct args a;
+    apir_host_config_default(&a.cfg);
+    apir_sandbox_config_default(&a.sandbox);
+    a.isolate = true;
+    a.serve_fd = -1;
+    apir_shm_listen_options_default(&a.listen);  /* the environment's; options override */
+    apir_shm_default_path(a.path, sizeof(a.path));
+    char default_socket[sizeof(a.path) + 8];
+    snprintf(default_socket, sizeof(default_socket), "unix:%s", a.path);
     apir_log_set_level(APIR_LOG_INFO);
     if (getenv("APIR_LOG_LEVEL")) {
         enum apir_log_level l;
@@ -103,174 +447,91 @@ int main(int argc, char **argv)
             apir_log_set_level(l);
     }
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned long long n = 0;
-#define NEED_NUM() do { if (parse_u64(v, &n)) { fprintf(stderr, "apir-host: %s needs a number\n", a); return 2; } i++; } while (0)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--listen") && v) {
-            const char *p = strncmp(v, "unix:", 5) == 0 ? v + 5 : v;
-            if (strlen(p) >= sizeof(path)) {
-                fprintf(stderr, "apir-host: socket path too long\n");
-                return 2;
-            }
-            snprintf(path, sizeof(path), "%s", p);
-            i++;
-        } else if (!strcmp(a, "--backend") && v) {
-            cfg.backend_name = v;
-            i++;
-        } else if (!strcmp(a, "--device")) {
-            NEED_NUM();
-            cfg.device = (int)n;
-        } else if (!strcmp(a, "--threads")) {
-            NEED_NUM();
-            cfg.n_threads = (int)n;
-        } else if (!strcmp(a, "--backend-dir") && v) {
-            cfg.backend_dir = v;
-            i++;
-        } else if (!strcmp(a, "--isolation") && v) {
-            if (strcmp(v, "process") && strcmp(v, "thread")) {
-                fprintf(stderr, "apir-host: --isolation process|thread\n");
-                return 2;
-            }
-            isolate = !strcmp(v, "process");
-            i++;
-        } else if (!strcmp(a, "--serve-fd")) {
-            NEED_NUM();
-            serve_fd = (int)n;
-        } else if (!strcmp(a, "--client-id")) {
-            NEED_NUM();
-            client_id = n;
-        } else if (!strcmp(a, "--worker-slot")) {
-            NEED_NUM();
-            worker_slot = n;
-        } else if (!strcmp(a, "--worker-uid-base")) {
-            NEED_NUM();
-            if (n == 0 || n >= 0xFFFFFFFFull) {
-                fprintf(stderr, "apir-host: --worker-uid-base out of range\n");
-                return 2;
-            }
-            sandbox.uid_base = (uint32_t)n;
-        } else if (!strcmp(a, "--no-sandbox")) {
-            sandbox.enabled = false;
-        } else if (!strcmp(a, "--sandbox-log")) {
-            sandbox.log_only = true;
-        } else if (!strcmp(a, "--sandbox-allow") && v) {
-            sandbox.extra_allow = v;
-            i++;
-        } else if (!strcmp(a, "--max-clients-per-uid")) {
-            NEED_NUM();
-            cfg.limits.max_clients_per_uid = (uint32_t)n;
-        } else if (!strcmp(a, "--spawn-rate")) {
-            NEED_NUM();
-            cfg.limits.spawn_per_s = (uint32_t)n;
-        } else if (!strcmp(a, "--spawn-burst")) {
-            NEED_NUM();
-            cfg.limits.spawn_burst = (uint32_t)n;
-        } else if (!strcmp(a, "--handshake-timeout-ms")) {
-            NEED_NUM();
-            cfg.limits.handshake_timeout_ms = (uint32_t)(n > 600000 ? 600000 : n);
-        } else if (!strcmp(a, "--graph-timeout-ms")) {
-            NEED_NUM();
-            cfg.limits.graph_timeout_ms = (uint32_t)(n > 0xFFFFFFFFull ? 0xFFFFFFFFull : n);
-        } else if (!strcmp(a, "--list-devices")) {
-            list = true;
-        } else if (!strcmp(a, "--log-level") && v) {
-            enum apir_log_level l;
-            if (apir_log_level_from_string(v, &l) != 0) {
-                fprintf(stderr, "apir-host: unknown log level %s\n", v);
-                return 2;
-            }
-            apir_log_set_level(l);
-            i++;
-        } else if (!strcmp(a, "--max-clients")) {
-            NEED_NUM();
-            cfg.limits.max_clients = (uint32_t)n;
-        } else if (!strcmp(a, "--max-buffers")) {
-            NEED_NUM();
-            cfg.limits.max_buffers = (uint32_t)n;
-        } else if (!strcmp(a, "--max-alloc-mib")) {
-            NEED_NUM();
-            cfg.limits.max_alloc_bytes = (uint64_t)n << 20;
-        } else if (!strcmp(a, "--max-graph-nodes")) {
-            NEED_NUM();
-            cfg.limits.max_graph_nodes = (uint32_t)n;
-        } else if (!strcmp(a, "--max-graph-tensors")) {
-            NEED_NUM();
-            cfg.limits.max_graph_tensors = (uint32_t)n;
-        } else if (!strcmp(a, "--max-blobs")) {
-            NEED_NUM();
-            cfg.limits.max_blobs = (uint32_t)n;
-        } else if (!strcmp(a, "--max-blob-mib")) {
-            NEED_NUM();
-            cfg.limits.max_blob_bytes = (uint64_t)n << 20;
-        } else {
-            fprintf(stderr, "apir-host: unknown or incomplete option %s\n", a);
-            usage(stderr);
-            return 2;
-        }
-#undef NEED_NUM
+    int rc = parse_args(&a, argc, argv);
+    char dir_buf[PATH_MAX];
+    const char *dir_source = "--backend-dir";
+    const char *backend_dir = a.backend_dir ? a.backend_dir : apir_host_default_backend_dir(dir_buf, sizeof(dir_buf), &dir_source);
+    if (rc != EXIT_OK)
+        return rc;
+    if (a.help) {
+        usage(stdout, default_socket, backend_dir, dir_source);
+        return EXIT_OK;
     }
-    if (list) {
-        apir_host_print_devices(cfg.backend_dir, stdout);
-        return 0;
+    if (a.version) {
+        APIR_PRINT_VERSION(stdout, "apir-host");
+        return EXIT_OK;
     }
+    struct apir_host_config cfg = a.cfg;
+    cfg.backend_dir = backend_dir;
     char err[256];
+    if (!apir_host_check_backend_dir(backend_dir, err, sizeof(err))) {
+        fprintf(stderr, "apir-host: %s (from %s)\n", err, dir_source);
+        return EXIT_FAIL;
+    }
+    if (a.list) {
+        printf("backend directory: %s (%s)\n", backend_dir ? backend_dir : "none", dir_source);
+        apir_host_print_devices(backend_dir, stdout);
+        if (apir_host_usable_backend_count() == 0) {
+            fprintf(stderr, "apir-host: no usable ggml backend found in %s\n", backend_dir ? backend_dir : "ggml's search path");
+            return EXIT_FAIL;
+        }
+        return EXIT_OK;
+    }
     struct apir_host host;
     signal(SIGPIPE, SIG_IGN);
-    if (serve_fd >= 0) {
+    if (a.serve_fd >= 0) {
         /* A worker process: one guest, then exit. */
+        struct sigaction stop = { .sa_handler = on_worker_stop };
+        sigemptyset(&stop.sa_mask);
+        sigaction(SIGTERM, &stop, NULL);
+        sigaction(SIGINT, &stop, NULL);
         if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
             fprintf(stderr, "apir-host worker: %s\n", err);
-            return 1;
+            return EXIT_FAIL;
         }
         apir_sandbox_prepare(&host);
 #ifdef APIR_TEST_HOOKS
         apir_test_attack_prepare();
 #endif
-        if (worker_slot >= cfg.limits.max_clients ||
-            !apir_sandbox_enter(&sandbox, &host, (uint32_t)worker_slot, err, sizeof(err))) {
-            fprintf(stderr, "apir-host worker: sandbox: %s\n", worker_slot >= cfg.limits.max_clients ? "bad slot" : err);
-            return 1;
+        if (a.worker_slot >= cfg.limits.max_clients ||
+            !apir_sandbox_enter(&a.sandbox, &host, (uint32_t)a.worker_slot, err, sizeof(err))) {
+            fprintf(stderr, "apir-host worker: sandbox: %s\n", a.worker_slot >= cfg.limits.max_clients ? "bad slot" : err);
+            return EXIT_FAIL;
         }
 #ifdef APIR_TEST_HOOKS
         apir_test_attack_run();
 #endif
-        int rc = apir_shm_serve_fd(&host, serve_fd, client_id) == 0 ? 0 : 1;
+        int wrc = apir_shm_serve_fd(&host, a.serve_fd, a.client_id) == 0 ? 0 : 1;
         /* Ends without exit-time handlers: what they may do is no longer
          * allowed here (LeakSanitizer's exit check clones a tracer and
          * ptraces; a backend's destructors may open files).  The guest's
          * session was freed above; the kernel takes the rest. */
         fflush(NULL);
-        _exit(rc);
+        _exit(wrc);
     }
-    if (isolate) {
-        /* The daemon itself never touches a backend: workers do.  Only
-         * check that the chosen backend exists. */
-        if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
-            fprintf(stderr, "apir-host: %s\n", err);
-            return 1;
-        }
-    } else if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
+    /* With process isolation the daemon itself never touches a backend
+     * (workers do): this only checks that the chosen backend exists. */
+    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
         fprintf(stderr, "apir-host: %s\n", err);
-        return 1;
+        return EXIT_FAIL;
     }
-    if (!isolate)
+    APIR_INFO("host", "backends from %s (%s)", backend_dir ? backend_dir : "ggml's search path", dir_source);
+    if (cfg.n_threads > 0 && ggml_backend_reg_get_proc_address(host.reg, "ggml_backend_set_n_threads"))
+        APIR_INFO("host", "%d CPU thread(s) per guest%s", cfg.n_threads,
+                  cfg.n_threads == apir_host_default_threads() ? " (the cores this process may use)" : "");
+    if (!a.isolate)
         APIR_WARN("host", "--isolation thread: every guest is served in this one unsandboxed process; "
                   "use it for trusted guests only");
-    else if (!sandbox.enabled)
+    else if (!a.sandbox.enabled)
         APIR_WARN("host", "--no-sandbox: workers run with the daemon's privileges and every syscall (debugging only)");
-    g_server = apir_shm_server_new(&host, path, err, sizeof(err));
+    g_server = apir_shm_server_listen(&host, a.path, &a.listen, err, sizeof(err));
     if (!g_server) {
         fprintf(stderr, "apir-host: %s\n", err);
-        return 1;
+        return EXIT_FAIL;
     }
-    if (isolate && !apir_shm_server_isolate(g_server, argv)) {
+    if (a.isolate && !apir_shm_server_isolate(g_server, argv)) {
         fprintf(stderr, "apir-host: cannot set up worker processes\n");
-        return 1;
+        return EXIT_FAIL;
     }
     struct sigaction sa = { .sa_handler = on_signal };
     sigemptyset(&sa.sa_mask);
@@ -278,10 +539,10 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     APIR_INFO("host", "serving %s (%u device(s)) on unix:%s, %s per guest", ggml_backend_reg_name(host.reg), host.n_devices,
-              path, isolate ? "one process" : "one thread");
-    int rc = apir_shm_server_run(g_server);
+              apir_shm_server_path(g_server), a.isolate ? "one process" : "one thread");
+    rc = apir_shm_server_run(g_server);
     APIR_INFO("host", "shutting down");
     apir_shm_server_free(g_server);
     g_server = NULL;
-    return rc == 0 ? 0 : 1;
+    return rc == 0 ? EXIT_OK : EXIT_FAIL;
 }

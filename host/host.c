@@ -1,12 +1,18 @@
 #include "host.h"
 
+#include "apir_build.h"
 #include "apir_log.h"
 #include "apir_proto.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Blob bytes are memory the guest committed and the host maps: at most half
@@ -91,7 +97,21 @@ bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, 
     apir_host_load_backends(cfg->backend_dir);
 
     ggml_backend_reg_t reg = NULL;
-    if (cfg->backend_name && *cfg->backend_name) {
+    ggml_backend_dev_t named = NULL;
+    if (cfg->device_name && *cfg->device_name) {
+        /* rpc-server's -d: a device by its ggml name. */
+        named = ggml_backend_dev_by_name(cfg->device_name);
+        if (!named || !reg_is_usable(ggml_backend_dev_backend_reg(named))) {
+            snprintf(err, err_len, "no device '%s' (try --list-devices)", cfg->device_name);
+            return false;
+        }
+        reg = ggml_backend_dev_backend_reg(named);
+        if (cfg->backend_name && *cfg->backend_name && strcasecmp(cfg->backend_name, ggml_backend_reg_name(reg)) != 0) {
+            snprintf(err, err_len, "device %s belongs to backend %s, not %s", cfg->device_name, ggml_backend_reg_name(reg),
+                     cfg->backend_name);
+            return false;
+        }
+    } else if (cfg->backend_name && *cfg->backend_name) {
         reg = ggml_backend_reg_by_name(cfg->backend_name);
         if (!reg || !reg_is_usable(reg)) {
             snprintf(err, err_len, "backend '%s' not found or has no device (try --list-devices)", cfg->backend_name);
@@ -107,13 +127,17 @@ bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, 
         if (!reg)
             reg = ggml_backend_reg_by_name("CPU");
         if (!reg) {
-            snprintf(err, err_len, "no ggml backend found (backend dir: %s)", cfg->backend_dir ? cfg->backend_dir : "default");
+            snprintf(err, err_len, "no ggml backend found in %s (give --backend-dir DIR or APIR_BACKEND_DIR)",
+                     cfg->backend_dir ? cfg->backend_dir : "the program's or the current folder");
             return false;
         }
     }
     host->reg = reg;
     size_t n = ggml_backend_reg_dev_count(reg);
-    if (cfg->device >= 0) {
+    if (named) {
+        host->devices[0] = named;
+        host->n_devices = 1;
+    } else if (cfg->device >= 0) {
         if ((size_t)cfg->device >= n) {
             snprintf(err, err_len, "backend %s has %zu device(s); --device %d is out of range", ggml_backend_reg_name(reg), n,
                      cfg->device);
@@ -164,6 +188,7 @@ void apir_host_config_default(struct apir_host_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->device = -1;
+    cfg->n_threads = apir_host_default_threads();
     apir_limits_default(&cfg->limits);
     const char *prof = getenv("APIR_HOST_OP_PROFILE");
     cfg->op_profile = prof && !strcmp(prof, "1");
@@ -171,4 +196,143 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->async_uploads = switch_on("APIR_HOST_ASYNC_UPLOADS");
     cfg->weight_copies = switch_on("APIR_HOST_WEIGHT_COPIES");
     cfg->defer_graphs = switch_on("APIR_HOST_DEFER");
+}
+/* ---- defaults that fit the machine ---------------------------------------- */
+
+/* The cgroup v2 quota of this process's cgroup and those above it, in CPUs
+ * rounded up; 0: no quota (or no cgroup v2). */
+static int cgroup_cpu_quota(void)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        return 0;
+    char line[1024], rel[1024] = "";
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, "0::", 3)) {
+            snprintf(rel, sizeof(rel), "%s", line + 3);
+            rel[strcspn(rel, "\n")] = '\0';
+            break;
+        }
+    fclose(f);
+    if (rel[0] != '/')
+        return 0;
+    const char *root = "/sys/fs/cgroup";
+    char dir[1100];
+    snprintf(dir, sizeof(dir), "%s%s", root, strcmp(rel, "/") ? rel : "");
+    int best = 0;
+    for (;;) {
+        char path[1200];
+        snprintf(path, sizeof(path), "%s/cpu.max", dir);
+        FILE *m = fopen(path, "r");
+        if (m) {
+            char quota[32] = "";
+            unsigned long long period = 0;
+            if (fscanf(m, "%31s %llu", quota, &period) == 2 && strcmp(quota, "max") != 0 && period > 0) {
+                char *end;
+                unsigned long long q = strtoull(quota, &end, 10);
+                if (*end == '\0' && q > 0) {
+                    unsigned long long cpus = (q + period - 1) / period;
+                    int n = cpus > 4096 ? 4096 : (int)cpus;
+                    if (best == 0 || n < best)
+                        best = n;
+                }
+            }
+            fclose(m);
+        }
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= strlen(root) || !slash)
+            break;
+        *slash = '\0';
+    }
+    return best;
+}
+
+int apir_host_default_threads(void)
+{
+    int n = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n <= 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online > 0 ? (int)online : 1;
+    }
+    int quota = cgroup_cpu_quota();
+    if (quota > 0 && quota < n)
+        n = quota;
+    return n > 0 ? n : 1;
+}
+
+/* The directory of this program, symbolic links resolved; false if unknown. */
+static bool exe_dir(char *out, size_t len)
+{
+    char exe[PATH_MAX];
+    if (!realpath("/proc/self/exe", exe))
+        return false;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return false;
+    *slash = '\0';
+    return snprintf(out, len, "%s", exe) < (int)len;
+}
+
+const char *apir_host_default_backend_dir(char *buf, size_t len, const char **source)
+{
+    const char *src_dummy;
+    if (!source)
+        source = &src_dummy;
+    const char *env = getenv("APIR_BACKEND_DIR");
+    if (env && *env) {
+        *source = "APIR_BACKEND_DIR";
+        return env;
+    }
+    char dir[PATH_MAX], cand[PATH_MAX + 64];
+    if (exe_dir(dir, sizeof(dir))) {
+        /* Installed: PREFIX/bin/apir-host, PREFIX/lib/apir (CMakeLists.txt). */
+        snprintf(cand, sizeof(cand), "%s/%s", dir, APIR_BIN_TO_GGML);
+        struct stat st;
+        if (stat(cand, &st) == 0 && S_ISDIR(st.st_mode) && realpath(cand, buf)) {
+            *source = "installed beside the program";
+            return buf;
+        }
+        /* A program of the build tree (tests too): the pinned build, never
+         * for an installed copy. */
+        char tree[PATH_MAX];
+        size_t n = realpath(APIR_BUILD_TREE, tree) ? strlen(tree) : 0;
+        if (n && !strncmp(dir, tree, n) && (dir[n] == '\0' || dir[n] == '/') &&
+            snprintf(buf, len, "%s", APIR_BUILD_TREE_GGML_BIN) < (int)len) {
+            *source = "the build tree's pinned ggml";
+            return buf;
+        }
+    }
+    *source = "ggml's search: the program's folder, then the current folder";
+    return NULL;
+}
+
+bool apir_host_check_backend_dir(const char *dir, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!dir || !*dir)
+        return true;
+    if (stat(dir, &st) != 0) {
+        snprintf(err, err_len, "backend directory %s: %s", dir, strerror(errno));
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "backend directory %s is not a directory", dir);
+        return false;
+    }
+    if (access(dir, R_OK | X_OK) != 0) {
+        snprintf(err, err_len, "backend directory %s: %s", dir, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+size_t apir_host_usable_backend_count(void)
+{
+    size_t n = 0;
+    for (size_t r = 0; r < ggml_backend_reg_count(); r++)
+        n += reg_is_usable(ggml_backend_reg_get(r));
+    return n;
 }

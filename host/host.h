@@ -36,7 +36,8 @@ void apir_limits_default(struct apir_limits *l);
 struct apir_host_config {
     const char *backend_name;    /* registry name; NULL: first GPU, else CPU */
     int device;                  /* -1: every device of the backend */
-    int n_threads;               /* CPU backend threads; 0: ggml's default */
+    const char *device_name;     /* a ggml device name (CUDA0, CPU...): serve that one device (NULL: see device) */
+    int n_threads;               /* CPU backend threads (default: apir_host_default_threads()); 0: ggml's default */
     const char *backend_dir;     /* where ggml's backend libraries are; NULL: ggml's search */
     bool op_profile;             /* time each node alone (APIR_HOST_OP_PROFILE=1): slow, for profiles */
     /* Switches that are on unless APIR_HOST_<NAME>=0, for measuring what each is worth: */
@@ -70,5 +71,27 @@ void apir_host_print_devices(const char *backend_dir, void *out_file);
 
 /* Loads ggml's backends once per process. */
 void apir_host_load_backends(const char *backend_dir);
+
+/*
+ * The CPU threads a host uses by default: the cores this process may run on
+ * (its affinity mask), at most the cgroup v2 CPU quota (cpu.max of its cgroup
+ * and the cgroups above, rounded up), as llama.cpp's tools choose.  At least 1.
+ */
+int apir_host_default_threads(void);
+
+/*
+ * Where ggml's backend libraries are when no --backend-dir is given:
+ * $APIR_BACKEND_DIR; else beside this program as installed
+ * (PREFIX/bin/../lib/apir); else, for a program running from its build tree,
+ * the pinned build it was linked against.  Returns buf, the environment's
+ * string, or NULL (none of these: ggml's own search); *source says which.
+ */
+const char *apir_host_default_backend_dir(char *buf, size_t len, const char **source);
+
+/* A backend directory that exists and can be read; false with a message. */
+bool apir_host_check_backend_dir(const char *dir, char *err, size_t err_len);
+
+/* Usable backends (not APIR, not RPC, with a device) ggml found. */
+size_t apir_host_usable_backend_count(void);
 
 #endif

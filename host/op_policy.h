@@ -3,7 +3,7 @@
  * parameters that steer memory access (op_params offsets, enum values used as
  * indices) and the index VALUES of ops that gather or scatter rows.
  *
- * The per-op policy (also in README's security section):
+ * The per-op policy (also in docs/SECURITY.md):
  *   GET_ROWS, GET_ROWS_BACK, SET_ROWS, MUL_MAT_ID, ADD_ID, SSM_SCAN
  *       index values are validated against the dimension they index, over
  *       exactly the elements the (CPU) kernel reads, walked as it walks

@@ -20,6 +20,12 @@
  * runs past the time budget, ends itself: a kernel cannot be interrupted
  * otherwise.  In one process the CPU backend's abort callback stops a graph
  * between nodes instead.
+ *
+ * The socket: bound here with the mode and group asked for (0660 by
+ * default), or passed by a service manager (socket activation,
+ * host/service.c), which then owns the file.  Guests are named in the log
+ * by what the kernel says of them (SO_PEERCRED: pid, uid, gid), not by the
+ * pid their hello claims.
  */
 #include "shm_server.h"
 #include "shm_server_impl.h"
@@ -28,12 +34,15 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "fdpass.h"
+#include "service.h"
 #include "session.h"
 #include "shm_proto.h"
 #include "wait.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <pthread.h>
@@ -319,22 +328,76 @@ static void *client_worker(void *arg)
     return NULL;
 }
 
-void apir_server_refuse(int fd, const char *message)
+bool apir_peer_cred(int fd, struct ucred *out)
+{
+    socklen_t len = sizeof(*out);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, out, &len) != 0 || len != sizeof(*out)) {
+        *out = (struct ucred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+        return false;
+    }
+    return true;
+}
+
+/* The peer's process name as this host sees it: chosen by the guest (a
+ * hint, never an identity), so only printable characters are kept.  Not
+ * in a sandboxed worker: it may open nothing. */
+static void peer_comm(pid_t pid, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    char path[40];
+    snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+    int fd = pid > 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0)
+        return;
+    char raw[32];
+    ssize_t n = read(fd, raw, sizeof(raw) - 1);
+    close(fd);
+    size_t k = 0;
+    for (ssize_t i = 0; i < n && raw[i] != '\n' && k + 1 < len; i++)
+        buf[k++] = isprint((unsigned char)raw[i]) && raw[i] != '"' && raw[i] != '\\' ? raw[i] : '?';
+    buf[k] = '\0';
+}
+
+void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, size_t len)
+{
+    if (peer->uid == (uid_t)-1) {
+        snprintf(buf, len, "peer credentials unknown");
+        return;
+    }
+    char comm[20] = "";
+    if (with_comm)
+        peer_comm(peer->pid, comm, sizeof(comm));
+    snprintf(buf, len, "pid %d, uid %u, gid %u%s%s%s", (int)peer->pid, (unsigned)peer->uid, (unsigned)peer->gid,
+             comm[0] ? ", comm \"" : "", comm, comm[0] ? "\"" : "");
+}
+
+/* Sends why and logs it with who was refused. */
+static void refuse_peer(int fd, const char *message, bool with_comm)
 {
     struct apir_shm_hello_reply r = { .magic = APIR_SHM_MAGIC, .status = 1 };
     snprintf(r.message, sizeof(r.message), "%s", message);
     apir_send_fds(fd, &r, sizeof(r), NULL, 0);
-    APIR_WARN("host", "guest refused: %s", message);
+    struct ucred peer;
+    char who[128];
+    apir_peer_cred(fd, &peer);
+    apir_peer_describe(&peer, with_comm, who, sizeof(who));
+    APIR_WARN("host", "guest refused (%s): %s", who, message);
 }
 
-/* The connecting process's uid, or (uid_t)-1 when the kernel cannot say. */
-static uid_t peer_uid(int fd)
+/* In the daemon (or the one process of --isolation thread). */
+void apir_server_refuse(int fd, const char *message)
 {
-    struct ucred cred;
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred))
-        return (uid_t)-1;
-    return cred.uid;
+    refuse_peer(fd, message, true);
+}
+
+void apir_server_status_changed(struct apir_shm_server *srv)
+{
+    if (srv->listen_fd < 0 || !apir_service_notify_enabled())
+        return;
+    unsigned n = srv->worker_argv ? srv->n_children : 0;
+    for (const struct shm_client *c = srv->clients; c; c = c->next)
+        n++;
+    apir_service_status("serving %u guest%s on unix:%s", n, n == 1 ? "" : "s", srv->path);
 }
 
 /*
@@ -367,7 +430,7 @@ static void set_abort_callbacks(struct shm_client *c)
 
 /* Reads the hello (waiting at most timeout_ms) and starts serving the guest,
  * or refuses it; fd is the client's or closed either way. */
-static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int timeout_ms)
+static void accept_client(struct apir_shm_server *srv, int fd, const struct ucred *peer, int timeout_ms)
 {
     struct apir_shm_hello hello;
     int fds[2], n_fds = 0;
@@ -391,9 +454,15 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
         close(fds[i]);
     if (!why) {
         c = calloc(1, sizeof(*c));
+        /* Named by the pid the kernel gives (SO_PEERCRED, in this host's
+         * pid namespace): the hello's is the guest's own word, and in a
+         * container usually 1. */
         char name[48];
-        snprintf(name, sizeof(name), "guest#%llu(pid %d)", (unsigned long long)(srv->listen_fd < 0 ? srv->next_id : ++srv->next_id),
-                 hello.pid);
+        const unsigned long long id = srv->listen_fd < 0 ? srv->next_id : ++srv->next_id;
+        if (peer->pid > 0)
+            snprintf(name, sizeof(name), "guest#%llu(pid %d)", id, (int)peer->pid);
+        else
+            snprintf(name, sizeof(name), "guest#%llu(says pid %d)", id, (int)hello.pid);
         if (c)
             c->session = apir_session_new(srv->host, name);
         if (c && c->session) {
@@ -407,7 +476,7 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
             reply = NULL;  /* owned by the session now */
     }
     if (why) {
-        apir_server_refuse(fd, why);
+        refuse_peer(fd, why, srv->listen_fd >= 0);
         if (ctrl)
             munmap(ctrl, APIR_SHM_CTRL_SIZE);
         if (reply)
@@ -421,8 +490,8 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
     }
     c->srv = srv;
     c->fd = fd;
-    c->pid = hello.pid;
-    c->uid = uid;
+    c->peer = *peer;
+    c->reported_pid = hello.pid;
     c->ctrl = ctrl;
     set_abort_callbacks(c);
     atomic_init(&c->refs, 2);  /* the main loop's and the worker's */
@@ -442,7 +511,13 @@ static void accept_client(struct apir_shm_server *srv, int fd, uid_t uid, int ti
     pthread_attr_destroy(&attr);
     c->next = srv->clients;
     srv->clients = c;
-    APIR_INFO("host", "%s connected", c->session->name);
+    char who[128];
+    apir_peer_describe(peer, srv->listen_fd >= 0, who, sizeof(who));
+    if (hello.pid != peer->pid)
+        APIR_INFO("host", "%s connected: %s; says pid %d", c->session->name, who, (int)hello.pid);
+    else
+        APIR_INFO("host", "%s connected: %s", c->session->name, who);
+    apir_server_status_changed(srv);
 }
 
 /* A refused connection: kept open until the guest has read why. */
@@ -482,13 +557,13 @@ static uint32_t connections_of(const struct apir_shm_server *srv, uid_t uid)
     uint32_t n = 0;
     if (srv->worker_argv) {
         for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++)
-            n += srv->children[i].pid != 0 && srv->children[i].peer_uid == uid;
+            n += srv->children[i].pid != 0 && srv->children[i].peer.uid == uid;
         return n;
     }
     for (const struct shm_client *c = srv->clients; c; c = c->next)
-        n += c->uid == uid;
+        n += c->peer.uid == uid;
     for (uint32_t i = 0; i < srv->n_pending; i++)
-        n += srv->pending[i].uid == uid;
+        n += srv->pending[i].peer.uid == uid;
     return n;
 }
 
@@ -524,7 +599,7 @@ static const char *admission_refusal(struct apir_shm_server *srv, uid_t uid)
 }
 
 /* Serving threads: a new connection waits for its hello among the polled. */
-static void add_pending(struct apir_shm_server *srv, int fd, uid_t uid)
+static void add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer)
 {
     if (srv->n_pending == sizeof(srv->pending) / sizeof(srv->pending[0])) {
         apir_server_refuse(fd, "too many connections waiting for their hello");
@@ -532,7 +607,7 @@ static void add_pending(struct apir_shm_server *srv, int fd, uid_t uid)
         return;
     }
     uint64_t deadline = apir_now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
-    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .uid = uid, .deadline_ns = deadline };
+    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .peer = *peer, .deadline_ns = deadline };
 }
 
 /* A pending connection spoke (its hello, read without waiting) or timed out. */
@@ -543,10 +618,11 @@ static void pending_service(struct apir_shm_server *srv, uint32_t i, short reven
         return;
     srv->pending[i] = srv->pending[--srv->n_pending];
     if (revents)
-        accept_client(srv, p.fd, p.uid, 0);
+        accept_client(srv, p.fd, &p.peer, 0);
     else {
-        APIR_WARN("host", "connection from uid %u sent no hello in %u ms: closed", (unsigned)p.uid,
-                  srv->host->cfg.limits.handshake_timeout_ms);
+        char who[128];
+        apir_peer_describe(&p.peer, true, who, sizeof(who));
+        APIR_WARN("host", "connection (%s) sent no hello in %u ms: closed", who, srv->host->cfg.limits.handshake_timeout_ms);
         close(p.fd);
     }
 }
@@ -557,15 +633,16 @@ static void accept_new(struct apir_shm_server *srv)
     int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
         return;
-    uid_t uid = peer_uid(fd);
-    const char *why = admission_refusal(srv, uid);
+    struct ucred peer;
+    apir_peer_cred(fd, &peer);
+    const char *why = admission_refusal(srv, peer.uid);
     if (why) {
         apir_server_refuse(fd, why);
         apir_server_linger_close(srv, fd);
     } else if (srv->worker_argv) {
-        apir_workers_spawn(srv, fd, uid);
+        apir_workers_spawn(srv, fd, &peer);
     } else {
-        add_pending(srv, fd, uid);
+        add_pending(srv, fd, &peer);
     }
 }
 
@@ -579,26 +656,53 @@ static void drop_client(struct apir_shm_server *srv, struct shm_client *c)
     shutdown(c->fd, SHUT_RDWR);            /* unblocks a worker in recvmsg */
     apir_futex_wake(&c->ctrl->cmd_seq);     /* and one asleep on the doorbell */
     client_put(c);
+    apir_server_status_changed(srv);
 }
 
-struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *path, char *err, size_t err_len)
+void apir_shm_listen_options_default(struct apir_shm_listen_options *opts)
 {
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    if (strlen(path) >= sizeof(addr.sun_path)) {
-        snprintf(err, err_len, "socket path too long: %s", path);
-        return NULL;
+    opts->mode = APIR_SHM_SOCKET_MODE_DEFAULT;
+    opts->group = NULL;
+    const char *m = getenv("APIR_SOCKET_MODE");
+    if (m && *m && apir_shm_parse_socket_mode(m, &opts->mode) != 0) {
+        APIR_WARN("host", "APIR_SOCKET_MODE=%s is not an octal mode (0 to 0777): using %04o", m,
+                  APIR_SHM_SOCKET_MODE_DEFAULT);
+        opts->mode = APIR_SHM_SOCKET_MODE_DEFAULT;
     }
-    /* Create the socket's directory (e.g. $XDG_RUNTIME_DIR/apir), private. */
-    char dir[sizeof(addr.sun_path)];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-            snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
-            return NULL;
-        }
+    const char *g = getenv("APIR_SOCKET_GROUP");
+    if (g && *g)
+        opts->group = g;
+}
+
+int apir_shm_parse_socket_mode(const char *s, unsigned *mode)
+{
+    unsigned v = 0;
+    if (!s || !*s || strlen(s) > 4)
+        return -1;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '7')
+            return -1;
+        v = v * 8 + (unsigned)(*p - '0');
     }
+    if (v > 0777)
+        return -1;
+    *mode = v;
+    return 0;
+}
+
+const char *apir_shm_server_path(const struct apir_shm_server *srv)
+{
+    return srv->path;
+}
+
+bool apir_shm_server_activated(const struct apir_shm_server *srv)
+{
+    return srv->activated;
+}
+
+/* A server with its wake-up pipes and no socket yet. */
+static struct apir_shm_server *server_alloc(struct apir_host *host, char *err, size_t err_len)
+{
     struct apir_shm_server *srv = calloc(1, sizeof(*srv));
     if (!srv) {
         snprintf(err, err_len, "out of memory");
@@ -607,13 +711,171 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     srv->host = host;
     srv->spawn_tokens = (double)host->cfg.limits.spawn_burst;
     srv->spawn_refill_ns = apir_now_ns();
+    srv->listen_fd = -1;
     srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
     srv->child_pipe[0] = srv->child_pipe[1] = -1;
+    if (pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0 || pipe2(srv->child_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(err, err_len, "pipe: %s", strerror(errno));
+        if (srv->stop_pipe[0] >= 0) {
+            close(srv->stop_pipe[0]);
+            close(srv->stop_pipe[1]);
+        }
+        free(srv);
+        return NULL;
+    }
+    return srv;
+}
+
+/* Undoes server_alloc and closes the listening socket (its file is the
+ * caller's business). */
+static void server_discard(struct apir_shm_server *srv)
+{
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    close(srv->stop_pipe[0]);
+    close(srv->stop_pipe[1]);
+    close(srv->child_pipe[0]);
+    close(srv->child_pipe[1]);
+    free(srv);
+}
+
+static int sock_int(int fd, int opt)
+{
+    int v = -1;
+    socklen_t len = sizeof(v);
+    return getsockopt(fd, SOL_SOCKET, opt, &v, &len) == 0 ? v : -1;
+}
+
+struct apir_shm_server *apir_shm_server_adopt(struct apir_host *host, int fd, char *err, size_t err_len)
+{
+    struct sockaddr_un addr = { 0 };
+    socklen_t alen = sizeof(addr);
+    if (sock_int(fd, SO_DOMAIN) != AF_UNIX || sock_int(fd, SO_TYPE) != SOCK_SEQPACKET) {
+        snprintf(err, err_len, "fd %d is not an AF_UNIX SOCK_SEQPACKET socket (ListenSequentialPacket= in the socket unit)", fd);
+        close(fd);
+        return NULL;
+    }
+    if (sock_int(fd, SO_ACCEPTCONN) != 1) {
+        snprintf(err, err_len, "fd %d is not a listening socket (Accept=no in the socket unit)", fd);
+        close(fd);
+        return NULL;
+    }
+    struct apir_shm_server *srv = server_alloc(host, err, err_len);
+    if (!srv) {
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);  /* workers must not hold the listening socket */
+    srv->listen_fd = fd;
+    srv->activated = true;
+    const size_t off = offsetof(struct sockaddr_un, sun_path);
+    if (getsockname(fd, (struct sockaddr *)&addr, &alen) != 0 || alen <= off)
+        snprintf(srv->path, sizeof(srv->path), "(unnamed socket, fd %d)", fd);
+    else if (addr.sun_path[0] == '\0')  /* abstract namespace */
+        snprintf(srv->path, sizeof(srv->path), "@%.*s", (int)(alen - off - 1), addr.sun_path + 1);
+    else
+        snprintf(srv->path, sizeof(srv->path), "%.*s", (int)strnlen(addr.sun_path, alen - off), addr.sun_path);
+    return srv;
+}
+
+/* A group name or number. */
+static bool resolve_group(const char *group, gid_t *gid, char *err, size_t err_len)
+{
+    if (isdigit((unsigned char)group[0])) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(group, &end, 10);
+        if (!errno && !*end && v < 0xFFFFFFFFul) {
+            *gid = (gid_t)v;
+            return true;
+        }
+    }
+    struct group gr, *res = NULL;
+    char buf[4096];
+    if (getgrnam_r(group, &gr, buf, sizeof(buf), &res) != 0 || !res) {
+        snprintf(err, err_len, "unknown group %s (--socket-group)", group);
+        return false;
+    }
+    *gid = res->gr_gid;
+    return true;
+}
+
+/*
+ * The socket's directory (e.g. $XDG_RUNTIME_DIR/apir, /run/apir), created if
+ * missing: the owner's, searchable by the group and others only as far as
+ * the socket's mode lets them connect, and in the socket's group.
+ */
+static bool make_socket_dir(const char *dir, unsigned mode, bool has_group, gid_t gid, char *err, size_t err_len)
+{
+    const mode_t dmode = 0700 | ((mode & 0060) ? 0010 : 0) | ((mode & 0006) ? 0001 : 0);
+    if (mkdir(dir, dmode) == 0) {
+        if (chmod(dir, dmode) != 0 || (has_group && chown(dir, (uid_t)-1, gid) != 0)) {
+            snprintf(err, err_len, "cannot set the mode or group of %s: %s", dir, strerror(errno));
+            return false;
+        }
+        return true;
+    }
+    if (errno != EEXIST) {
+        snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    if (has_group && stat(dir, &st) == 0 && (mode & 0060) && !(st.st_mode & 0011))
+        APIR_WARN("host", "%s is mode %04o: members of the socket's group cannot reach the socket in it",
+                  dir, (unsigned)(st.st_mode & 07777));
+    return true;
+}
+
+struct apir_shm_server *apir_shm_server_listen(struct apir_host *host, const char *path,
+                                               const struct apir_shm_listen_options *opts, char *err, size_t err_len)
+{
+    /* Socket activation first: systemd's socket unit has bound and set
+     * the socket up (SocketMode=, SocketGroup=). */
+    int passed = apir_service_listen_fd(err, err_len);
+    if (passed == -2)
+        return NULL;
+    if (passed >= 0) {
+        struct apir_shm_server *srv = apir_shm_server_adopt(host, passed, err, err_len);
+        if (srv)
+            APIR_INFO("host", "socket activation: serving the socket the service manager passed (unix:%s)%s%s", srv->path,
+                      path && strcmp(path, srv->path) != 0 ? "; not binding " : "",
+                      path && strcmp(path, srv->path) != 0 ? path : "");
+        return srv;
+    }
+    struct apir_shm_listen_options defaults;
+    if (!opts) {
+        apir_shm_listen_options_default(&defaults);
+        opts = &defaults;
+    }
+    if (opts->mode > 0777) {
+        snprintf(err, err_len, "socket mode %o out of range (0 to 0777)", opts->mode);
+        return NULL;
+    }
+    gid_t gid = (gid_t)-1;
+    const bool has_group = opts->group && *opts->group;
+    if (has_group && !resolve_group(opts->group, &gid, err, err_len))
+        return NULL;
+
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        snprintf(err, err_len, "socket path too long: %s", path);
+        return NULL;
+    }
+    char dir[sizeof(addr.sun_path)];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (!make_socket_dir(dir, opts->mode, has_group, gid, err, err_len))
+            return NULL;
+    }
+    struct apir_shm_server *srv = server_alloc(host, err, err_len);
+    if (!srv)
+        return NULL;
     snprintf(srv->path, sizeof(srv->path), "%s", path);
     srv->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     strcpy(addr.sun_path, path);
-    if (srv->listen_fd < 0 || pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
-        pipe2(srv->child_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    if (srv->listen_fd < 0) {
         snprintf(err, err_len, "socket: %s", strerror(errno));
         goto fail;
     }
@@ -628,52 +890,54 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     if (probe >= 0)
         close(probe);
     unlink(path);
-    /* Bound under a temporary name and renamed once listening: a client
-     * that sees the socket file can connect (between bind and listen it
-     * would be refused). */
+    /* Bound under a temporary name, given its mode and group, and renamed
+     * once listening: a client that sees the socket file can connect
+     * (between bind and listen it would be refused), and never sees it with
+     * the umask's mode. */
     struct sockaddr_un tmp = { .sun_family = AF_UNIX };
     int n = snprintf(tmp.sun_path, sizeof(tmp.sun_path), "%s.%d", path, (int)getpid());
     const bool renamed = n > 0 && (size_t)n < sizeof(tmp.sun_path);
     const struct sockaddr_un *at = renamed ? &tmp : &addr;
     if (renamed)
         unlink(tmp.sun_path);
-    if (bind(srv->listen_fd, (const struct sockaddr *)at, sizeof(*at)) != 0 || listen(srv->listen_fd, 64) != 0 ||
-        (renamed && rename(tmp.sun_path, path) != 0)) {
+    if (bind(srv->listen_fd, (const struct sockaddr *)at, sizeof(*at)) != 0) {
         snprintf(err, err_len, "cannot listen on %s: %s", path, strerror(errno));
-        if (renamed)
-            unlink(tmp.sun_path);
         goto fail;
     }
+    if (chmod(at->sun_path, (mode_t)opts->mode) != 0 || (has_group && chown(at->sun_path, (uid_t)-1, gid) != 0)) {
+        snprintf(err, err_len, "cannot give %s mode %04o%s%s: %s", path, opts->mode, has_group ? " and group " : "",
+                 has_group ? opts->group : "", strerror(errno));
+        unlink(at->sun_path);
+        goto fail;
+    }
+    if (listen(srv->listen_fd, 64) != 0 || (renamed && rename(tmp.sun_path, path) != 0)) {
+        snprintf(err, err_len, "cannot listen on %s: %s", path, strerror(errno));
+        unlink(at->sun_path);
+        goto fail;
+    }
+    APIR_DEBUG("host", "socket %s: mode %04o, group %s", path, opts->mode, has_group ? opts->group : "(the daemon's)");
     return srv;
 fail:
-    if (srv->listen_fd >= 0)
-        close(srv->listen_fd);
-    if (srv->stop_pipe[0] >= 0) {
-        close(srv->stop_pipe[0]);
-        close(srv->stop_pipe[1]);
-    }
-    if (srv->child_pipe[0] >= 0) {
-        close(srv->child_pipe[0]);
-        close(srv->child_pipe[1]);
-    }
-    free(srv);
+    server_discard(srv);
     return NULL;
+}
+
+struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *path, char *err, size_t err_len)
+{
+    return apir_shm_server_listen(host, path, NULL, err, err_len);
 }
 
 int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id)
 {
-    struct apir_shm_server *srv = calloc(1, sizeof(*srv));
+    char err[64];
+    struct apir_shm_server *srv = server_alloc(host, err, sizeof(err));
     if (!srv)
         return -1;
-    srv->host = host;
-    srv->listen_fd = -1;
     srv->next_id = client_id;
-    if (pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0 || pipe2(srv->child_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-        free(srv);
-        return -1;
-    }
     fcntl(fd, F_SETFD, FD_CLOEXEC);
-    accept_client(srv, fd, peer_uid(fd), (int)host->cfg.limits.handshake_timeout_ms);
+    struct ucred peer;
+    apir_peer_cred(fd, &peer);
+    accept_client(srv, fd, &peer, (int)host->cfg.limits.handshake_timeout_ms);
     int rc = srv->clients ? apir_shm_server_run(srv) : -1;
     apir_shm_server_free(srv);
     return rc;
@@ -706,6 +970,11 @@ int apir_shm_server_run(struct apir_shm_server *srv)
 {
     struct pollfd *pfds = NULL;
     size_t pcap = 0;
+    if (srv->listen_fd >= 0) {
+        char status[160];
+        snprintf(status, sizeof(status), "serving unix:%s", srv->path);
+        apir_service_ready(status);
+    }
     for (;;) {
         /* A worker process serving one guest ends with it. */
         if (srv->listen_fd < 0 && !srv->clients) {
@@ -746,6 +1015,8 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             return -1;
         }
         if (pfds[1].revents) {
+            if (srv->listen_fd >= 0)
+                apir_service_stopping();
             free(pfds);
             return 0;
         }
@@ -789,13 +1060,9 @@ void apir_shm_server_free(struct apir_shm_server *srv)
      * them a bounded time (this is shutdown, not a hot path). */
     for (int i = 0; i < 500 && atomic_load(&srv->n_clients) > 0; i++)
         usleep(10000);
-    if (srv->listen_fd >= 0) {
-        close(srv->listen_fd);
+    /* A passed socket's file is its unit's: it stays, and systemd keeps
+     * listening for the next start. */
+    if (srv->listen_fd >= 0 && !srv->activated)
         unlink(srv->path);
-    }
-    close(srv->stop_pipe[0]);
-    close(srv->stop_pipe[1]);
-    close(srv->child_pipe[0]);
-    close(srv->child_pipe[1]);
-    free(srv);
+    server_discard(srv);
 }

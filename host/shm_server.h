@@ -13,9 +13,39 @@
 
 struct apir_shm_server;
 
-/* Listens on the Unix socket at path (replacing a stale socket file). */
+/* The socket file the server binds (not one a service manager passed). */
+#define APIR_SHM_SOCKET_MODE_DEFAULT 0660u
+struct apir_shm_listen_options {
+    unsigned mode;       /* permission bits of the socket file (default 0660) */
+    const char *group;   /* its group: a name or a number; NULL: the daemon's */
+};
+/* 0660 and no group, or APIR_SOCKET_MODE / APIR_SOCKET_GROUP from the
+ * environment (the command line's --socket-mode/--socket-group override). */
+void apir_shm_listen_options_default(struct apir_shm_listen_options *opts);
+/* An octal mode, 0 to 0777 ("0660", "660"); -1 if s is not one. */
+int apir_shm_parse_socket_mode(const char *s, unsigned *mode);
+
+/*
+ * Serves the socket a service manager passed (socket activation: LISTEN_FDS
+ * and LISTEN_PID naming this process; host/service.h), else listens on the
+ * Unix socket at path (replacing a stale socket file), with the file's
+ * mode and group from opts (NULL: apir_shm_listen_options_default).  A
+ * passed socket keeps the mode and group its unit gave it.
+ */
+struct apir_shm_server *apir_shm_server_listen(struct apir_host *host, const char *path,
+                                               const struct apir_shm_listen_options *opts, char *err, size_t err_len);
+/* apir_shm_server_listen with the default options. */
 struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *path, char *err, size_t err_len);
-/* Serves until apir_shm_server_stop; returns 0, or -1 on a fatal error. */
+/* Serves fd, an already listening AF_UNIX SOCK_SEQPACKET socket (checked):
+ * the server owns it from now on, but never removes its file. */
+struct apir_shm_server *apir_shm_server_adopt(struct apir_host *host, int fd, char *err, size_t err_len);
+/* The socket's path as served ("unix:" not included). */
+const char *apir_shm_server_path(const struct apir_shm_server *srv);
+/* Whether the socket came from a service manager (socket activation). */
+bool apir_shm_server_activated(const struct apir_shm_server *srv);
+/* Serves until apir_shm_server_stop; returns 0, or -1 on a fatal error.
+ * A listening server tells a service manager READY=1 as it starts serving
+ * and STOPPING=1 when stopped (host/service.h; nothing without one). */
 int apir_shm_server_run(struct apir_shm_server *srv);
 /* Serve each guest in its own worker process: worker_argv (kept by the
  * caller) is re-executed with "--serve-fd FD --client-id N" appended. */
@@ -24,7 +54,8 @@ bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv);
 int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id);
 /* Async-signal-safe. */
 void apir_shm_server_stop(struct apir_shm_server *srv);
-/* Disconnects every guest, frees everything, removes the socket file. */
+/* Disconnects every guest, frees everything, removes the socket file (not
+ * a passed one). */
 void apir_shm_server_free(struct apir_shm_server *srv);
 
 #endif

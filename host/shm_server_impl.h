@@ -12,13 +12,14 @@
 #include "shm_proto.h"
 
 #include <stdatomic.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 struct shm_client {
     struct apir_shm_server *srv;
     int fd;
-    int pid;
-    uid_t uid;                      /* the peer's (SO_PEERCRED) */
+    struct ucred peer;              /* SO_PEERCRED: pid (in our namespace), uid, gid */
+    int32_t reported_pid;           /* what the hello says (a container's guest: often 1) */
     _Atomic uint64_t busy_since_ns; /* when the command being served began; 0: idle */
     atomic_int refs;
     atomic_bool dead;
@@ -32,6 +33,7 @@ struct apir_shm_server {
     int listen_fd;                /* -1: serving one inherited connection */
     int stop_pipe[2];
     char path[108];
+    bool activated;               /* listen_fd came from a service manager: path is not ours to remove */
     struct shm_client *clients;
     atomic_uint n_clients;
     uint64_t next_id;
@@ -41,7 +43,8 @@ struct apir_shm_server {
     char **worker_argv;
     struct worker_slot {
         pid_t pid;                /* 0: free; the slot names the worker's uid (sandbox.h) */
-        uid_t peer_uid;
+        uint64_t client_id;
+        struct ucred peer;        /* its guest (SO_PEERCRED) */
     } *children;                  /* max_clients slots */
     uint32_t n_children;
     int child_pipe[2];
@@ -51,7 +54,7 @@ struct apir_shm_server {
     /* Serving threads: connections whose hello has not arrived yet. */
     struct pending_conn {
         int fd;
-        uid_t uid;
+        struct ucred peer;
         uint64_t deadline_ns;
     } pending[128];
     uint32_t n_pending;
@@ -63,14 +66,23 @@ struct apir_shm_server {
 };
 
 
-/* shm_server.c: refusing a connection with a message it can read. */
+/* shm_server.c: refusing a connection with a message it can read (the
+ * log line names the peer by its credentials). */
 void apir_server_refuse(int fd, const char *message);
 void apir_server_linger_close(struct apir_shm_server *srv, int fd);
+/* The connecting process (SO_PEERCRED: the kernel's word, not the guest's);
+ * false, with uid and gid (uid_t)-1 and pid 0, when the kernel cannot say. */
+bool apir_peer_cred(int fd, struct ucred *out);
+/* "pid P, uid U, gid G", and the process name the host sees (/proc/P/comm,
+ * which the guest chooses: a hint) when with_comm and it can be read. */
+void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, size_t len);
+/* The number of guests served (workers or clients), for STATUS= lines. */
+void apir_server_status_changed(struct apir_shm_server *srv);
 
 /* workers.c */
 /* Hands the connection to a new worker process in a free slot (the slot
  * gives the worker its uid: sandbox.h); fd is closed here either way. */
-void apir_workers_spawn(struct apir_shm_server *srv, int fd, uid_t uid);
+void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer);
 /* Collects the workers that ended (SIGCHLD woke the main loop). */
 void apir_workers_reap(struct apir_shm_server *srv);
 /* Ends every worker: SIGTERM, a bounded wait, then SIGKILL. */

@@ -315,7 +315,7 @@ static uint32_t setup_host(struct vctx *c, const struct virgl_apir_callbacks *cb
     memset(h, 0, sizeof(*h));
     apir_host_config_default(&h->cfg);
     h->cfg.device = (int)config_int(cbs, c->ctx_id, CFG_DEVICE, -1, APIR_HOST_MAX_DEVICES - 1);
-    h->cfg.n_threads = (int)config_int(cbs, c->ctx_id, CFG_N_THREADS, 0, 1024);
+    h->cfg.n_threads = (int)config_int(cbs, c->ctx_id, CFG_N_THREADS, h->cfg.n_threads, 1024);
     h->reg = reg;
     if (!reg_is_servable(reg)) {
         APIR_ERROR("virgl", "ctx %u: backend %s cannot be served (no device, or a remoting backend)", c->ctx_id,

@@ -36,7 +36,7 @@ static void on_sigchld(int sig)
 
 /* Process isolation: hand the connection to a new worker process in a free
  * slot (the slot gives the worker its uid: sandbox.h). */
-void apir_workers_spawn(struct apir_shm_server *srv, int fd, uid_t uid)
+void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer)
 {
     uint32_t slot = 0;
     const uint32_t n_slots = srv->host->cfg.limits.max_clients;
@@ -83,10 +83,13 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, uid_t uid)
         APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
         return;
     }
-    srv->children[slot] = (struct worker_slot){ .pid = pid, .peer_uid = uid };
+    srv->children[slot] = (struct worker_slot){ .pid = pid, .client_id = id, .peer = *peer };
     srv->n_children++;
-    APIR_INFO("host", "guest#%llu (uid %u): worker process %d, slot %u", (unsigned long long)id, (unsigned)uid, (int)pid,
-              slot);
+    /* The guest's name in the worker's own lines: guest#N(pid P). */
+    char who[128];
+    apir_peer_describe(peer, true, who, sizeof(who));
+    APIR_INFO("host", "guest#%llu (%s): worker process %d, slot %u", (unsigned long long)id, who, (int)pid, slot);
+    apir_server_status_changed(srv);
 }
 
 void apir_workers_reap(struct apir_shm_server *srv)
@@ -103,8 +106,10 @@ void apir_workers_reap(struct apir_shm_server *srv)
             srv->children[i].pid = 0;
             srv->n_children--;
             if (WIFSIGNALED(status))
-                APIR_WARN("host", "worker process %d died of signal %d; its guest is disconnected, others go on",
-                          (int)pid, WTERMSIG(status));
+                APIR_WARN("host", "worker process %d (guest#%llu, pid %d, uid %u) died of signal %d; its guest is "
+                          "disconnected, others go on", (int)pid, (unsigned long long)srv->children[i].client_id,
+                          (int)srv->children[i].peer.pid, (unsigned)srv->children[i].peer.uid, WTERMSIG(status));
+            apir_server_status_changed(srv);
             break;
         }
     }

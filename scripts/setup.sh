@@ -29,7 +29,8 @@ done_step() { printf 'setup:   done in %ss\n' "$(( $(date +%s) - step_start ))";
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # ---- Debian packages -------------------------------------------------------
-PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates libseccomp-dev curl jq"
+# systemd: systemd-socket-activate for tests/run_service.sh (socket activation)
+PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates libseccomp-dev curl jq systemd"
 if [ "${APIR_SKIP_APT:-0}" != 1 ]; then
   step "Debian packages"
   missing=""

@@ -3,11 +3,16 @@
  *
  *   apir ping [ENDPOINT] [-n N]    handshake, versions, null-call round trip p50/p99
  *   apir info [ENDPOINT]           devices, memory, buffer types, alignment
- *   apir run [--backend B] [--threads N] [--host-arg ARG]... -- CMD [ARGS...]
- *        starts an apir-host on a private socket (unless APIR_HOST is set),
- *        runs CMD with libggml-apir.so injected (GGML_BACKEND_PATH, APIR_HOST),
- *        then stops the host.
+ *   apir run [options] [--] CMD [ARGS...]
+ *        starts an apir-host on a private socket (unless -H or APIR_HOST names
+ *        one), runs CMD with libggml-apir.so injected (GGML_BACKEND_PATH,
+ *        APIR_HOST), then stops the host and removes its socket folder.
+ *
+ * Every subcommand parses its options with getopt_long (--opt VALUE,
+ * --opt=VALUE, the short letters llama.cpp users know) and has --help; a new
+ * subcommand is a function and a row in commands[].
  */
+#include "apir_build.h"
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "calls.h"
@@ -15,6 +20,7 @@
 #include "wait.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -25,13 +31,89 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Exit statuses (the help texts and the README list them). */
+enum {
+    EXIT_OK = 0,
+    EXIT_FAIL = 1,          /* the host cannot be reached, or a call failed */
+    EXIT_USAGE = 2,         /* bad command line */
+    EXIT_RUN_FAILED = 125,  /* apir run itself failed (as env(1) and timeout(1) do) */
+    EXIT_CANNOT_EXEC = 126, /* apir run: CMD cannot be executed */
+    EXIT_NOT_FOUND = 127,   /* apir run: CMD not found */
+};
+
+static const char exit_status_text[] =
+    "exit status: 0 success; 1 the host cannot be reached or a call failed; 2 bad command line\n";
+
+/* A decimal number from min to max, or a message and false. */
+static bool num_arg(const char *cmd, const char *opt, const char *v, long long min, long long max, long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long n = 0;
+    if (v && ((*v >= '0' && *v <= '9') || (*v == '-' && min < 0)))
+        n = strtoll(v, &end, 10);
+    if (!end || *end || errno || n < min || n > max) {
+        fprintf(stderr, "apir %s: %s: '%s' is not a number from %lld to %lld\n", cmd, opt, v ? v : "", min, max);
+        return false;
+    }
+    *out = n;
+    return true;
+}
+
+/* The endpoints the guest library knows (transport.c): unix:PATH, an
+ * absolute path, virtgpu[:NODE].  Anything else is refused here, before a
+ * connection is tried, and named. */
+static bool endpoint_ok(const char *cmd, const char *e, const char *from)
+{
+    if (!e || !*e)
+        return true;
+    if ((!strncmp(e, "unix:", 5) && e[5]) || e[0] == '/')
+        return true;
+    if (!strncmp(e, "virtgpu", 7) && (e[7] == '\0' || (e[7] == ':' && e[8])))
+        return true;
+    const bool tcp = !strncmp(e, "tcp:", 4) || (strchr(e, ':') && strncmp(e, "unix:", 5) != 0);
+    fprintf(stderr, "apir %s: unknown endpoint '%s'%s: use unix:PATH, /PATH or virtgpu[:NODE]%s\n", cmd, e, from,
+            tcp ? " (apir has no TCP transport: a guest shares memory with its host, on one machine or in a VM)" : "");
+    return false;
+}
+
+/* The endpoint a command connects to: the one given, else $APIR_HOST, else
+ * NULL (the default socket). */
+static bool pick_endpoint(const char *cmd, const char *given, const char **out)
+{
+    const char *env = getenv("APIR_HOST");
+    if (given) {
+        if (!endpoint_ok(cmd, given, ""))
+            return false;
+        *out = given;
+    } else {
+        if (!endpoint_ok(cmd, env, " (from APIR_HOST)"))
+            return false;
+        *out = env && *env ? env : NULL;
+    }
+    return true;
+}
+
+/* Unknown options and missing values, in one voice for every subcommand. */
+static int bad_option(const char *cmd, int c, char **argv)
+{
+    const char *arg = argv[optind - 1];
+    if (c == ':')
+        fprintf(stderr, "apir %s: %s needs a value (try apir %s --help)\n", cmd, arg, cmd);
+    else if (optopt && optopt < 256 && strncmp(arg, "--", 2) != 0)
+        fprintf(stderr, "apir %s: unknown option -%c (try apir %s --help)\n", cmd, optopt, cmd);
+    else
+        fprintf(stderr, "apir %s: unknown or ambiguous option %s (try apir %s --help)\n", cmd, arg, cmd);
+    return EXIT_USAGE;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
 
-static int cmd_ping(const char *endpoint, int n)
+static int do_ping(const char *endpoint, int n)
 {
     struct apir_remote r;
     char err[256];
@@ -78,7 +160,7 @@ static const char *type_name(uint32_t t)
     }
 }
 
-static int cmd_info(const char *endpoint)
+static int do_info(const char *endpoint)
 {
     struct apir_remote r;
     char err[256];
@@ -122,152 +204,445 @@ static int cmd_info(const char *endpoint)
     return 0;
 }
 
-/* Finds a file next to this executable or in ../lib. */
+
+/* ---- apir ping / apir info ------------------------------------------------ */
+
+static void ping_usage(FILE *out)
+{
+    fprintf(out, "usage: apir ping [options] [ENDPOINT]\n"
+                 "Connects to a host, prints the protocol versions and the round trip of a null call.\n"
+                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]\n"
+                 "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
+                 "  -n, --count N           null calls to time (default 10000; 1 to 10000000)\n"
+                 "  -h, --help              this help\n"
+                 "%s",
+            exit_status_text);
+}
+
+static void info_usage(FILE *out)
+{
+    fprintf(out, "usage: apir info [options] [ENDPOINT]\n"
+                 "Prints the host's version and its devices: memory, buffer type, alignment.\n"
+                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]\n"
+                 "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
+                 "  -h, --help              this help\n"
+                 "%s",
+            exit_status_text);
+}
+
+/* ping and info: options, then at most one ENDPOINT. */
+static int cmd_ping_info(int argc, char **argv)
+{
+    const bool ping = !strcmp(argv[0], "ping");
+    static const struct option ping_opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "host", required_argument, NULL, 'H' },
+        { "count", required_argument, NULL, 'n' },
+        { NULL, 0, NULL, 0 },
+    };
+    static const struct option info_opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "host", required_argument, NULL, 'H' },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *given = NULL;
+    long long n = 10000;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ping ? ":hH:n:" : ":hH:", ping ? ping_opts : info_opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
+            (ping ? ping_usage : info_usage)(stdout);
+            return EXIT_OK;
+        case 'H':
+            given = optarg;
+            break;
+        case 'n':
+            if (!num_arg(argv[0], "--count", optarg, 1, 10000000, &n))
+                return EXIT_USAGE;
+            break;
+        default:
+            return bad_option(argv[0], c, argv);
+        }
+    }
+    if (optind < argc) {
+        if (given || optind + 1 < argc) {
+            fprintf(stderr, "apir %s: one endpoint at most (try apir %s --help)\n", argv[0], argv[0]);
+            return EXIT_USAGE;
+        }
+        given = argv[optind];
+    }
+    const char *endpoint;
+    if (!pick_endpoint(argv[0], given, &endpoint))
+        return EXIT_USAGE;
+    return ping ? do_ping(endpoint, (int)n) : do_info(endpoint);
+}
+
+/* ---- apir run ---------------------------------------------------------------- */
+
+/* Finds a file beside this executable, or where it is installed relative
+ * to it (CMakeLists.txt's install layout). */
 static bool find_beside_exe(const char *name, char *out, size_t len)
 {
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0)
+    if (!realpath("/proc/self/exe", exe))
         return false;
-    exe[n] = '\0';
     char *dir = dirname(exe);
-    const char *cands[] = { "%s/%s", "%s/../lib/%s", "%s/../bin/%s" };
-    for (size_t i = 0; i < sizeof(cands) / sizeof(cands[0]); i++) {
-        snprintf(out, len, cands[i], dir, name);
+    const char *rel[] = { ".", APIR_BIN_TO_LIB, "../lib", "../bin" };
+    for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+        if (snprintf(out, len, "%s/%s/%s", dir, rel[i], name) >= (int)len)
+            continue;
         if (access(out, F_OK) == 0)
             return true;
     }
     return false;
 }
 
-static volatile sig_atomic_t child_pid;
+static volatile sig_atomic_t child_pid, got_signal;
 
-static void forward_signal(int sig)
+static void on_run_signal(int sig)
 {
+    got_signal = sig;
     if (child_pid > 0)
         kill(child_pid, sig);
 }
 
+static void run_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: apir run [options] [--] CMD [ARGS...]\n"
+            "Runs a ggml program on an APIR device: starts apir-host (beside apir) on a private socket,\n"
+            "runs CMD with GGML_BACKEND_PATH=libggml-apir.so and APIR_HOST set, then stops the host\n"
+            "and removes its socket folder ($TMPDIR or /tmp, apir-run-XXXXXX).\n"
+            "Options before CMD (those after it are CMD's):\n"
+            "  -H, --host ENDPOINT     use this running host instead of starting one (also $APIR_HOST)\n"
+            "  -b, --backend NAME      the started host's backend (CPU, CUDA...; default: first GPU, else CPU)\n"
+            "  -d, --device N|NAME     ... only this device of it\n"
+            "  -t, --threads N         ... CPU threads (default: the cores this process may use)\n"
+            "      --backend-dir DIR   ... where ggml's backend libraries are\n"
+            "      --log-level LEVEL   ... log level (error|warn|info|debug; default warn)\n"
+            "      --host-arg ARG      ... one more apir-host argument (repeat as needed)\n"
+            "  -h, --help              this help\n"
+            "exit status: CMD's own status (128+N when signal N ended it); 125 apir run itself failed\n"
+            "             (bad command line, the host did not start); 126 CMD cannot be executed;\n"
+            "             127 CMD not found\n");
+}
+
+/* The started host's socket folder, removed however the run ends. */
+static void remove_run_dir(const char *dir)
+{
+    char sock[PATH_MAX];
+    snprintf(sock, sizeof(sock), "%s/host.sock", dir);
+    unlink(sock);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        fprintf(stderr, "apir run: cannot remove %s: %s\n", dir, strerror(errno));
+}
+
+/* SIGTERM, then (bounded) wait; SIGKILL if it will not go.  Returns the
+ * host's wait status, or -1 when it had to be killed. */
+static int stop_host(pid_t pid)
+{
+    int status = 0;
+    kill(pid, SIGTERM);
+    for (int t = 0; t < 1000; t++) {  /* 10 s */
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid || (r < 0 && errno != EINTR))
+            return status;
+        usleep(10000);
+    }
+    fprintf(stderr, "apir run: apir-host (pid %d) did not stop in 10 s: killed\n", (int)pid);
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return -1;
+}
+
+static void describe_status(int status, char *buf, size_t len)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, len, "exit status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "signal %d", WTERMSIG(status));
+    else
+        snprintf(buf, len, "status 0x%x", (unsigned)status);
+}
+
 static int cmd_run(int argc, char **argv)
 {
-    const char *host_args[32];
-    int n_host_args = 0;
-    int i = 0;
-    for (; i < argc; i++) {
-        if (!strcmp(argv[i], "--")) {
-            i++;
+    enum { RUN_BACKEND_DIR = 256, RUN_LOG_LEVEL, RUN_HOST_ARG };
+    static const struct option opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "host", required_argument, NULL, 'H' },
+        { "backend", required_argument, NULL, 'b' },
+        { "device", required_argument, NULL, 'd' },
+        { "threads", required_argument, NULL, 't' },
+        { "backend-dir", required_argument, NULL, RUN_BACKEND_DIR },
+        { "log-level", required_argument, NULL, RUN_LOG_LEVEL },
+        { "host-arg", required_argument, NULL, RUN_HOST_ARG },
+        { NULL, 0, NULL, 0 },
+    };
+    /* apir-host's argv: its path, --listen, the endpoint, --log-level, the
+     * level, then at most one entry per argument given here. */
+    const char **host_args = calloc((size_t)argc + 8, sizeof(char *));
+    char *owned[8] = { NULL };  /* "--opt=value" strings made here */
+    int n_owned = 0, n_host_args = 5;
+    const char *given = NULL, *log_level = "warn";
+    int c, rc = EXIT_RUN_FAILED;
+    if (!host_args) {
+        fprintf(stderr, "apir run: out of memory\n");
+        return EXIT_RUN_FAILED;
+    }
+    opterr = 0;
+    /* '+': options end at CMD, whose own options are its. */
+    while ((c = getopt_long(argc, argv, "+:hH:b:d:t:", opts, NULL)) != -1) {
+        const char *prefix = NULL;
+        long long n;
+        switch (c) {
+        case 'h':
+            run_usage(stdout);
+            rc = EXIT_OK;
+            goto out;
+        case 'H':
+            given = optarg;
+            break;
+        case 'b':
+            prefix = "--backend=";
+            break;
+        case 'd':
+            prefix = "--device=";
+            break;
+        case 't':
+            if (!num_arg("run", "--threads", optarg, 0, 1024, &n))
+                goto out;
+            prefix = "--threads=";
+            break;
+        case RUN_BACKEND_DIR:
+            prefix = "--backend-dir=";
+            break;
+        case RUN_LOG_LEVEL: {
+            enum apir_log_level l;
+            if (apir_log_level_from_string(optarg, &l) != 0) {
+                fprintf(stderr, "apir run: --log-level %s: use error, warn, info or debug\n", optarg);
+                goto out;
+            }
+            log_level = optarg;
             break;
         }
-        if (i + 1 < argc && (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads")) && n_host_args < 28) {
-            host_args[n_host_args++] = argv[i];
-            host_args[n_host_args++] = argv[++i];
-        } else if (i + 1 < argc && !strcmp(argv[i], "--host-arg") && n_host_args < 30) {
-            host_args[n_host_args++] = argv[++i];
-        } else {
-            fprintf(stderr, "apir run: unknown option %s\n", argv[i]);
-            return 2;
+        case RUN_HOST_ARG:
+            host_args[n_host_args++] = optarg;
+            break;
+        default:
+            bad_option("run", c, argv);
+            goto out;
+        }
+        if (prefix) {
+            char *s = NULL;
+            if (n_owned == (int)(sizeof(owned) / sizeof(owned[0])) || asprintf(&s, "%s%s", prefix, optarg) < 0) {
+                fprintf(stderr, "apir run: too many host options\n");
+                goto out;
+            }
+            owned[n_owned++] = s;
+            host_args[n_host_args++] = s;
         }
     }
-    if (i >= argc) {
-        fprintf(stderr, "usage: apir run [--backend B] [--threads N] [--host-arg ARG]... -- CMD [ARGS...]\n");
-        return 2;
+    if (optind >= argc) {
+        fprintf(stderr, "apir run: no command to run (try apir run --help)\n");
+        goto out;
     }
+    char **cmd = argv + optind;
+    const char *endpoint_given = NULL;
+    if (!pick_endpoint("run", given, &endpoint_given))
+        goto out;
+    if (endpoint_given && n_host_args > 5)
+        fprintf(stderr, "apir run: a running host is used (%s): the host options given are ignored\n", endpoint_given);
+
     char frontend[PATH_MAX], host_bin[PATH_MAX];
     if (!find_beside_exe("libggml-apir.so", frontend, sizeof(frontend))) {
-        fprintf(stderr, "apir run: libggml-apir.so not found beside %s\n", argv[0]);
-        return 1;
+        fprintf(stderr, "apir run: libggml-apir.so not found beside apir (or in %s from it)\n", APIR_BIN_TO_LIB);
+        goto out;
     }
+    struct sigaction sa = { .sa_handler = on_run_signal };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+
     pid_t host_pid = 0;
     char endpoint[PATH_MAX + 8];
-    char dir[] = "/tmp/apir-run-XXXXXX";
-    const char *given = getenv("APIR_HOST");
-    if (given && *given) {
-        snprintf(endpoint, sizeof(endpoint), "%s", given);
+    /* The socket folder: in $TMPDIR, else /tmp (also when $TMPDIR would
+     * make the socket path longer than a sockaddr_un holds). */
+    char dir[128];
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) + sizeof("/apir-run-XXXXXX/host.sock") > 108)
+        tmp = "/tmp";
+    snprintf(dir, sizeof(dir), "%s/apir-run-XXXXXX", tmp);
+    bool made_dir = false;
+    if (endpoint_given) {
+        snprintf(endpoint, sizeof(endpoint), "%s", endpoint_given);
     } else {
-        if (!find_beside_exe("apir-host", host_bin, sizeof(host_bin)) || !mkdtemp(dir)) {
+        if (!find_beside_exe("apir-host", host_bin, sizeof(host_bin))) {
             fprintf(stderr, "apir run: apir-host not found beside apir\n");
-            return 1;
+            goto out;
         }
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "apir run: cannot create a socket folder in %s: %s\n", tmp, strerror(errno));
+            goto out;
+        }
+        made_dir = true;
         snprintf(endpoint, sizeof(endpoint), "unix:%s/host.sock", dir);
+        host_args[0] = host_bin;
+        host_args[1] = "--listen";
+        host_args[2] = endpoint;
+        host_args[3] = "--log-level";
+        host_args[4] = log_level;
+        host_args[n_host_args] = NULL;
         host_pid = fork();
+        if (host_pid < 0) {
+            fprintf(stderr, "apir run: fork: %s\n", strerror(errno));
+            goto out_dir;
+        }
         if (host_pid == 0) {
-            const char *args[40] = { host_bin, "--listen", endpoint, "--log-level", "warn" };
-            int k = 5;
-            for (int j = 0; j < n_host_args; j++)
-                args[k++] = host_args[j];
-            args[k] = NULL;
-            execv(host_bin, (char *const *)args);
-            _exit(127);
+            execv(host_bin, (char *const *)host_args);
+            fprintf(stderr, "apir run: cannot run %s: %s\n", host_bin, strerror(errno));
+            _exit(EXIT_RUN_FAILED);
         }
         /* Wait (bounded) for the socket to appear. */
         char sock[PATH_MAX];
         snprintf(sock, sizeof(sock), "%s/host.sock", dir);
         struct stat st;
-        for (int t = 0; t < 500 && stat(sock, &st) != 0; t++) {
+        int t = 0;
+        for (; t < 1000 && stat(sock, &st) != 0 && !got_signal; t++) {  /* 10 s */
             int status;
             if (waitpid(host_pid, &status, WNOHANG) == host_pid) {
-                fprintf(stderr, "apir run: apir-host exited during start\n");
-                return 1;
+                char how[64];
+                describe_status(status, how, sizeof(how));
+                fprintf(stderr, "apir run: apir-host did not start (%s)\n", how);
+                host_pid = 0;
+                goto out_dir;
             }
             usleep(10000);
         }
+        if (got_signal) {
+            rc = 128 + got_signal;
+            goto out_host;
+        }
+        if (t == 1000) {
+            fprintf(stderr, "apir run: apir-host did not open %s in 10 s\n", sock);
+            goto out_host;
+        }
         fprintf(stderr, "apir run: started apir-host (pid %d) on %s\n", (int)host_pid, endpoint);
     }
-    setenv("GGML_BACKEND_PATH", frontend, 1);
-    setenv("APIR_HOST", endpoint, 1);
     pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "apir run: fork: %s\n", strerror(errno));
+        goto out_host;
+    }
     if (pid == 0) {
-        execvp(argv[i], argv + i);
-        fprintf(stderr, "apir run: cannot run %s: %s\n", argv[i], strerror(errno));
-        _exit(127);
+        setenv("GGML_BACKEND_PATH", frontend, 1);
+        setenv("APIR_HOST", endpoint, 1);
+        execvp(cmd[0], cmd);
+        int e = errno;
+        fprintf(stderr, "apir run: cannot run %s: %s\n", cmd[0], strerror(e));
+        _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC);
     }
     child_pid = pid;
-    signal(SIGINT, forward_signal);
-    signal(SIGTERM, forward_signal);
+    if (got_signal)  /* came before child_pid was set: pass it on */
+        kill(pid, got_signal);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
+    child_pid = 0;
+    rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+out_host:
     if (host_pid > 0) {
-        kill(host_pid, SIGTERM);
-        waitpid(host_pid, NULL, 0);
-        rmdir(dir);
+        int hs = stop_host(host_pid);
+        if (hs != -1 && !(WIFEXITED(hs) && WEXITSTATUS(hs) == 0)) {
+            char how[64];
+            describe_status(hs, how, sizeof(how));
+            fprintf(stderr, "apir run: apir-host ended with %s\n", how);
+        }
     }
-    if (WIFEXITED(status))
-        return WEXITSTATUS(status);
-    return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+out_dir:
+    if (made_dir)
+        remove_run_dir(dir);
+out:
+    for (int i = 0; i < n_owned; i++)
+        free(owned[i]);
+    free(host_args);
+    return rc;
 }
+
+/* ---- apir ----------------------------------------------------------------------- */
+
+struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);  /* argv[0]: the command's name */
+    void (*usage)(FILE *out);
+    const char *synopsis;
+    const char *summary;
+};
+
+static const struct command commands[] = {
+    { "ping", cmd_ping_info, ping_usage, "ping [ENDPOINT] [-n N]", "round trip to a host" },
+    { "info", cmd_ping_info, info_usage, "info [ENDPOINT]", "the host's version and devices" },
+    { "run", cmd_run, run_usage, "run [options] [--] CMD ...", "run a ggml program on an APIR device" },
+};
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage:\n"
-                 "  apir ping [ENDPOINT] [-n N]   round trip to a host (default endpoint: $APIR_HOST or the default socket)\n"
-                 "  apir info [ENDPOINT]          the host's devices\n"
-                 "  apir run [--backend B] [--threads N] [--host-arg ARG]... -- CMD [ARGS...]\n"
-                 "                                run a ggml program on an APIR device\n");
+    fprintf(out, "usage: apir [--version] [--help] COMMAND [options]\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  apir %-28s%s\n", commands[i].synopsis, commands[i].summary);
+    fprintf(out, "  apir help COMMAND                a command's options (or: apir COMMAND --help)\n"
+                 "  apir --version                   apir's version, the APIR protocol version and the ggml it was built against\n"
+                 "ENDPOINT: unix:PATH, /PATH or virtgpu[:NODE]; default $APIR_HOST, else the default socket\n"
+                 "%s"
+                 "             apir run: CMD's own status; 125, 126, 127 as apir run --help says\n",
+            exit_status_text);
+}
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
     }
-    const char *endpoint = getenv("APIR_HOST");
-    int n = 10000;
-    if (!strcmp(argv[1], "run"))
-        return cmd_run(argc - 2, argv + 2);
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "-n") && i + 1 < argc)
-            n = atoi(argv[++i]);
+    const char *a = argv[1];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(a, "--version") || !strcmp(a, "version")) {
+        APIR_PRINT_VERSION(stdout, "apir");
+        return EXIT_OK;
+    }
+    if (!strcmp(a, "help")) {
+        const struct command *c = argc > 2 ? find_command(argv[2]) : NULL;
+        if (argc > 2 && !c) {
+            fprintf(stderr, "apir: unknown command '%s'\n", argv[2]);
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+        if (c)
+            c->usage(stdout);
         else
-            endpoint = argv[i];
+            usage(stdout);
+        return EXIT_OK;
     }
-    if (n < 1)
-        n = 1;
-    if (!strcmp(argv[1], "ping"))
-        return cmd_ping(endpoint, n);
-    if (!strcmp(argv[1], "info"))
-        return cmd_info(endpoint);
-    usage(stderr);
-    return 2;
+    const struct command *c = find_command(a);
+    if (!c) {
+        fprintf(stderr, "apir: unknown %s '%s'\n", a[0] == '-' ? "option" : "command", a);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    return c->fn(argc - 1, argv + 1);
 }

@@ -39,10 +39,12 @@
  *
  * Output: one line "PATH: N params, M MiB".
  */
+#include "apir_build.h"
 #include "ggml.h"
 #include "gguf.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -67,7 +69,7 @@ static void usage(FILE *f) {
             "usage: apir-gguf-gen -o OUT.gguf [--size tiny|1b|8b] [--type f16|f32|q4_0|q8_0]\n"
             "                     [--embd-type f16|f32|q4_0|q8_0]\n"
             "                     [--layers N --embd N --ff N --heads N --kv-heads N --vocab N --ctx N]\n"
-            "                     [--seed N] [--vocab-from VOCAB.gguf]\n"
+            "                     [--seed N] [--vocab-from VOCAB.gguf] [--help] [--version]\n"
             "presets: tiny = embd 256, 4 layers, ff 768, heads 4, kv 2, vocab 4096, ctx 2048\n"
             "         1b   = embd 2048, 16 layers, ff 8192, heads 32, kv 8, vocab 32000, ctx 4096\n"
             "         8b   = embd 4096, 32 layers, ff 14336, heads 32, kv 8, vocab 32000, ctx 8192\n");
@@ -292,59 +294,81 @@ int main(int argc, char **argv) {
     set_preset(&p, "tiny");
     int64_t ov_layer = 0, ov_embd = 0, ov_ff = 0, ov_head = 0, ov_head_kv = 0, ov_vocab = 0, ov_ctx = 0;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+    enum { O_SIZE = 256, O_TYPE, O_EMBD_TYPE, O_LAYERS, O_EMBD, O_FF, O_HEADS, O_KV_HEADS, O_VOCAB, O_CTX, O_VOCAB_FROM,
+           O_SEED, O_VERSION };
+    static const struct option opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, O_VERSION },
+        { "out", required_argument, NULL, 'o' },
+        { "size", required_argument, NULL, O_SIZE },
+        { "type", required_argument, NULL, O_TYPE },
+        { "embd-type", required_argument, NULL, O_EMBD_TYPE },
+        { "layers", required_argument, NULL, O_LAYERS },
+        { "embd", required_argument, NULL, O_EMBD },
+        { "ff", required_argument, NULL, O_FF },
+        { "heads", required_argument, NULL, O_HEADS },
+        { "kv-heads", required_argument, NULL, O_KV_HEADS },
+        { "vocab", required_argument, NULL, O_VOCAB },
+        { "ctx", required_argument, NULL, O_CTX },
+        { "vocab-from", required_argument, NULL, O_VOCAB_FROM },
+        { "seed", required_argument, NULL, O_SEED },
+        { NULL, 0, NULL, 0 },
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":ho:", opts, NULL)) != -1) {
+        const char *v = optarg;
+        bool ok = true;
+        switch (c) {
+        case 'h':
             usage(stdout);
             return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "apir-gguf-gen: missing value for %s\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        bool ok = true;
-        if (strcmp(a, "-o") == 0 || strcmp(a, "--out") == 0) {
-            p.out = v;
-        } else if (strcmp(a, "--size") == 0) {
-            ok = set_preset(&p, v);
-        } else if (strcmp(a, "--type") == 0) {
-            ok = parse_type(v, &p.type);
-        } else if (strcmp(a, "--embd-type") == 0) {
+        case O_VERSION:
+            APIR_PRINT_VERSION(stdout, "apir-gguf-gen");
+            return 0;
+        case 'o': p.out = v; break;
+        case O_SIZE: ok = set_preset(&p, v); break;
+        case O_TYPE: ok = parse_type(v, &p.type); break;
+        case O_EMBD_TYPE:
             ok = parse_type(v, &p.embd_type);
             p.embd_type_set = true;
-        } else if (strcmp(a, "--layers") == 0) {
-            ok = parse_i64(v, &ov_layer);
-        } else if (strcmp(a, "--embd") == 0) {
-            ok = parse_i64(v, &ov_embd);
-        } else if (strcmp(a, "--ff") == 0) {
-            ok = parse_i64(v, &ov_ff);
-        } else if (strcmp(a, "--heads") == 0) {
-            ok = parse_i64(v, &ov_head);
-        } else if (strcmp(a, "--kv-heads") == 0) {
-            ok = parse_i64(v, &ov_head_kv);
-        } else if (strcmp(a, "--vocab") == 0) {
-            ok = parse_i64(v, &ov_vocab);
-        } else if (strcmp(a, "--ctx") == 0) {
-            ok = parse_i64(v, &ov_ctx);
-        } else if (strcmp(a, "--vocab-from") == 0) {
-            p.vocab_from = v;
-        } else if (strcmp(a, "--seed") == 0) {
+            break;
+        case O_LAYERS: ok = parse_i64(v, &ov_layer); break;
+        case O_EMBD: ok = parse_i64(v, &ov_embd); break;
+        case O_FF: ok = parse_i64(v, &ov_ff); break;
+        case O_HEADS: ok = parse_i64(v, &ov_head); break;
+        case O_KV_HEADS: ok = parse_i64(v, &ov_head_kv); break;
+        case O_VOCAB: ok = parse_i64(v, &ov_vocab); break;
+        case O_CTX: ok = parse_i64(v, &ov_ctx); break;
+        case O_VOCAB_FROM: p.vocab_from = v; break;
+        case O_SEED: {
             char *end = NULL;
             errno = 0;
             p.seed = strtoull(v, &end, 0);
-            ok = errno == 0 && end != v && *end == '\0';
-        } else {
-            fprintf(stderr, "apir-gguf-gen: unknown option %s\n", a);
+            ok = errno == 0 && end != v && *end == '\0' && *v != '-';
+            break;
+        }
+        case ':':
+            fprintf(stderr, "apir-gguf-gen: missing value for %s\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        default:
+            fprintf(stderr, "apir-gguf-gen: unknown option %s\n", argv[optind - 1]);
             usage(stderr);
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "apir-gguf-gen: bad value for %s: '%s'\n", a, v);
+            /* the option: the word before a separate value, else "--opt=value" itself */
+            const char *opt = argv[optind - 1] == v ? argv[optind - 2] : argv[optind - 1];
+            fprintf(stderr, "apir-gguf-gen: bad value for %s: '%s'\n", opt, v);
             usage(stderr);
             return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "apir-gguf-gen: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     /* explicit dimensions override the preset, whatever the argument order */
     if (ov_layer) p.n_layer = ov_layer;

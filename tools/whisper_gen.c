@@ -1,7 +1,8 @@
 /* apir-whisper-gen: write a random-weight whisper model in whisper.cpp's legacy
  * ggml file format.
  *
- *   apir-whisper-gen -i for-tests-ggml-tiny.bin -o OUT.bin [--seed N] [--type f16|f32]
+ *   apir-whisper-gen -i for-tests-ggml-tiny.bin -o OUT.bin [--seed N] [--type f16|f32] [--text-ctx N]\n"
+               "                        [--help] [--version]\n"|f32]
  *                    [--text-ctx N]
  *
  * Why: whisper.cpp's test models (models/for-tests-ggml-*.bin in its source
@@ -37,9 +38,11 @@
  * gives logits of standard deviation ~0.6: no ties, no overflow, a decoder
  * that is stable and never certain).
  */
+#include "apir_build.h"
 #include "ggml.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -331,6 +334,7 @@ static void put_decoder(struct writer *w, const int32_t *hp) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: apir-whisper-gen -i TENSORLESS.bin -o OUT.bin [--seed N] [--type f16|f32] [--text-ctx N]\n"
+               "                        [--help] [--version]   (-i/--input, -o/--out; --opt=value works too)\n"
                "  TENSORLESS.bin: whisper.cpp's models/for-tests-ggml-*.bin (header, mel filters, vocabulary)\n");
 }
 
@@ -339,44 +343,74 @@ int main(int argc, char **argv) {
     uint64_t seed = 42;
     long text_ctx = 0;
     enum ggml_type wtype = GGML_TYPE_F16;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+    enum { O_SEED = 256, O_TEXT_CTX, O_TYPE, O_VERSION };
+    static const struct option opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, O_VERSION },
+        { "input", required_argument, NULL, 'i' },
+        { "out", required_argument, NULL, 'o' },
+        { "seed", required_argument, NULL, O_SEED },
+        { "text-ctx", required_argument, NULL, O_TEXT_CTX },
+        { "type", required_argument, NULL, O_TYPE },
+        { NULL, 0, NULL, 0 },
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":hi:o:", opts, NULL)) != -1) {
+        const char *v = optarg;
+        switch (c) {
+        case 'h':
             usage(stdout);
             return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "apir-whisper-gen: missing value for %s\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (strcmp(a, "-i") == 0) {
+        case O_VERSION:
+            APIR_PRINT_VERSION(stdout, "apir-whisper-gen");
+            return 0;
+        case 'i':
             in = v;
-        } else if (strcmp(a, "-o") == 0) {
+            break;
+        case 'o':
             out = v;
-        } else if (strcmp(a, "--seed") == 0) {
+            break;
+        case O_SEED: {
             char *end = NULL;
             errno = 0;
             seed = strtoull(v, &end, 0);
-            if (errno != 0 || end == v || *end != '\0') {
+            if (errno != 0 || end == v || *end != '\0' || *v == '-') {
                 fprintf(stderr, "apir-whisper-gen: bad seed '%s'\n", v);
                 return 2;
             }
-        } else if (strcmp(a, "--text-ctx") == 0) {
+            break;
+        }
+        case O_TEXT_CTX: {
             char *end = NULL;
             text_ctx = strtol(v, &end, 10);
             if (end == v || *end != '\0' || text_ctx < 8 || text_ctx > 4096) {
                 fprintf(stderr, "apir-whisper-gen: --text-ctx wants 8..4096, not '%s'\n", v);
                 return 2;
             }
-        } else if (strcmp(a, "--type") == 0 && (strcmp(v, "f16") == 0 || strcmp(v, "f32") == 0)) {
+            break;
+        }
+        case O_TYPE:
+            if (strcmp(v, "f16") != 0 && strcmp(v, "f32") != 0) {
+                fprintf(stderr, "apir-whisper-gen: --type wants f16 or f32, not '%s'\n", v);
+                return 2;
+            }
             wtype = strcmp(v, "f16") == 0 ? GGML_TYPE_F16 : GGML_TYPE_F32;
-        } else {
-            fprintf(stderr, "apir-whisper-gen: unknown option or value: %s %s\n", a, v);
+            break;
+        case ':':
+            fprintf(stderr, "apir-whisper-gen: missing value for %s\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        default:
+            fprintf(stderr, "apir-whisper-gen: unknown option %s\n", argv[optind - 1]);
             usage(stderr);
             return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "apir-whisper-gen: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     if (!in || !out) {
         usage(stderr);
