@@ -8,7 +8,10 @@ pkg_check_modules(DRM REQUIRED IMPORTED_TARGET libdrm)
 
 # ---- guest: the virtgpu transport ----
 target_sources(apir_transport PRIVATE transport/virtgpu.c)
-target_link_libraries(apir_transport PUBLIC PkgConfig::DRM)
+# Only the kernel's uapi headers (drm.h, virtgpu_drm.h): the transport makes
+# its ioctls itself, so libggml-apir.so does not need libdrm.so at run time
+# (a container image needs nothing beyond glibc).
+target_include_directories(apir_transport PRIVATE ${DRM_INCLUDE_DIRS})
 # transport.c refers to apir_virtgpu_connect weakly, and a weak reference does
 # not pull an archive member in: ask for it where the guest core is linked.
 foreach(t ggml-apir apir)

@@ -18,7 +18,9 @@
  */
 #include "apir_build.h"
 #include "apir_log.h"
+#include "control.h"
 #include "host.h"
+#include "host_stats.h"
 #include "sandbox.h"
 #include "shm_server.h"
 
@@ -29,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef APIR_TEST_HOOKS
@@ -83,10 +87,15 @@ enum {
     OPT_GRAPH_TIMEOUT_MS,
     OPT_SOCKET_MODE,
     OPT_SOCKET_GROUP,
+    OPT_CONTROL,
+    OPT_CONTROL_GROUP,
+    OPT_METRICS_FILE,
+    OPT_METRICS_INTERVAL,
     /* internal: how the daemon starts a worker (workers.c) */
     OPT_SERVE_FD,
     OPT_CLIENT_ID,
     OPT_WORKER_SLOT,
+    OPT_STATS_FD,
 };
 
 /* Leading colon: a missing value is reported as such (case ':'). */
@@ -124,9 +133,14 @@ static const struct option long_opts[] = {
     { "graph-timeout-ms", required_argument, NULL, OPT_GRAPH_TIMEOUT_MS },
     { "socket-mode", required_argument, NULL, OPT_SOCKET_MODE },
     { "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
+    { "control", required_argument, NULL, OPT_CONTROL },
+    { "control-group", required_argument, NULL, OPT_CONTROL_GROUP },
+    { "metrics-file", required_argument, NULL, OPT_METRICS_FILE },
+    { "metrics-interval", required_argument, NULL, OPT_METRICS_INTERVAL },
     { "serve-fd", required_argument, NULL, OPT_SERVE_FD },
     { "client-id", required_argument, NULL, OPT_CLIENT_ID },
     { "worker-slot", required_argument, NULL, OPT_WORKER_SLOT },
+    { "stats-fd", required_argument, NULL, OPT_STATS_FD },
     { NULL, 0, NULL, 0 },
 };
 
@@ -180,11 +194,18 @@ static void usage(FILE *out, const char *default_socket, const char *backend_dir
             "      --spawn-burst N      ... at once (40)\n"
             "      --handshake-timeout-ms N  a connection's hello must come by then (5000; at most 600000)\n"
             "      --graph-timeout-ms N one command's time; a worker over it is ended (60000; 0: none)\n"
+            "what the host does (apir stat, apir ps):\n"
+            "      --control unix:PATH  control socket (default: the socket's path + \".ctl\"; none: no control\n"
+            "                           socket); mode 0600: only root and the host's user may read it\n"
+            "      --control-group GROUP  ... mode 0660 and this group: its members may read it too\n"
+            "      --metrics-file PATH  write Prometheus metrics there (node_exporter's textfile collector),\n"
+            "                           atomically, every --metrics-interval seconds; removed at exit\n"
+            "      --metrics-interval S seconds between two metrics files (default %d; 1 to 86400)\n"
             "exit status: 0 stopped by SIGTERM or SIGINT, or --help, --version, --list-devices done;\n"
             "             1 cannot serve (no backend or device, bad backend directory, socket in use...);\n"
             "             2 bad command line\n",
             default_socket, apir_host_default_threads(), APIR_BIN_TO_GGML, backend_dir ? backend_dir : "none found",
-            backend_dir_source, APIR_SANDBOX_UID_BASE_DEFAULT);
+            backend_dir_source, APIR_SANDBOX_UID_BASE_DEFAULT, APIR_METRICS_INTERVAL_DEFAULT_S);
 }
 
 static const char *opt_name(int id)
@@ -216,28 +237,28 @@ static const char no_tcp[] = "apir has no TCP transport: a guest shares memory w
 
 /* --listen/-H: unix:PATH, or a path with a '/'.  Anything else - tcp:...,
  * host:port, a bare host name - is refused, never bound as a file name. */
-static bool parse_listen(const char *v, char *path, size_t len)
+static bool parse_listen(const char *opt, const char *v, char *path, size_t len)
 {
     const size_t scheme = strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
     const char *p = v;
     if (!strncmp(v, "unix:", 5)) {
         p = v + 5;
     } else if (!strncmp(v, "virtgpu", 7) && (v[7] == '\0' || v[7] == ':')) {
-        fprintf(stderr, "apir-host: --listen %s: a VM guest's host is libapir-virgl.so in the hypervisor, not apir-host\n", v);
+        fprintf(stderr, "apir-host: %s %s: a VM guest's host is libapir-virgl.so in the hypervisor, not apir-host\n", opt, v);
         return false;
     } else if (scheme > 0 && v[scheme] == ':') {
-        fprintf(stderr, "apir-host: --listen %s: not a unix: endpoint; %s\n", v, no_tcp);
+        fprintf(stderr, "apir-host: %s %s: not a unix: endpoint; %s\n", opt, v, no_tcp);
         return false;
     } else if (!strchr(v, '/')) {
-        fprintf(stderr, "apir-host: --listen %s: not a socket path (unix:PATH, or ./%s in this folder); %s\n", v, v, no_tcp);
+        fprintf(stderr, "apir-host: %s %s: not a socket path (unix:PATH, or ./%s in this folder); %s\n", opt, v, v, no_tcp);
         return false;
     }
     if (!*p) {
-        fprintf(stderr, "apir-host: --listen %s: no socket path\n", v);
+        fprintf(stderr, "apir-host: %s %s: no socket path\n", opt, v);
         return false;
     }
     if (strlen(p) >= len) {
-        fprintf(stderr, "apir-host: --listen %s: socket path too long (at most %zu bytes)\n", v, len - 1);
+        fprintf(stderr, "apir-host: %s %s: socket path too long (at most %zu bytes)\n", opt, v, len - 1);
         return false;
     }
     snprintf(path, len, "%s", p);
@@ -251,8 +272,14 @@ struct args {
     struct apir_shm_listen_options listen;  /* the socket file's mode and group */
     bool list, isolate, version, help;
     const char *backend_dir;     /* --backend-dir, else NULL */
-    int serve_fd;
+    int serve_fd, stats_fd;
     unsigned long long worker_slot, client_id;
+    /* the control socket (control.h): NULL path and !control_none: beside
+     * the guest socket */
+    char control_path[108];
+    bool control_none;
+    const char *control_group, *metrics_file;
+    unsigned metrics_interval_s;
 };
 
 /* EXIT_OK to go on; else the exit status (a message was printed). */
@@ -272,7 +299,7 @@ static int parse_args(struct args *a, int argc, char **argv)
             break;
         case 'l':
         case 'H':
-            if (!parse_listen(optarg, a->path, sizeof(a->path)))
+            if (!parse_listen("--listen", optarg, a->path, sizeof(a->path)))
                 return EXIT_USAGE;
             break;
         case 'p':
@@ -395,6 +422,26 @@ static int parse_args(struct args *a, int argc, char **argv)
         case OPT_SOCKET_GROUP:
             a->listen.group = optarg;
             break;
+        case OPT_CONTROL:
+            a->control_none = !strcmp(optarg, "none");
+            a->control_path[0] = '\0';
+            if (!a->control_none && !parse_listen("--control", optarg, a->control_path, sizeof(a->control_path)))
+                return EXIT_USAGE;
+            break;
+        case OPT_CONTROL_GROUP:
+            a->control_group = optarg;
+            break;
+        case OPT_METRICS_FILE:
+            if (!*optarg) {
+                fprintf(stderr, "apir-host: --metrics-file needs a file name\n");
+                return EXIT_USAGE;
+            }
+            a->metrics_file = optarg;
+            break;
+        case OPT_METRICS_INTERVAL:
+            NUM(1, 86400);
+            a->metrics_interval_s = (unsigned)n;
+            break;
         case OPT_SERVE_FD:
             NUM(0, INT_MAX);
             a->serve_fd = (int)n;
@@ -406,6 +453,10 @@ static int parse_args(struct args *a, int argc, char **argv)
         case OPT_WORKER_SLOT:
             NUM(0, UINT32_MAX);
             a->worker_slot = n;
+            break;
+        case OPT_STATS_FD:
+            NUM(0, INT_MAX);
+            a->stats_fd = (int)n;
             break;
         case ':':
             fprintf(stderr, "apir-host: %s needs a value (try --help)\n", argv[optind - 1]);
@@ -429,6 +480,65 @@ static int parse_args(struct args *a, int argc, char **argv)
     return EXIT_OK;
 }
 
+/* In a worker: the daemon's stats page for it (--stats-fd), or NULL. */
+static struct apir_stats_page *map_stats_page(int fd)
+{
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size >= (off_t)APIR_STATS_PAGE_SIZE)
+        p = mmap(NULL, APIR_STATS_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED || !apir_stats_page_valid(p)) {
+        APIR_WARN("host", "worker: no usable stats page (fd %d): apir stat will not see this guest's counters", fd);
+        if (p != MAP_FAILED)
+            munmap(p, APIR_STATS_PAGE_SIZE);
+        return NULL;
+    }
+    return p;
+}
+
+/*
+ * The control socket (default: beside the guest socket, PATH.ctl) and the
+ * metrics file.  An explicit --control that cannot be bound stops the host;
+ * the default one only warns (the host serves guests without it).
+ */
+static bool setup_control(const struct args *a, struct apir_shm_server *srv)
+{
+    char path[sizeof(a->control_path) + 8] = "";
+    const bool explicit_path = a->control_path[0] != '\0';
+    const char *sock = apir_shm_server_path(srv);
+    if (explicit_path)
+        snprintf(path, sizeof(path), "%s", a->control_path);
+    else if (!a->control_none && sock[0] == '/' && strlen(sock) + 4 < 108)
+        snprintf(path, sizeof(path), "%s.ctl", sock);
+    else if (!a->control_none)
+        APIR_INFO("host", "no control socket beside unix:%s (give one with --control unix:PATH)", sock);
+    struct apir_control_config cc = {
+        .path = path[0] ? path : NULL,
+        .group = a->control_group,
+        .metrics_file = a->metrics_file,
+        .metrics_interval_s = a->metrics_interval_s,
+    };
+    if (!cc.path && !cc.metrics_file)
+        return true;
+    char err[300];
+    if (apir_shm_server_control(srv, &cc, err, sizeof(err)))
+        return true;
+    /* A metrics file asked for, or a control socket named, must work. */
+    if (explicit_path || !cc.path || !strncmp(err, "--metrics-file", 14)) {
+        fprintf(stderr, "apir-host: %s\n", err);
+        return false;
+    }
+    APIR_WARN("host", "no control socket (apir stat, apir ps): %s", err);
+    cc.path = NULL;
+    if (!cc.metrics_file || apir_shm_server_control(srv, &cc, err, sizeof(err)))
+        return true;
+    fprintf(stderr, "apir-host: %s\n", err);
+    return false;
+}
+
 int main(int argc, char **argv)
 {
     static struct args a;
@@ -436,6 +546,8 @@ int main(int argc, char **argv)
     apir_sandbox_config_default(&a.sandbox);
     a.isolate = true;
     a.serve_fd = -1;
+    a.stats_fd = -1;
+    a.metrics_interval_s = APIR_METRICS_INTERVAL_DEFAULT_S;
     apir_shm_listen_options_default(&a.listen);  /* the environment's; options override */
     apir_shm_default_path(a.path, sizeof(a.path));
     char default_socket[sizeof(a.path) + 8];
@@ -489,7 +601,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "apir-host worker: %s\n", err);
             return EXIT_FAIL;
         }
-        apir_sandbox_prepare(&host);
+        /* The stats page the daemon made for this worker: mapped now,
+         * before the sandbox; its descriptor is not kept. */
+        struct apir_stats_page *stats = map_stats_page(a.stats_fd);
 #ifdef APIR_TEST_HOOKS
         apir_test_attack_prepare();
 #endif
@@ -501,7 +615,7 @@ int main(int argc, char **argv)
 #ifdef APIR_TEST_HOOKS
         apir_test_attack_run();
 #endif
-        int wrc = apir_shm_serve_fd(&host, a.serve_fd, a.client_id) == 0 ? 0 : 1;
+        int wrc = apir_shm_serve_fd(&host, a.serve_fd, a.client_id, stats) == 0 ? 0 : 1;
         /* Ends without exit-time handlers: what they may do is no longer
          * allowed here (LeakSanitizer's exit check clones a tracer and
          * ptraces; a backend's destructors may open files).  The guest's
@@ -531,6 +645,10 @@ int main(int argc, char **argv)
     }
     if (a.isolate && !apir_shm_server_isolate(g_server, argv)) {
         fprintf(stderr, "apir-host: cannot set up worker processes\n");
+        return EXIT_FAIL;
+    }
+    if (!setup_control(&a, g_server)) {
+        apir_shm_server_free(g_server);
         return EXIT_FAIL;
     }
     struct sigaction sa = { .sa_handler = on_signal };

@@ -14,7 +14,9 @@
 
 #include "apir_log.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -142,4 +144,25 @@ void apir_service_status(const char *fmt, ...)
     vsnprintf(msg + 7, sizeof(msg) - 7, fmt, ap);
     va_end(ap);
     apir_service_notify(msg);
+}
+
+bool apir_service_resolve_group(const char *group, const char *option, gid_t *gid, char *err, size_t err_len)
+{
+    if (isdigit((unsigned char)group[0])) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(group, &end, 10);
+        if (!errno && !*end && v < 0xFFFFFFFFul) {
+            *gid = (gid_t)v;
+            return true;
+        }
+    }
+    struct group gr, *res = NULL;
+    char buf[4096];
+    if (getgrnam_r(group, &gr, buf, sizeof(buf), &res) != 0 || !res) {
+        snprintf(err, err_len, "unknown group %s (%s)", group, option);
+        return false;
+    }
+    *gid = res->gr_gid;
+    return true;
 }

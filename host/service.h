@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* The first descriptor systemd passes (SD_LISTEN_FDS_START). */
 #define APIR_SERVICE_LISTEN_FDS_START 3
@@ -44,5 +45,9 @@ void apir_service_ready(const char *status);
 void apir_service_stopping(void);
 /* STATUS=...: shown by `systemctl status`. */
 void apir_service_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A group given by name or number (--socket-group, --control-group: option
+ * names the option in the message err gets when there is no such group). */
+bool apir_service_resolve_group(const char *group, const char *option, gid_t *gid, char *err, size_t err_len);
 
 #endif

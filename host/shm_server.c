@@ -26,6 +26,13 @@
  * host/service.c), which then owns the file.  Guests are named in the log
  * by what the kernel says of them (SO_PEERCRED: pid, uid, gid), not by the
  * pid their hello claims.
+ *
+ * What the host does (apir stat, apir ps, the metrics file: host_stats.h,
+ * control.h): whoever serves a guest - its thread here, or its worker
+ * process - publishes the session's counters into a stats page after each
+ * command (memory stores only); this loop reads the pages when the control
+ * socket asks or the metrics file is due (its poll timeout), and adds a
+ * departed guest's counters to the totals when it lets go of it.
  */
 #include "shm_server.h"
 #include "shm_server_impl.h"
@@ -82,6 +89,8 @@ static void client_put(struct shm_client *c)
     if (c->session)
         apir_session_log_profile(c->session);
     apir_session_free(c->session);
+    if (c->stats_owned)
+        free(c->stats);
     if (c->ctrl)
         munmap(c->ctrl, sizeof(*c->ctrl));
     close(c->fd);
@@ -316,9 +325,12 @@ static void *client_worker(void *arg)
             continue;
         }
         seen = seq;
-        atomic_store_explicit(&c->busy_since_ns, apir_now_ns(), memory_order_relaxed);
+        const uint64_t began = apir_now_ns();
+        atomic_store_explicit(&c->busy_since_ns, began, memory_order_relaxed);
         bool go_on = serve_one(c);
         atomic_store_explicit(&c->busy_since_ns, 0, memory_order_relaxed);
+        /* For apir stat: stores into the stats page, nothing more. */
+        apir_stats_publish(c->stats, c->session, APIR_GUEST_SERVING, began, c->reported_pid);
         if (!go_on)
             break;
     }
@@ -341,7 +353,7 @@ bool apir_peer_cred(int fd, struct ucred *out)
 /* The peer's process name as this host sees it: chosen by the guest (a
  * hint, never an identity), so only printable characters are kept.  Not
  * in a sandboxed worker: it may open nothing. */
-static void peer_comm(pid_t pid, char *buf, size_t len)
+void apir_peer_comm(pid_t pid, char *buf, size_t len)
 {
     buf[0] = '\0';
     char path[40];
@@ -366,7 +378,7 @@ void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, siz
     }
     char comm[20] = "";
     if (with_comm)
-        peer_comm(peer->pid, comm, sizeof(comm));
+        apir_peer_comm(peer->pid, comm, sizeof(comm));
     snprintf(buf, len, "pid %d, uid %u, gid %u%s%s%s", (int)peer->pid, (unsigned)peer->uid, (unsigned)peer->gid,
              comm[0] ? ", comm \"" : "", comm, comm[0] ? "\"" : "");
 }
@@ -385,8 +397,9 @@ static void refuse_peer(int fd, const char *message, bool with_comm)
 }
 
 /* In the daemon (or the one process of --isolation thread). */
-void apir_server_refuse(int fd, const char *message)
+void apir_server_refuse(struct apir_shm_server *srv, int fd, const char *message)
 {
+    srv->refused_connections++;
     refuse_peer(fd, message, true);
 }
 
@@ -452,13 +465,14 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
     }
     for (int i = 0; i < n_fds; i++)
         close(fds[i]);
+    unsigned long long id = 0;
     if (!why) {
         c = calloc(1, sizeof(*c));
         /* Named by the pid the kernel gives (SO_PEERCRED, in this host's
          * pid namespace): the hello's is the guest's own word, and in a
          * container usually 1. */
         char name[48];
-        const unsigned long long id = srv->listen_fd < 0 ? srv->next_id : ++srv->next_id;
+        id = srv->listen_fd < 0 ? srv->next_id : ++srv->next_id;
         if (peer->pid > 0)
             snprintf(name, sizeof(name), "guest#%llu(pid %d)", id, (int)peer->pid);
         else
@@ -475,7 +489,21 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
         else
             reply = NULL;  /* owned by the session now */
     }
+    if (!why) {
+        /* Counters for apir stat: the worker's shared page, else our own. */
+        c->stats = srv->worker_stats;
+        if (!c->stats) {
+            c->stats = calloc(1, sizeof(*c->stats));
+            c->stats_owned = c->stats != NULL;
+            if (c->stats)
+                apir_stats_page_init(c->stats);
+            else
+                why = "out of memory";
+        }
+    }
     if (why) {
+        if (srv->listen_fd >= 0)
+            srv->refused_connections++;
         refuse_peer(fd, why, srv->listen_fd >= 0);
         if (ctrl)
             munmap(ctrl, APIR_SHM_CTRL_SIZE);
@@ -483,6 +511,8 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
             munmap(reply, (size_t)hello.reply_size);
         if (c) {
             apir_session_free(c->session);
+            if (c->stats_owned)
+                free(c->stats);
             free(c);
         }
         close(fd);
@@ -493,6 +523,11 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
     c->peer = *peer;
     c->reported_pid = hello.pid;
     c->ctrl = ctrl;
+    c->id = id;
+    c->connected_ns = apir_now_ns();
+    if (srv->listen_fd >= 0)
+        apir_peer_comm(peer->pid, c->comm, sizeof(c->comm));
+    apir_stats_publish(c->stats, c->session, APIR_GUEST_SERVING, 0, hello.pid);
     set_abort_callbacks(c);
     atomic_init(&c->refs, 2);  /* the main loop's and the worker's */
     atomic_fetch_add(&srv->n_clients, 1);
@@ -602,7 +637,7 @@ static const char *admission_refusal(struct apir_shm_server *srv, uid_t uid)
 static void add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer)
 {
     if (srv->n_pending == sizeof(srv->pending) / sizeof(srv->pending[0])) {
-        apir_server_refuse(fd, "too many connections waiting for their hello");
+        apir_server_refuse(srv, fd, "too many connections waiting for their hello");
         apir_server_linger_close(srv, fd);
         return;
     }
@@ -637,7 +672,7 @@ static void accept_new(struct apir_shm_server *srv)
     apir_peer_cred(fd, &peer);
     const char *why = admission_refusal(srv, peer.uid);
     if (why) {
-        apir_server_refuse(fd, why);
+        apir_server_refuse(srv, fd, why);
         apir_server_linger_close(srv, fd);
     } else if (srv->worker_argv) {
         apir_workers_spawn(srv, fd, &peer);
@@ -652,6 +687,11 @@ static void drop_client(struct apir_shm_server *srv, struct shm_client *c)
     while (*pp != c)
         pp = &(*pp)->next;
     *pp = c->next;
+    /* Its counters join the totals as it leaves the list (what a command
+     * still running adds afterwards is not counted). */
+    struct apir_guest_counters last;
+    apir_stats_read(c->stats, &last);
+    apir_stats_retire(&srv->retired, &last);
     atomic_store(&c->dead, true);
     shutdown(c->fd, SHUT_RDWR);            /* unblocks a worker in recvmsg */
     apir_futex_wake(&c->ctrl->cmd_seq);     /* and one asleep on the doorbell */
@@ -695,6 +735,67 @@ const char *apir_shm_server_path(const struct apir_shm_server *srv)
     return srv->path;
 }
 
+const char *apir_shm_server_control_path(const struct apir_shm_server *srv)
+{
+    return apir_control_path(srv->control);
+}
+
+bool apir_shm_server_control(struct apir_shm_server *srv, const struct apir_control_config *cfg, char *err,
+                             size_t err_len)
+{
+    if (srv->control || srv->listen_fd < 0) {
+        snprintf(err, err_len, "the control channel is the daemon's, set once");
+        return false;
+    }
+    srv->control = apir_control_new(cfg, err, err_len);
+    return srv->control != NULL;
+}
+
+/* The guests served on threads here, as rows of a view. */
+static uint32_t thread_rows(struct apir_shm_server *srv, struct apir_guest_row *rows, uint32_t max)
+{
+    uint32_t n = 0;
+    for (const struct shm_client *c = srv->clients; c && n < max; c = c->next, n++) {
+        struct apir_guest_row *r = &rows[n];
+        *r = (struct apir_guest_row){ .id = c->id, .pid = c->peer.pid, .uid = c->peer.uid, .gid = c->peer.gid,
+                                      .slot = -1, .connected_ns = c->connected_ns };
+        snprintf(r->comm, sizeof(r->comm), "%s", c->comm);
+        r->readable = apir_stats_read(c->stats, &r->c);
+    }
+    return n;
+}
+
+/* Renders the document the control socket or the metrics file asks for:
+ * a view of the host made now (apir_control_render_fn). */
+static char *render_view(void *user, enum apir_stats_format format, size_t *len)
+{
+    struct apir_shm_server *srv = user;
+    uint32_t max = 0;
+    for (const struct shm_client *c = srv->clients; c; c = c->next)
+        max++;
+    if (srv->worker_argv)
+        max += srv->n_children;
+    struct apir_host_view v = {
+        .host = srv->host,
+        .socket_path = srv->path,
+        .isolated = srv->worker_argv != NULL,
+        .pid = (int32_t)getpid(),
+        .now_ns = apir_now_ns(),
+        .start_ns = srv->start_ns,
+        .start_unix_ms = srv->start_unix_ms,
+        .accepted = srv->next_id,
+        .refused_connections = srv->refused_connections,
+        .retired = srv->retired,
+        .guests = calloc(max ? max : 1, sizeof(struct apir_guest_row)),
+    };
+    if (!v.guests)
+        return NULL;
+    v.n_guests = srv->worker_argv ? apir_workers_rows(srv, v.guests, max) : thread_rows(srv, v.guests, max);
+    char *doc = apir_stats_render(&v, format, len);
+    free(v.guests);
+    return doc;
+}
+
 bool apir_shm_server_activated(const struct apir_shm_server *srv)
 {
     return srv->activated;
@@ -709,6 +810,10 @@ static struct apir_shm_server *server_alloc(struct apir_host *host, char *err, s
         return NULL;
     }
     srv->host = host;
+    srv->start_ns = apir_now_ns();
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    srv->start_unix_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000;
     srv->spawn_tokens = (double)host->cfg.limits.spawn_burst;
     srv->spawn_refill_ns = apir_now_ns();
     srv->listen_fd = -1;
@@ -778,28 +883,6 @@ struct apir_shm_server *apir_shm_server_adopt(struct apir_host *host, int fd, ch
     return srv;
 }
 
-/* A group name or number. */
-static bool resolve_group(const char *group, gid_t *gid, char *err, size_t err_len)
-{
-    if (isdigit((unsigned char)group[0])) {
-        char *end;
-        errno = 0;
-        unsigned long v = strtoul(group, &end, 10);
-        if (!errno && !*end && v < 0xFFFFFFFFul) {
-            *gid = (gid_t)v;
-            return true;
-        }
-    }
-    struct group gr, *res = NULL;
-    char buf[4096];
-    if (getgrnam_r(group, &gr, buf, sizeof(buf), &res) != 0 || !res) {
-        snprintf(err, err_len, "unknown group %s (--socket-group)", group);
-        return false;
-    }
-    *gid = res->gr_gid;
-    return true;
-}
-
 /*
  * The socket's directory (e.g. $XDG_RUNTIME_DIR/apir, /run/apir), created if
  * missing: the owner's, searchable by the group and others only as far as
@@ -853,7 +936,7 @@ struct apir_shm_server *apir_shm_server_listen(struct apir_host *host, const cha
     }
     gid_t gid = (gid_t)-1;
     const bool has_group = opts->group && *opts->group;
-    if (has_group && !resolve_group(opts->group, &gid, err, err_len))
+    if (has_group && !apir_service_resolve_group(opts->group, "--socket-group", &gid, err, err_len))
         return NULL;
 
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
@@ -927,13 +1010,14 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     return apir_shm_server_listen(host, path, NULL, err, err_len);
 }
 
-int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id)
+int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats)
 {
     char err[64];
     struct apir_shm_server *srv = server_alloc(host, err, sizeof(err));
     if (!srv)
         return -1;
     srv->next_id = client_id;
+    srv->worker_stats = apir_stats_page_valid(stats) ? stats : NULL;
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     struct ucred peer;
     apir_peer_cred(fd, &peer);
@@ -981,7 +1065,7 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             free(pfds);
             return 0;
         }
-        size_t n = 3 + srv->n_lingering + srv->n_pending;
+        size_t n = 3 + srv->n_lingering + srv->n_pending + (srv->control ? APIR_CONTROL_MAX_POLL : 0);
         for (struct shm_client *c = srv->clients; c; c = c->next)
             n++;
         if (n > pcap) {
@@ -1007,7 +1091,13 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         const uint32_t n_pend = srv->n_pending;
         for (uint32_t k = 0; k < n_pend; k++)
             pfds[i++] = (struct pollfd){ .fd = srv->pending[k].fd, .events = POLLIN };
-        int r = poll(pfds, n, poll_timeout_ms(srv));
+        const size_t control_at = i;
+        const size_t n_control = apir_control_poll_fill(srv->control, pfds + i);
+        i += n_control;
+        int timeout = poll_timeout_ms(srv), control_timeout = apir_control_timeout_ms(srv->control);
+        if (control_timeout >= 0 && (timeout < 0 || control_timeout < timeout))
+            timeout = control_timeout;
+        int r = poll(pfds, i, timeout);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -1042,6 +1132,7 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             pending_service(srv, k, pfds[pending_at + k].revents, now);
         if (pfds[0].revents & POLLIN)
             accept_new(srv);
+        apir_control_poll_done(srv->control, pfds + control_at, n_control, render_view, srv);
     }
 }
 
@@ -1049,6 +1140,8 @@ void apir_shm_server_free(struct apir_shm_server *srv)
 {
     if (!srv)
         return;
+    apir_control_free(srv->control);
+    srv->control = NULL;
     while (srv->clients)
         drop_client(srv, srv->clients);
     apir_workers_stop(srv);

@@ -8,10 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "control.h"
 #include "host.h"
 #include "transport.h"
 
 struct apir_shm_server;
+struct apir_stats_page;
 
 /* The socket file the server binds (not one a service manager passed). */
 #define APIR_SHM_SOCKET_MODE_DEFAULT 0660u
@@ -48,10 +50,18 @@ bool apir_shm_server_activated(const struct apir_shm_server *srv);
  * and STOPPING=1 when stopped (host/service.h; nothing without one). */
 int apir_shm_server_run(struct apir_shm_server *srv);
 /* Serve each guest in its own worker process: worker_argv (kept by the
- * caller) is re-executed with "--serve-fd FD --client-id N" appended. */
+ * caller) is re-executed with "--serve-fd FD --client-id N --worker-slot S
+ * --stats-fd F" appended. */
 bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv);
-/* In a worker process: serve the one guest connected on fd, then return. */
-int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id);
+/* In a worker process: serve the one guest connected on fd, then return;
+ * its counters go to stats (the page the daemon passed; NULL: nowhere). */
+int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats);
+/* The control socket and the metrics file (control.h), served by this
+ * server's loop; false with a message in err. */
+bool apir_shm_server_control(struct apir_shm_server *srv, const struct apir_control_config *cfg, char *err,
+                             size_t err_len);
+/* The control socket's path, or NULL when there is none. */
+const char *apir_shm_server_control_path(const struct apir_shm_server *srv);
 /* Async-signal-safe. */
 void apir_shm_server_stop(struct apir_shm_server *srv);
 /* Disconnects every guest, frees everything, removes the socket file (not

@@ -2,11 +2,15 @@
  * The shm server's state, shared by its two files: shm_server.c (the accept
  * loop, admission, serving guests on threads) and workers.c (worker
  * processes: one per guest with process isolation).  Nothing else includes
- * this.
+ * this.  Each guest's counters are published into a stats page
+ * (host_stats.h), read by the daemon for its control socket and metrics file
+ * (control.h).
  */
 #ifndef APIR_SHM_SERVER_IMPL_H
 #define APIR_SHM_SERVER_IMPL_H
 
+#include "control.h"
+#include "host_stats.h"
 #include "shm_server.h"
 #include "session.h"
 #include "shm_proto.h"
@@ -26,6 +30,12 @@ struct shm_client {
     struct apir_shm_ctrl *ctrl;
     struct apir_session *session;
     struct shm_client *next;
+    /* What the daemon shows of it (apir stat); set before it is listed. */
+    uint64_t id;                    /* guest#N */
+    uint64_t connected_ns;
+    char comm[20];                  /* /proc/PID/comm at accept (the daemon only) */
+    struct apir_stats_page *stats;  /* published by the serving thread after each command */
+    bool stats_owned;               /* allocated here (not a worker's shared page) */
 };
 
 struct apir_shm_server {
@@ -45,6 +55,9 @@ struct apir_shm_server {
         pid_t pid;                /* 0: free; the slot names the worker's uid (sandbox.h) */
         uint64_t client_id;
         struct ucred peer;        /* its guest (SO_PEERCRED) */
+        uint64_t started_ns;
+        char comm[20];            /* /proc/PID/comm of its guest at accept */
+        struct apir_stats_page *stats;  /* shared with the worker (--stats-fd); NULL if none */
     } *children;                  /* max_clients slots */
     uint32_t n_children;
     int child_pipe[2];
@@ -63,12 +76,19 @@ struct apir_shm_server {
      * answer.  Bounded; the oldest goes first. */
     int lingering[16];
     uint32_t n_lingering;
+    /* What the host does (host_stats.h, control.h): the daemon only. */
+    struct apir_stats_page *worker_stats;  /* a worker process: its guest's page (--stats-fd) */
+    uint64_t start_ns;
+    int64_t start_unix_ms;
+    uint64_t refused_connections;
+    struct apir_guest_counters retired;    /* guests gone: their counters, for the totals */
+    struct apir_control *control;          /* NULL: no control socket, no metrics file */
 };
 
 
 /* shm_server.c: refusing a connection with a message it can read (the
- * log line names the peer by its credentials). */
-void apir_server_refuse(int fd, const char *message);
+ * log line names the peer by its credentials; counted). */
+void apir_server_refuse(struct apir_shm_server *srv, int fd, const char *message);
 void apir_server_linger_close(struct apir_shm_server *srv, int fd);
 /* The connecting process (SO_PEERCRED: the kernel's word, not the guest's);
  * false, with uid and gid (uid_t)-1 and pid 0, when the kernel cannot say. */
@@ -76,6 +96,8 @@ bool apir_peer_cred(int fd, struct ucred *out);
 /* "pid P, uid U, gid G", and the process name the host sees (/proc/P/comm,
  * which the guest chooses: a hint) when with_comm and it can be read. */
 void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, size_t len);
+/* /proc/PID/comm, printable characters only ("" when it cannot be read). */
+void apir_peer_comm(pid_t pid, char *buf, size_t len);
 /* The number of guests served (workers or clients), for STATUS= lines. */
 void apir_server_status_changed(struct apir_shm_server *srv);
 
@@ -83,8 +105,12 @@ void apir_server_status_changed(struct apir_shm_server *srv);
 /* Hands the connection to a new worker process in a free slot (the slot
  * gives the worker its uid: sandbox.h); fd is closed here either way. */
 void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer);
-/* Collects the workers that ended (SIGCHLD woke the main loop). */
+/* Collects the workers that ended (SIGCHLD woke the main loop); their
+ * counters go to the totals. */
 void apir_workers_reap(struct apir_shm_server *srv);
+/* The guests being served by workers, as rows of a view (host_stats.h);
+ * returns the number written (at most max). */
+uint32_t apir_workers_rows(struct apir_shm_server *srv, struct apir_guest_row *rows, uint32_t max);
 /* Ends every worker: SIGTERM, a bounded wait, then SIGKILL. */
 void apir_workers_stop(struct apir_shm_server *srv);
 /* In a worker process: ends it when its guest hung up mid-command or the

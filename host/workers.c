@@ -5,6 +5,13 @@
  * backend abort, or that a kernel cannot stop, takes down only its worker.
  * The daemon starts, counts, reaps and, at its end, stops them; a worker
  * watches its own guest and command clock.
+ *
+ * Each worker gets a stats page (host_stats.h): one sealed memfd page of
+ * its own, made here at spawn and passed as --stats-fd, which it maps before
+ * its sandbox and updates after each command; the daemon keeps its own
+ * mapping to read it (apir stat) and, once the worker is reaped, adds its
+ * last counters to the totals.  One memfd per worker: a worker cannot reach
+ * another's page.
  */
 #include "shm_server_impl.h"
 
@@ -17,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +42,34 @@ static void on_sigchld(int sig)
     }
 }
 
+/* A worker's stats page: a memfd of one page, sealed at that size (the
+ * worker can neither shrink it under the daemon's mapping nor grow it),
+ * mapped here with its header written.  -1 (and no page) if it cannot be
+ * made: the worker then serves without one. */
+static int stats_page_new(struct apir_stats_page **page)
+{
+    *page = NULL;
+    int fd = memfd_create("apir-stats", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, APIR_STATS_PAGE_SIZE) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, APIR_STATS_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    *page = p;
+    apir_stats_page_init(*page);
+    return fd;
+}
+
+static void stats_page_free(struct apir_stats_page *page)
+{
+    if (page)
+        munmap(page, APIR_STATS_PAGE_SIZE);
+}
+
 /* Process isolation: hand the connection to a new worker process in a free
  * slot (the slot gives the worker its uid: sandbox.h). */
 void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer)
@@ -43,22 +79,31 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
     while (slot < n_slots && srv->children[slot].pid != 0)
         slot++;
     if (slot == n_slots) {
-        apir_server_refuse(fd, "too many clients");
+        apir_server_refuse(srv, fd, "too many clients");
         apir_server_linger_close(srv, fd);
         return;
     }
     uint64_t id = ++srv->next_id;
-    char fd_arg[16], id_arg[24], slot_arg[16];
+    struct apir_stats_page *page;
+    const int stats_fd = stats_page_new(&page);
+    if (stats_fd < 0)
+        APIR_WARN("host", "guest#%llu: no stats page (%s): apir stat will show it without counters",
+                  (unsigned long long)id, strerror(errno));
+    char fd_arg[16], id_arg[24], slot_arg[16], stats_arg[16];
     snprintf(fd_arg, sizeof(fd_arg), "%d", fd);
     snprintf(id_arg, sizeof(id_arg), "%llu", (unsigned long long)id);
     snprintf(slot_arg, sizeof(slot_arg), "%u", slot);
+    snprintf(stats_arg, sizeof(stats_arg), "%d", stats_fd);
     int argc = 0;
     while (srv->worker_argv[argc])
         argc++;
-    char **argv = calloc((size_t)argc + 7, sizeof(char *));
+    char **argv = calloc((size_t)argc + 9, sizeof(char *));
     if (!argv) {
-        apir_server_refuse(fd, "out of memory");
+        apir_server_refuse(srv, fd, "out of memory");
         close(fd);
+        if (stats_fd >= 0)
+            close(stats_fd);
+        stats_page_free(page);
         return;
     }
     for (int i = 0; i < argc; i++)
@@ -69,21 +114,32 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
     argv[argc++] = id_arg;
     argv[argc++] = "--worker-slot";
     argv[argc++] = slot_arg;
+    if (stats_fd >= 0) {
+        argv[argc++] = "--stats-fd";
+        argv[argc++] = stats_arg;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         /* Workers go with the daemon: a killed host is a dead host. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        fcntl(fd, F_SETFD, 0);  /* the worker inherits this one fd */
+        fcntl(fd, F_SETFD, 0);  /* the worker inherits these fds only */
+        if (stats_fd >= 0)
+            fcntl(stats_fd, F_SETFD, 0);
         execv("/proc/self/exe", argv);
         _exit(127);
     }
     free(argv);
     close(fd);
+    if (stats_fd >= 0)
+        close(stats_fd);  /* the mapping stays */
     if (pid < 0) {
         APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
+        stats_page_free(page);
         return;
     }
-    srv->children[slot] = (struct worker_slot){ .pid = pid, .client_id = id, .peer = *peer };
+    srv->children[slot] = (struct worker_slot){ .pid = pid, .client_id = id, .peer = *peer,
+                                                .started_ns = apir_now_ns(), .stats = page };
+    apir_peer_comm(peer->pid, srv->children[slot].comm, sizeof(srv->children[slot].comm));
     srv->n_children++;
     /* The guest's name in the worker's own lines: guest#N(pid P). */
     char who[128];
@@ -105,6 +161,12 @@ void apir_workers_reap(struct apir_shm_server *srv)
                 continue;
             srv->children[i].pid = 0;
             srv->n_children--;
+            /* Its last counters join the totals; the page goes. */
+            struct apir_guest_counters last;
+            apir_stats_read(srv->children[i].stats, &last);
+            apir_stats_retire(&srv->retired, &last);
+            stats_page_free(srv->children[i].stats);
+            srv->children[i].stats = NULL;
             if (WIFSIGNALED(status))
                 APIR_WARN("host", "worker process %d (guest#%llu, pid %d, uid %u) died of signal %d; its guest is "
                           "disconnected, others go on", (int)pid, (unsigned long long)srv->children[i].client_id,
@@ -113,6 +175,24 @@ void apir_workers_reap(struct apir_shm_server *srv)
             break;
         }
     }
+}
+
+uint32_t apir_workers_rows(struct apir_shm_server *srv, struct apir_guest_row *rows, uint32_t max)
+{
+    uint32_t n = 0;
+    const uint32_t n_slots = srv->children ? srv->host->cfg.limits.max_clients : 0;
+    for (uint32_t i = 0; i < n_slots && n < max; i++) {
+        const struct worker_slot *w = &srv->children[i];
+        if (!w->pid)
+            continue;
+        struct apir_guest_row *r = &rows[n++];
+        /* Who it is: the daemon's own records; what it did: its page. */
+        *r = (struct apir_guest_row){ .id = w->client_id, .pid = w->peer.pid, .uid = w->peer.uid, .gid = w->peer.gid,
+                                      .worker_pid = w->pid, .slot = (int32_t)i, .connected_ns = w->started_ns };
+        snprintf(r->comm, sizeof(r->comm), "%s", w->comm);
+        r->readable = apir_stats_read(w->stats, &r->c);
+    }
+    return n;
 }
 
 bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv)
@@ -166,9 +246,11 @@ void apir_workers_stop(struct apir_shm_server *srv)
         if (srv->n_children)
             usleep(10000);
     }
-    for (uint32_t i = 0; i < n_slots; i++)
+    for (uint32_t i = 0; i < n_slots; i++) {
         if (srv->children[i].pid)
             kill(srv->children[i].pid, SIGKILL);
+        stats_page_free(srv->children[i].stats);
+    }
     free(srv->children);
     srv->children = NULL;
 }

@@ -91,6 +91,16 @@ done
 ls "$P"/lib/apir/libggml-cpu*.so >/dev/null 2>&1 || bad "no CPU backend library installed in lib/apir"
 [ ! -e "$BUILD/libapir-virgl.so" ] || [ -e "$P/lib/libapir-virgl.so" ] || bad "not installed: lib/libapir-virgl.so"
 
+# The guest library needs nothing beyond glibc and the program's own ggml: a
+# container image or a VM adds no system package for it.
+needed=$(readelf -d "$P/lib/libggml-apir.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+for lib in $needed; do
+  case $lib in
+    libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|ld-linux*|libggml-base.so*|libggml.so*) ;;
+    *) bad "lib/libggml-apir.so needs $lib (only glibc and ggml expected)";;
+  esac
+done
+
 # Every RUNPATH: $ORIGIN-relative; nothing names the checkout or the pinned build.
 n_elf=0
 while IFS= read -r f; do

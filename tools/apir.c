@@ -3,10 +3,13 @@
  *
  *   apir ping [ENDPOINT] [-n N]    handshake, versions, null-call round trip p50/p99
  *   apir info [ENDPOINT]           devices, memory, buffer types, alignment
+ *   apir stat [ENDPOINT] [--json]  what a running host does (its control socket, PATH.ctl)
+ *   apir ps [ENDPOINT] [--json]    the guests it serves, one line each
  *   apir run [options] [--] CMD [ARGS...]
  *        starts an apir-host on a private socket (unless -H or APIR_HOST names
  *        one), runs CMD with libggml-apir.so injected (GGML_BACKEND_PATH,
  *        APIR_HOST), then stops the host and removes its socket folder.
+ *   apir cdi [-H unix:PATH]        a CDI spec (JSON) giving containers the socket and libggml-apir.so
  *
  * Every subcommand parses its options with getopt_long (--opt VALUE,
  * --opt=VALUE, the short letters llama.cpp users know) and has --help; a new
@@ -23,11 +26,14 @@
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,6 +85,20 @@ static bool endpoint_ok(const char *cmd, const char *e, const char *from)
 
 /* The endpoint a command connects to: the one given, else $APIR_HOST, else
  * NULL (the default socket). */
+/* The one positional argument a client subcommand takes after its options:
+ * an endpoint, unless -H gave one already.  False (and a message) on more. */
+static bool positional_endpoint(int argc, char **argv, const char **given)
+{
+    if (optind >= argc)
+        return true;
+    if (*given || optind + 1 < argc) {
+        fprintf(stderr, "apir %s: one endpoint at most (try apir %s --help)\n", argv[0], argv[0]);
+        return false;
+    }
+    *given = argv[optind];
+    return true;
+}
+
 static bool pick_endpoint(const char *cmd, const char *given, const char **out)
 {
     const char *env = getenv("APIR_HOST");
@@ -265,13 +285,8 @@ static int cmd_ping_info(int argc, char **argv)
             return bad_option(argv[0], c, argv);
         }
     }
-    if (optind < argc) {
-        if (given || optind + 1 < argc) {
-            fprintf(stderr, "apir %s: one endpoint at most (try apir %s --help)\n", argv[0], argv[0]);
-            return EXIT_USAGE;
-        }
-        given = argv[optind];
-    }
+    if (!positional_endpoint(argc, argv, &given))
+        return EXIT_USAGE;
     const char *endpoint;
     if (!pick_endpoint(argv[0], given, &endpoint))
         return EXIT_USAGE;
@@ -333,6 +348,8 @@ static void remove_run_dir(const char *dir)
 {
     char sock[PATH_MAX];
     snprintf(sock, sizeof(sock), "%s/host.sock", dir);
+    unlink(sock);
+    snprintf(sock, sizeof(sock), "%s/host.sock.ctl", dir);  /* its control socket (a host that died) */
     unlink(sock);
     if (rmdir(dir) != 0 && errno != ENOENT)
         fprintf(stderr, "apir run: cannot remove %s: %s\n", dir, strerror(errno));
@@ -572,6 +589,339 @@ out:
     return rc;
 }
 
+/* ---- apir cdi ------------------------------------------------------------------- */
+
+/* A CDI spec (https://github.com/cncf-tags/container-device-interface):
+ * `podman run --device apir.dev/host=default` (or docker, containerd, CRI-O
+ * with CDI) then bind-mounts the host's socket folder and the guest library
+ * and sets GGML_BACKEND_PATH and APIR_HOST in the container. */
+#define CDI_KIND "apir.dev/host"
+#define CDI_SOCKET_DIR "/run/apir"                          /* in the container */
+#define CDI_LIBRARY "/opt/apir/lib/libggml-apir.so"         /* in the container */
+
+static void cdi_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: apir cdi [-H unix:PATH] [--library PATH] [--name NAME]\n"
+            "Prints a CDI spec (JSON) that gives containers the device " CDI_KIND "=NAME:\n"
+            "the socket's folder bind-mounted read-only at " CDI_SOCKET_DIR ", the guest library at\n"
+            CDI_LIBRARY " (read-only), GGML_BACKEND_PATH and APIR_HOST set.\n"
+            "  apir cdi > /etc/cdi/apir.json\n"
+            "  podman run --device " CDI_KIND "=default IMAGE llama-cli -m MODEL.gguf -dev APIR0 ...\n"
+            "The image needs the guest library's own needs (libdrm.so.2, glibc) and a ggml program\n"
+            "built against the ggml apir was built against.\n"
+            "  -H, --host ENDPOINT  the host's socket on this machine: unix:PATH or /PATH (default\n"
+            "                       $APIR_HOST, else /run/apir/host.sock); its whole folder is mounted,\n"
+            "                       so it should be a folder of its own (a restarted host's new socket\n"
+            "                       is seen there)\n"
+            "      --library PATH   the libggml-apir.so to mount (default: the one installed with apir)\n"
+            "      --name NAME      the device's name (default \"default\")\n"
+            "  -h, --help           this help\n"
+            "exit status: 0 printed; 1 the library is not found; 2 bad command line\n");
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+static int cmd_cdi(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "host", required_argument, NULL, 'H' },
+        { "library", required_argument, NULL, 'L' },
+        { "name", required_argument, NULL, 'N' },
+        { 0 },
+    };
+    const char *given = NULL, *library = NULL, *name = "default";
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":hH:", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': cdi_usage(stdout); return EXIT_OK;
+        case 'H': given = optarg; break;
+        case 'L': library = optarg; break;
+        case 'N': name = optarg; break;
+        default: return bad_option("cdi", c, argv);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "apir cdi: unexpected argument '%s' (try apir cdi --help)\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    /* CDI device names: letters, digits, '_', '-', '.', ':', starting with a letter or digit */
+    bool name_ok = (name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z') || (name[0] >= '0' && name[0] <= '9');
+    for (const char *p = name; *p && name_ok; p++)
+        name_ok = strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:", *p) != NULL;
+    if (!name_ok) {
+        fprintf(stderr, "apir cdi: --name '%s': a CDI device name is letters, digits, '_', '-', '.', ':'\n", name);
+        return EXIT_USAGE;
+    }
+    const char *endpoint = NULL;
+    if (!pick_endpoint("cdi", given, &endpoint))
+        return EXIT_USAGE;
+    const char *sock = !endpoint ? "/run/apir/host.sock" : !strncmp(endpoint, "unix:", 5) ? endpoint + 5 : endpoint;
+    if (!strncmp(sock, "virtgpu", 7) || sock[0] != '/') {
+        fprintf(stderr, "apir cdi: '%s': a container reaches the host through its socket: give unix:/PATH\n", endpoint);
+        return EXIT_USAGE;
+    }
+    char dir[PATH_MAX], base[PATH_MAX];
+    if (snprintf(dir, sizeof(dir), "%s", sock) >= (int)sizeof(dir) || snprintf(base, sizeof(base), "%s", sock) >= (int)sizeof(base)) {
+        fprintf(stderr, "apir cdi: socket path too long\n");
+        return EXIT_USAGE;
+    }
+    const char *sock_dir = dirname(dir), *sock_name = basename(base);
+    if (!strcmp(sock_dir, "/") || !strcmp(sock_dir, "/tmp") || !strcmp(sock_dir, "/run")) {
+        fprintf(stderr, "apir cdi: the socket's folder %s would be mounted whole: put the socket in a folder of its own\n", sock_dir);
+        return EXIT_USAGE;
+    }
+    struct stat st;
+    if (stat(sock, &st) != 0 || !S_ISSOCK(st.st_mode))
+        fprintf(stderr, "apir cdi: note: %s is not a socket now (the host or its systemd socket must create it)\n", sock);
+    char lib[PATH_MAX];
+    if (library) {
+        if (!realpath(library, lib)) {
+            fprintf(stderr, "apir cdi: --library %s: %s\n", library, strerror(errno));
+            return EXIT_FAIL;
+        }
+    } else {
+        char found[PATH_MAX];
+        if (!find_beside_exe("libggml-apir.so", found, sizeof(found)) || !realpath(found, lib)) {
+            fprintf(stderr, "apir cdi: libggml-apir.so not found beside apir (or in %s from it): give --library\n", APIR_BIN_TO_LIB);
+            return EXIT_FAIL;
+        }
+    }
+    printf("{\n  \"cdiVersion\": \"0.3.0\",\n  \"kind\": \"" CDI_KIND "\",\n  \"devices\": [\n    {\n      \"name\": ");
+    json_str(name);
+    printf(",\n      \"containerEdits\": {\n        \"env\": [\n          \"GGML_BACKEND_PATH=" CDI_LIBRARY "\",\n"
+           "          ");
+    char host_env[PATH_MAX + 64];
+    snprintf(host_env, sizeof(host_env), "APIR_HOST=unix:" CDI_SOCKET_DIR "/%s", sock_name);
+    json_str(host_env);
+    printf("\n        ],\n        \"mounts\": [\n          { \"hostPath\": ");
+    json_str(sock_dir);
+    printf(", \"containerPath\": \"" CDI_SOCKET_DIR "\",\n            \"options\": [\"bind\", \"ro\", \"nosuid\", \"nodev\", \"noexec\"] },\n"
+           "          { \"hostPath\": ");
+    json_str(lib);
+    printf(", \"containerPath\": \"" CDI_LIBRARY "\",\n            \"options\": [\"bind\", \"ro\", \"nosuid\", \"nodev\"] }\n"
+           "        ]\n      }\n    }\n  ]\n}\n");
+    return EXIT_OK;
+}
+
+/* ---- apir stat / apir ps ------------------------------------------------------- */
+
+/* The host's control socket (apir-host --control; host/control.h): the
+ * endpoint given if it names one (PATH.ctl), else the control socket beside
+ * the host's socket (PATH + ".ctl").  It answers one line - json, text, ps
+ * or metrics - with the document, then closes. */
+static bool control_path(const char *cmd, const char *control, const char *endpoint, char *out, size_t len)
+{
+    char sock[PATH_MAX];
+    const char *e = control ? control : endpoint;
+    if (e && !strncmp(e, "virtgpu", 7)) {
+        fprintf(stderr, "apir %s: '%s': a VM's host is seen on the hypervisor's machine: give its unix:PATH\n", cmd, e);
+        return false;
+    }
+    if (!e) {
+        apir_shm_default_path(sock, sizeof(sock));
+        e = sock;
+    } else if (!strncmp(e, "unix:", 5)) {
+        e += 5;
+    }
+    const size_t n = strlen(e);
+    const bool is_control = control || (n > 4 && !strcmp(e + n - 4, ".ctl"));
+    if (snprintf(out, len, "%s%s", e, is_control ? "" : ".ctl") >= (int)len || strlen(out) >= 108) {
+        fprintf(stderr, "apir %s: control socket path too long: %s%s\n", cmd, e, is_control ? "" : ".ctl");
+        return false;
+    }
+    return true;
+}
+
+/* Asks the control socket at path for one document and writes it to
+ * stdout; EXIT_FAIL with a message when it cannot. */
+static int control_ask(const char *cmd, const char *path, const char *request)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+        const int e = errno;
+        fprintf(stderr, "apir %s: cannot reach the host's control socket %s: %s%s\n", cmd, path, strerror(e),
+                e == EACCES ? " (it is the host's user's and root's: run as one of them, or start the host with "
+                              "--control-group GROUP)"
+                : e == ENOENT ? " (is the host running? its control socket is its socket's path + .ctl, or what "
+                                "its --control says)"
+                              : "");
+        if (fd >= 0)
+            close(fd);
+        return EXIT_FAIL;
+    }
+    char line[32];
+    int n = snprintf(line, sizeof(line), "%s\n", request);
+    /* A host that refuses this peer answers at once and hangs up: the send
+     * may fail (EPIPE), the answer is still there to read. */
+    const bool sent = send(fd, line, (size_t)n, MSG_NOSIGNAL) == n;
+    const int send_errno = errno;
+    /* The whole answer first: an error line is not a document. */
+    size_t cap = 1 << 16, len = 0;
+    char *doc = malloc(cap);
+    int rc = EXIT_OK;
+    for (;;) {
+        if (!doc) {
+            fprintf(stderr, "apir %s: out of memory\n", cmd);
+            rc = EXIT_FAIL;
+            break;
+        }
+        if (len + 1 == cap) {
+            char *d = realloc(doc, cap * 2);
+            if (!d) {
+                free(doc);
+                doc = NULL;
+                continue;
+            }
+            doc = d;
+            cap *= 2;
+        }
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, 10000) <= 0) {
+            fprintf(stderr, "apir %s: the host at %s did not answer in 10 s\n", cmd, path);
+            rc = EXIT_FAIL;
+            break;
+        }
+        ssize_t r = read(fd, doc + len, cap - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            fprintf(stderr, "apir %s: %s: %s\n", cmd, path, strerror(errno));
+            rc = EXIT_FAIL;
+            break;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    if (rc == EXIT_OK && !sent && len == 0) {
+        fprintf(stderr, "apir %s: %s: %s\n", cmd, path, strerror(send_errno));
+        rc = EXIT_FAIL;
+    }
+    if (rc == EXIT_OK) {
+        doc[len] = '\0';
+        if (len == 0 || !strncmp(doc, "error:", 6)) {
+            fprintf(stderr, "apir %s: the host at %s: %s", cmd, path, len ? doc + 7 : "closed without an answer\n");
+            rc = EXIT_FAIL;
+        } else if (fwrite(doc, 1, len, stdout) != len) {
+            rc = EXIT_FAIL;
+        }
+    }
+    free(doc);
+    return rc;
+}
+
+static void stat_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: apir stat [options] [ENDPOINT]\n"
+            "Prints what a running host does: its devices, limits and totals, and each connected guest\n"
+            "(peer pid/uid/gid, uptime, device, buffers, bytes, blobs, graphs, commands, quota use).\n"
+            "It asks the host's control socket, which only root and the host's user may use (or the\n"
+            "members of its --control-group); a guest's own socket never tells.\n"
+            "  ENDPOINT, -H, --host ENDPOINT  the host's socket, unix:PATH or /PATH: its control socket is\n"
+            "                          PATH.ctl (a path ending in .ctl is taken as the control socket)\n"
+            "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
+            "  -C, --control unix:PATH the control socket itself (the host's --control)\n"
+            "      --json              the JSON document (docs/DEPLOY.md describes it)\n"
+            "      --prometheus        the Prometheus metrics, as --metrics-file writes them\n"
+            "  -h, --help              this help\n"
+            "%s",
+            exit_status_text);
+}
+
+static void ps_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: apir ps [options] [ENDPOINT]\n"
+            "Lists the guests a running host serves, one line each: guest id, peer pid/uid/gid and process\n"
+            "name, state, uptime, device, buffers, bytes, blobs, graphs, commands, refused commands.\n"
+            "It asks the host's control socket (see apir stat --help).\n"
+            "  ENDPOINT, -H, --host ENDPOINT  the host's socket (its control socket is PATH.ctl)\n"
+            "  -C, --control unix:PATH the control socket itself (the host's --control)\n"
+            "      --json              the whole JSON document, as apir stat --json\n"
+            "  -h, --help              this help\n"
+            "%s",
+            exit_status_text);
+}
+
+/* stat and ps: options, then at most one ENDPOINT. */
+static int cmd_stat_ps(int argc, char **argv)
+{
+    const bool ps = !strcmp(argv[0], "ps");
+    enum { OPT_JSON = 256, OPT_PROMETHEUS };
+    static const struct option stat_opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "host", required_argument, NULL, 'H' },
+        { "control", required_argument, NULL, 'C' },
+        { "json", no_argument, NULL, OPT_JSON },
+        { "prometheus", no_argument, NULL, OPT_PROMETHEUS },
+        { NULL, 0, NULL, 0 },
+    };
+    static const struct option ps_opts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { "host", required_argument, NULL, 'H' },
+        { "control", required_argument, NULL, 'C' },
+        { "json", no_argument, NULL, OPT_JSON },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *given = NULL, *control = NULL, *request = ps ? "ps" : "text";
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":hH:C:", ps ? ps_opts : stat_opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
+            (ps ? ps_usage : stat_usage)(stdout);
+            return EXIT_OK;
+        case 'H':
+            given = optarg;
+            break;
+        case 'C':
+            if (strncmp(optarg, "unix:", 5) != 0 && optarg[0] != '/') {
+                fprintf(stderr, "apir %s: --control %s: give unix:PATH or /PATH\n", argv[0], optarg);
+                return EXIT_USAGE;
+            }
+            control = optarg;
+            break;
+        case OPT_JSON:
+            request = "json";
+            break;
+        case OPT_PROMETHEUS:
+            request = "metrics";
+            break;
+        default:
+            return bad_option(argv[0], c, argv);
+        }
+    }
+    if (!positional_endpoint(argc, argv, &given))
+        return EXIT_USAGE;
+    const char *endpoint = NULL;
+    char path[PATH_MAX];
+    if ((!control && !pick_endpoint(argv[0], given, &endpoint)) || !control_path(argv[0], control, endpoint, path, sizeof(path)))
+        return EXIT_USAGE;
+    return control_ask(argv[0], path, request);
+}
+
 /* ---- apir ----------------------------------------------------------------------- */
 
 struct command {
@@ -586,6 +936,9 @@ static const struct command commands[] = {
     { "ping", cmd_ping_info, ping_usage, "ping [ENDPOINT] [-n N]", "round trip to a host" },
     { "info", cmd_ping_info, info_usage, "info [ENDPOINT]", "the host's version and devices" },
     { "run", cmd_run, run_usage, "run [options] [--] CMD ...", "run a ggml program on an APIR device" },
+    { "stat", cmd_stat_ps, stat_usage, "stat [ENDPOINT] [--json]", "what a running host does: devices, guests, totals" },
+    { "ps", cmd_stat_ps, ps_usage, "ps [ENDPOINT] [--json]", "the guests a running host serves" },
+    { "cdi", cmd_cdi, cdi_usage, "cdi [-H ENDPOINT]", "a CDI spec: containers get the socket and the library" },
 };
 
 static void usage(FILE *out)

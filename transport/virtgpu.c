@@ -58,7 +58,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <xf86drm.h>
+#include <sys/ioctl.h>
+
+#include <drm.h>
 #include <virtgpu_drm.h>
 
 /*
@@ -167,8 +169,13 @@ struct vgpu_transport {
 
 static int vgpu_ioctl(int fd, unsigned long request, void *arg)
 {
-    /* drmIoctl restarts on EINTR/EAGAIN. */
-    return drmIoctl(fd, request, arg);
+    /* Restarted on EINTR/EAGAIN, as libdrm's drmIoctl does (a signal or a
+     * busy device); this file needs nothing else of libdrm. */
+    int r;
+    do
+        r = ioctl(fd, request, arg);
+    while (r == -1 && (errno == EINTR || errno == EAGAIN));
+    return r;
 }
 
 static size_t round_blob(size_t size)
@@ -545,12 +552,12 @@ static int open_node(const char *path, char *err, size_t err_len)
         snprintf(err, err_len, "cannot open %s: %s", path, strerror(e));
         return e == ENOENT ? -2 : -1;
     }
-    drmVersionPtr ver = drmGetVersion(fd);
-    bool ok = ver && ver->name && strcmp(ver->name, "virtio_gpu") == 0 && ver->version_major == 0;
+    /* DRM_IOCTL_VERSION with room for the driver name only. */
+    char name[32] = "";
+    struct drm_version ver = { .name = name, .name_len = sizeof(name) - 1 };
+    bool ok = vgpu_ioctl(fd, DRM_IOCTL_VERSION, &ver) == 0 && strcmp(name, "virtio_gpu") == 0 && ver.version_major == 0;
     if (!ok)
-        snprintf(err, err_len, "%s is not a virtio-gpu node (driver %s)", path, ver && ver->name ? ver->name : "unknown");
-    if (ver)
-        drmFreeVersion(ver);
+        snprintf(err, err_len, "%s is not a virtio-gpu node (driver %s)", path, name[0] ? name : "unknown");
     if (!ok) {
         close(fd);
         return -1;

@@ -12,8 +12,8 @@
  * is answered too (one virtio-gpu PCI device), for guests that enumerate
  * devices with libdrm, as the reference guest does.
  *
- * The guest code on top runs unmodified: libdrm's drmGetVersion and drmIoctl,
- * transport/virtgpu.c or the reference's virtgpu.cpp.
+ * The guest code on top runs unmodified: transport/virtgpu.c (raw ioctls),
+ * or the reference's virtgpu.cpp through libdrm's drmGetVersion and drmIoctl.
  *
  * Like the kernel, the shim copies ioctl arguments in and out with checks:
  * a bad pointer gives EFAULT (process_vm_readv/writev), an unknown ioctl
