@@ -31,11 +31,10 @@ struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_c
 }
 
 /*
- * What a failed command's code means, for the guest's log line.  The reply
- * carries the code only: which quota and its value stay in the host's log
- * (and are the host's: another tenant's use is never told).  APIR_HANDLER_LIMIT
- * is named from the command: a buffer command is over the guest's buffer
- * count or bytes.
+ * What a failed command's code means, for the guest's log line.  From 0.3
+ * an APIR_HANDLER_LIMIT reply says which quota (apir_remote_submit_locked);
+ * from an older host it is named from the command: a buffer command is over
+ * the guest's buffer count or bytes.
  */
 static const char *handler_result_text(enum apir_command cmd, uint32_t result)
 {
@@ -100,6 +99,15 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
         return -1;
     }
     uint32_t result = ret - APIR_FORWARD_BASE;
+    if (result == APIR_HANDLER_LIMIT && r->minor >= 3 && apir_decode_u32(reply) == APIR_LIMIT_REASON_TAG) {
+        /* 0.3: the host says which quota, and this guest's own use. */
+        struct apir_string why;
+        apir_get_string(reply, &why);
+        if (!reply->fatal) {
+            APIR_WARN("guest", "%s failed on the host (code %u): a per-client limit was hit: %s", name, result, why.s);
+            return (int)result;
+        }
+    }
     if (result != APIR_HANDLER_OK) {
         APIR_WARN("guest", "%s failed on the host (code %u): %s", name, result, handler_result_text(cmd, result));
         return (int)result;

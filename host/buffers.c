@@ -9,9 +9,15 @@
 bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size)
 {
     const struct apir_limits *lim = &s->host->cfg.limits;
-    if (s->n_buffers >= lim->max_buffers || size > lim->max_alloc_bytes - s->bytes_allocated) {
-        APIR_WARN("host", "%s: buffer quota reached (%u buffers, %llu bytes, asking %llu)", s->name, s->n_buffers,
-                  (unsigned long long)s->bytes_allocated, (unsigned long long)size);
+    if (s->n_buffers >= lim->max_buffers) {
+        apir_session_refuse_limit(s, "buffer quota reached (%u buffers, asking %llu bytes): --max-buffers %u",
+                                  s->n_buffers, (unsigned long long)size, lim->max_buffers);
+        return false;
+    }
+    if (size > lim->max_alloc_bytes - s->bytes_allocated) {
+        apir_session_refuse_limit(s, "buffer quota reached (%llu bytes in %u buffers, asking %llu): --max-alloc-mib %llu",
+                                  (unsigned long long)s->bytes_allocated, s->n_buffers, (unsigned long long)size,
+                                  (unsigned long long)(lim->max_alloc_bytes >> 20));
         return false;
     }
     return true;

@@ -174,6 +174,10 @@ APIR_HANDLER(BUFFER_TYPE_ALLOC_BUFFER)
         else
             APIR_WARN("host", "%s: allocating %llu bytes failed", s->name, (unsigned long long)req->size);
     }
+    /* 0.1 answers a refusal with handle 0; from 0.3 a quota is a LIMIT,
+     * whose reply says which. */
+    if (!handle && s->limit_why[0] && s->minor >= 3)
+        return APIR_HANDLER_LIMIT;
     rep->buffer = handle;  /* 0 = failure, as in 0.1 */
     return APIR_HANDLER_OK;
 }
@@ -441,6 +445,7 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         s->stats.n_refused++;
         return result;
     }
+    s->limit_why[0] = '\0';
     uint64_t t0 = apir_now_ns();
     result = dispatch[cmd](s, req, reply);
     s->stats.cmd_ns[cmd] += apir_now_ns() - t0;
@@ -448,6 +453,14 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
     s->stats.n_commands++;
     if (result != APIR_HANDLER_OK)
         s->stats.n_refused++;
+    /* 0.3: a limit's reply is its reason, one string (this guest's own
+     * numbers); older guests do not read a failed command's reply. */
+    if (result == APIR_HANDLER_LIMIT && s->minor >= 3 && s->limit_why[0]) {
+        reply->cur = reply->start;
+        reply->fatal = false;
+        apir_put_u32(reply, APIR_LIMIT_REASON_TAG);
+        apir_put_string(reply, s->limit_why);
+    }
     if (result == APIR_HANDLER_OK && reply->fatal) {
         APIR_WARN("host", "%s: %s: reply does not fit the reply blob", s->name, apir_command_name(cmd));
         return APIR_HANDLER_REPLY_FULL;

@@ -12,6 +12,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,4 +245,13 @@ void apir_session_log_profile(const struct apir_session *s)
         APIR_INFO("host", "%s: profile: %-28s %8llu calls %10.1f ms total %8.2f us each", s->name,
                   apir_command_name((uint32_t)c), (unsigned long long)st->cmd_count[c], st->cmd_ns[c] / 1e6,
                   st->cmd_ns[c] / 1e3 / (double)st->cmd_count[c]);
+}
+
+void apir_session_refuse_limit(struct apir_session *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->limit_why, sizeof(s->limit_why), fmt, ap);
+    va_end(ap);
+    APIR_WARN("host", "%s: %s", s->name, s->limit_why);
 }

@@ -132,10 +132,19 @@ struct apir_session {
     struct apir_graphs *graphs;
 
     struct apir_session_stats stats;
+
+    /* Why the last APIR_HANDLER_LIMIT refused this guest: which quota, its
+     * value, this guest's own use (never another's).  Sent in the reply of
+     * that command (0.3: dispatch.c) and logged. */
+    char limit_why[192];
 };
 
 /* NULL when memory cannot be had. */
 struct apir_session *apir_session_new(struct apir_host *host, const char *name);
+/* A per-guest limit refuses the command being run: logged (warn) and kept
+ * for its reply (limit_why).  The caller returns APIR_HANDLER_LIMIT. */
+void apir_session_refuse_limit(struct apir_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Logs the commands that took the most host time (info level). */
 void apir_session_log_profile(const struct apir_session *s);
 void apir_session_free(struct apir_session *s);

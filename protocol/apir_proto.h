@@ -106,6 +106,12 @@ enum apir_host_init_code {
  * later splits, so the guest says.  Without the section nothing is fused. */
 #define APIR_GRAPH_USE_COUNTS_TAG 0x544e4355u /* "UCNT" */
 
+/* apir 0.3: the reply of a command refused with APIR_HANDLER_LIMIT is this
+ * tag and one string, which quota refused it, its value and the guest's own
+ * use (never another guest's).  The tag tells it from a reply area's old
+ * bytes where an older host wrote nothing. */
+#define APIR_LIMIT_REASON_TAG 0x54494d4cu /* "LMIT" */
+
 /* Hard limits on what a peer may ask for.  They bound every allocation and
  * loop the host makes on a guest's behalf; the host can lower them. */
 #define APIR_MAX_STRING        4096u          /* names, descriptions      */

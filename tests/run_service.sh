@@ -217,8 +217,8 @@ limit)
   stop_host
   grep -m1 'per-client limit' "$work/llama.log" ||
     fail "the guest did not say a limit refused it: $(grep -i 'apir' "$work/llama.log" | head -5)"
-  grep -q 'failed on the host (code 4): a per-client limit was hit (buffers or bytes quota' "$work/llama.log" ||
-    fail "the guest's line does not name the buffer quota"
+  grep -q 'failed on the host (code 4): a per-client limit was hit: buffer quota reached (1 buffers, asking [0-9]* bytes): --max-buffers 1' "$work/llama.log" ||
+    fail "the guest's line does not name the buffer quota, its value and its use"
   grep -q 'buffer quota reached' "$work/host.log" || fail "the host's log does not name the quota"
   echo "ok: the guest says which kind of limit refused it"
   ;;

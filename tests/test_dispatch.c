@@ -637,6 +637,27 @@ static void test_supports_op(void)
     apir_session_free(s);
 }
 
+/* An allocation refused by a quota: APIR_HANDLER_LIMIT, and the reply is
+ * the reason tag and a string holding want. */
+static bool quota_refused(struct apir_session *s, uint64_t size, const char *want)
+{
+    uint64_t buft = 0;
+    fwd_DEVICE_GET_BUFFER_TYPE(s, &buft);
+    uint8_t bytes[64];
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, bytes, sizeof(bytes));
+    apir_encode_request_BUFFER_TYPE_ALLOC_BUFFER(&enc, buft, size);
+    struct apir_decoder reply;
+    if (fwd_raw(s, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, bytes, apir_encoder_used(&enc), &reply) != APIR_HANDLER_LIMIT)
+        return false;
+    static struct apir_string why;
+    if (apir_decode_u32(&reply) != APIR_LIMIT_REASON_TAG)
+        return false;
+    apir_get_string(&reply, &why);
+    CHECK_MSG(!reply.fatal && strstr(why.s, want), "limit reason '%s', wanted '%s'", why.s, want);
+    return !reply.fatal && strstr(why.s, want);
+}
+
 static void test_isolation_and_limits(void)
 {
     struct apir_session *a = new_session(), *b = new_session();
@@ -650,16 +671,20 @@ static void test_isolation_and_limits(void)
     CHECK(fwd_BUFFER_TYPE_GET_NAME(b, a->buft_handles[0], &name) == APIR_HANDLER_BAD_HANDLE);
     CHECK(fwd_BUFFER_GET_BASE(a, buf_a, &base) == APIR_HANDLER_OK && base != 0);
 
-    /* quotas: a buffer beyond max_alloc_bytes answers handle 0 */
+    /* quotas: a buffer beyond max_alloc_bytes or max_buffers is a LIMIT whose
+     * reply names the quota (0.3), handle 0 for an APIR 0.1 guest */
     uint64_t saved = host.cfg.limits.max_alloc_bytes;
     host.cfg.limits.max_alloc_bytes = 1 << 20;
-    CHECK(alloc_buffer(b, 2 << 20) == 0);
+    CHECK(quota_refused(b, 2 << 20, "--max-alloc-mib 1"));
     CHECK(alloc_buffer(b, 512 << 10) != 0);
+    CHECK(quota_refused(b, 600 << 10, "(524288 bytes in 1 buffers, asking 614400): --max-alloc-mib 1"));
+    b->minor = 1;
     CHECK(alloc_buffer(b, 600 << 10) == 0);
+    b->minor = APIR_VERSION_MINOR;
     host.cfg.limits.max_alloc_bytes = saved;
     uint32_t saved_n = host.cfg.limits.max_buffers;
     host.cfg.limits.max_buffers = b->n_buffers;
-    CHECK(alloc_buffer(b, 64) == 0);
+    CHECK(quota_refused(b, 64, "buffer quota reached (1 buffers, asking 64 bytes): --max-buffers 1"));
     host.cfg.limits.max_buffers = saved_n;
     /* a buffer beyond 1 TiB is refused without trying */
     CHECK(alloc_buffer(b, 1ull << 41) == 0);
