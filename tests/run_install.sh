@@ -97,6 +97,7 @@ needed=$(readelf -d "$P/lib/libggml-apir.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/
 for lib in $needed; do
   case $lib in
     libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|ld-linux*|libggml-base.so*|libggml.so*) ;;
+    libasan.so.*|libubsan.so.*|libtsan.so.*) ;;  # a sanitizer build's runtime
     *) bad "lib/libggml-apir.so needs $lib (only glibc and ggml expected)";;
   esac
 done
