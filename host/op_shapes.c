@@ -360,6 +360,14 @@ static const char *kernel_params_error(const struct ggml_tensor *t)
         return acc_view_fits(t) ? NULL : "ACC/SET view outside its destination";
     case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: {
         const int n_dims = t->op_params[1], n_offs = t->op_params[15];
+        /* The modes the kernel has a case for; any other aborts it. */
+        switch (t->op_params[2]) {
+        case GGML_ROPE_TYPE_NORMAL: case GGML_ROPE_TYPE_NEOX: case GGML_ROPE_TYPE_MROPE:
+        case GGML_ROPE_TYPE_VISION: case GGML_ROPE_TYPE_IMROPE:
+            break;
+        default:
+            return "ROPE mode unknown";
+        }
         /* The pass-through loop skips the rotated channels with
          * i0 += n_dims - 2 at i0 == n_offs: with n_dims = 0 it never ends. */
         if (n_dims <= 0 || n_dims > a->ne[0] || (n_dims & 1))

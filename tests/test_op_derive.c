@@ -326,6 +326,9 @@ static void test_param_rules(void)
     r = ggml_rope_ext(ctx, x, pos, NULL, 32, 0, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
     ggml_rope_set_offset(r, 40);
     REFUSED(r, "ROPE offset");
+    /* a mode the kernel has no case for (it aborts) */
+    REFUSED(ggml_rope_ext(ctx, x, pos, NULL, 32, 4, 4096, 1e4f, 1, 0, 1, 32, 1), "ROPE mode unknown");
+    REFUSED(ggml_rope_ext(ctx, x, pos, NULL, 32, 16, 4096, 1e4f, 1, 0, 1, 32, 1), "ROPE mode unknown");
     int zero_sections[4] = { 0, 0, 0, 0 };  /* the M-RoPE kernel takes i % their sum */
     REFUSED(ggml_rope_multi(ctx, x, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 16), NULL, 64, zero_sections,
                             GGML_ROPE_TYPE_MROPE, 4096, 1e4f, 1, 0, 1, 32, 1), "ROPE sections");
