@@ -156,13 +156,14 @@ bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec
  * memory, no buffers), for supports_op/offload_op/alloc size and the cache
  * key.  Returns the number of records (<= 1 + GGML_MAX_SRC), 0 on failure. */
 uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *recs);
-/* The one record an alloc-size question needs (type, shape, strides);
- * returns 1, 0 when the tensor cannot be sent. */
-uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *rec);
-/* Serializes a graph into the device's data area; returns its size, 0 on
- * failure or when no node is left to send (*n_sent 0, against UINT32_MAX
- * on failure: no-op views of other
- * devices' memory are left out, see serialize.c).  use_counts: append the
+/* The records an alloc-size question needs: type, shape and strides, and
+ * for a FLASH_ATTN_EXT result its op records (apir_op_records: ggml-cuda
+ * sizes it by its K and V).  Returns their number (recs holds
+ * 1 + GGML_MAX_SRC), 0 when the tensor cannot be sent. */
+uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *recs);
+/* Serializes a graph into the device's data area; returns its size, or 0:
+ * on failure (*n_sent UINT32_MAX), or when no node is left to send (*n_sent
+ * 0: no-op views of other devices' memory are left out, see serialize.c).  use_counts: append the
  * nodes' use counts (0.2 keyed graphs only, APIR_GRAPH_USE_COUNTS_TAG).
  * Lock held. */
 size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent);

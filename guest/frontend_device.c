@@ -192,6 +192,13 @@ static void device_reconnected_locked(struct apir_device *d)
         d->buft_ctx.handle = handle;
     if (apir_call_BUFFER_TYPE_GET_NAME_locked(r, d->buft_ctx.handle, &remote_name) == APIR_HANDLER_OK)
         d->buft_ctx.alloc_rule = apir_buft_alloc_rule(remote_name.s);
+    /* The new host's rules for new buffers (what ggml-alloc asks each time);
+     * the device's type and zero copy stay what the program was told. */
+    uint64_t alignment = 0, max_size = 0;
+    if (apir_call_BUFFER_TYPE_GET_ALIGNMENT_locked(r, d->buft_ctx.handle, &alignment) == APIR_HANDLER_OK && alignment)
+        d->buft_ctx.alignment = (size_t)alignment;
+    if (apir_call_BUFFER_TYPE_GET_MAX_SIZE_locked(r, d->buft_ctx.handle, &max_size) == APIR_HANDLER_OK && max_size)
+        d->buft_ctx.max_size = (size_t)max_size;
     pthread_mutex_lock(&d->cache_lock);
     memset(d->cache, 0, sizeof(d->cache));
     pthread_mutex_unlock(&d->cache_lock);

@@ -96,19 +96,22 @@ uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *r
     return n;
 }
 
-uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *rec)
+uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *recs)
 {
-    if (!apir_tensor_to_rec(t, rec, false))
+    /* ggml-cuda sizes a FLASH_ATTN_EXT result by the op and its K and V (its
+     * f16 copies of them live after the result): those go along. */
+    if (t->op == GGML_OP_FLASH_ATTN_EXT)
+        return apir_op_records(t, recs);
+    /* Any other size follows from the type and shape alone. */
+    struct apir_tensor_rec full;
+    if (!apir_tensor_to_rec(t, &full, false))
         return 0;
-    /* A buffer type's size for a tensor follows from its type and shape. */
-    struct apir_tensor_rec plain;
-    memset(&plain, 0, sizeof(plain));
-    plain.id = 1;
-    plain.type = rec->type;
-    memcpy(plain.ne, rec->ne, sizeof(plain.ne));
-    memcpy(plain.nb, rec->nb, sizeof(plain.nb));
-    plain.op = GGML_OP_NONE;
-    *rec = plain;
+    memset(&recs[0], 0, sizeof(recs[0]));
+    recs[0].id = 1;
+    recs[0].type = full.type;
+    memcpy(recs[0].ne, full.ne, sizeof(full.ne));
+    memcpy(recs[0].nb, full.nb, sizeof(full.nb));
+    recs[0].op = GGML_OP_NONE;
     return 1;
 }
 

@@ -14,7 +14,7 @@ bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size)
                                   s->n_buffers, (unsigned long long)size, lim->max_buffers);
         return false;
     }
-    if (size > lim->max_alloc_bytes - s->bytes_allocated) {
+    if (size > apir_buffer_bytes_left(s)) {
         apir_session_refuse_limit(s, "buffer quota reached (%llu bytes in %u buffers, asking %llu): --max-alloc-mib %llu",
                                   (unsigned long long)s->bytes_allocated, s->n_buffers, (unsigned long long)size,
                                   (unsigned long long)(lim->max_alloc_bytes >> 20));

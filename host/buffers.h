@@ -14,6 +14,15 @@
 #define APIR_OPAQUE_BASE_SHIFT 40
 #define APIR_MAX_BUFFER_SIZE (1ull << APIR_OPAQUE_BASE_SHIFT)
 
+/* Bytes the session may still allocate under --max-alloc-mib.  What is
+ * charged is what backends really allocated, which may round a request up
+ * past the quota: then nothing is left (never a wrapped difference). */
+static inline uint64_t apir_buffer_bytes_left(const struct apir_session *s)
+{
+    uint64_t max = s->host->cfg.limits.max_alloc_bytes;
+    return s->bytes_allocated < max ? max - s->bytes_allocated : 0;
+}
+
 /* Whether the session may hold another buffer of size bytes (logs if not). */
 bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size);
 

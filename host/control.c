@@ -218,7 +218,9 @@ void apir_control_free(struct apir_control *ctl)
  * namespace.  A guest in a container that was given the socket's whole
  * folder (a bind mount, a CDI spec) can reach the control socket's file, and
  * may well be root there: it is still refused.  A namespace the daemon
- * cannot read (another user's process, /proc hidden) counts as another.
+ * cannot read (another user's process, /proc hidden) counts as another:
+ * members of --control-group with their own uid get in only when the
+ * daemon runs as root (as the systemd unit does), which may read theirs.
  */
 static bool same_mount_namespace(pid_t pid)
 {
@@ -233,12 +235,9 @@ static bool same_mount_namespace(pid_t pid)
  * machine's own mount namespace. */
 static bool peer_allowed(const struct apir_control *ctl, int fd, struct ucred *peer, const char **why)
 {
-    socklen_t len = sizeof(*peer);
     *why = "not root, the host's user or a member of --control-group";
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, peer, &len) != 0 || len != sizeof(*peer)) {
-        *peer = (struct ucred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    if (!apir_peer_cred(fd, peer))
         return false;
-    }
     if (!same_mount_namespace(peer->pid)) {
         *why = "in another mount namespace (a container?)";
         return false;
@@ -372,36 +371,36 @@ static void write_metrics(struct apir_control *ctl, apir_control_render_fn rende
     size_t len = 0;
     char *doc = render(user, APIR_STATS_PROMETHEUS, &len);
     const char *why = NULL;
-    int fd = -1;
+    int fd = -1, err = 0;
     if (!doc)
-        why = "out of memory";
+        why = "out of memory", err = errno;
     else if ((fd = open(ctl->metrics_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644)) < 0)
-        why = "cannot create the temporary file";
+        why = "cannot create the temporary file", err = errno;
     else {
         /* node_exporter (its own user) reads it, whatever the umask. */
         size_t off = 0;
         if (fchmod(fd, 0644) != 0)
-            why = "cannot set its mode";
+            why = "cannot set its mode", err = errno;
         while (!why && off < len) {
             ssize_t n = write(fd, doc + off, len - off);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n <= 0)
-                why = "cannot write it";
+                why = "cannot write it", err = errno;
             else
                 off += (size_t)n;
         }
         if (close(fd) != 0 && !why)
-            why = "cannot write it";
+            why = "cannot write it", err = errno;
         if (!why && rename(ctl->metrics_tmp, ctl->metrics_path) != 0)
-            why = "cannot rename it into place";
+            why = "cannot rename it into place", err = errno;
         if (why)
             unlink(ctl->metrics_tmp);
     }
     free(doc);
     if (why && !ctl->metrics_failing)
         APIR_WARN("host", "metrics file %s: %s: %s (tried again every interval)", ctl->metrics_path, why,
-                  strerror(errno));
+                  err ? strerror(err) : "short write");
     else if (!why && ctl->metrics_failing)
         APIR_INFO("host", "metrics file %s written again", ctl->metrics_path);
     ctl->metrics_failing = why != NULL;
@@ -465,7 +464,7 @@ void apir_control_poll_done(struct apir_control *ctl, const struct pollfd *pfds,
             conn_close(ctl, i);
     if (ctl->metrics_path && now >= ctl->next_metrics_ns) {
         write_metrics(ctl, render, user);
-        /* The next one on the interval's grid, never a burst to catch up. */
+        /* The next one an interval from now (it may drift), never a burst to catch up. */
         ctl->next_metrics_ns = now + ctl->metrics_interval_ns;
     }
 }

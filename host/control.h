@@ -8,8 +8,9 @@
  *    --control-group names.  Every peer is checked again by SO_PEERCRED (root,
  *    the daemon's uid, or a member of that group, in the daemon's own mount
  *    namespace), so a file mode loosened by hand lets nobody else in, nor
- *    does a container - root in it or not - given the socket's folder.  A client writes one line - "json", "text",
- *    "ps" or "metrics" - and reads the document until the host closes.
+ *    does a container - root in it or not - given the socket's folder.  A
+ *    client writes one line - "json", "text", "ps" or "metrics" - and reads
+ *    the document until the host closes.
  *  - The metrics file (--metrics-file PATH): the Prometheus text exposition
  *    format, for node_exporter's textfile collector, rewritten every
  *    --metrics-interval seconds through a temporary file and a rename (a

@@ -74,12 +74,19 @@ struct ggml_tensor *apir_graph_anchor(const struct apir_session *s)
     return s->graphs->anchor;
 }
 
-struct ggml_cgraph *apir_graph_kept(const struct apir_session *s, uint64_t key)
+/* The slot keeping the graph of key, or NULL (key 0 names none). */
+static struct apir_graph_slot *slot_find(struct apir_graphs *graphs, uint64_t key)
 {
     for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS && key; i++)
-        if (s->graphs->slots[i].key == key)
-            return s->graphs->slots[i].graph;
+        if (graphs->slots[i].key == key)
+            return &graphs->slots[i];
     return NULL;
+}
+
+struct ggml_cgraph *apir_graph_kept(const struct apir_session *s, uint64_t key)
+{
+    struct apir_graph_slot *slot = slot_find(s->graphs, key);
+    return slot ? slot->graph : NULL;
 }
 
 bool apir_graph_deferred(const struct apir_session *s)
@@ -222,10 +229,7 @@ APIR_HANDLER(BACKEND_GRAPH_RECOMPUTE)
     struct apir_graphs *graphs = s->graphs;
     if (req->key == 0)
         return apir_refuse(s, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, "key 0");
-    struct apir_graph_slot *slot = NULL;
-    for (int i = 0; i < APIR_GRAPH_CACHE_SLOTS && !slot; i++)
-        if (graphs->slots[i].key == req->key)
-            slot = &graphs->slots[i];
+    struct apir_graph_slot *slot = slot_find(graphs, req->key);
     ggml_backend_t backend = apir_session_backend(s, s->device);
     if (!slot || slot->epoch != s->buffers_epoch || slot->device != s->device || !backend) {
         rep->status = GGML_STATUS_ABORTED;

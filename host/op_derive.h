@@ -36,7 +36,9 @@ bool apir_op_is_view(int op);
  * view_src/view_offs (they do not decide the answer and would defeat its
  * cache) and with its sources as op-less copies; view identity is then not
  * compared, and an inplace variant is tried as well.  Nothing is computed
- * on such an answer: a graph's node is checked in full. */
+ * on such an answer: a graph's node is checked in full.  In a query an
+ * optimizer step's parameter (src[0], the host's own copy) gets its PARAM
+ * flag set, which its constructor asserts and a query does not carry. */
 const char *apir_op_derive_error(const struct ggml_tensor *t, bool query);
 
 #endif

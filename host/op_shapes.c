@@ -417,12 +417,36 @@ static const char *kernel_params_error(const struct ggml_tensor *t)
     }
 }
 
+/*
+ * A tensor that owns its memory lies in its buffer as its buffer type sizes
+ * it (get_alloc_size), not only as ggml_nbytes: ggml-cuda reads a quantized
+ * row's padding and writes a FLASH_ATTN_EXT result's f16 copies of K and V
+ * after the result.  The guest sizes tensors by asking (alloc size
+ * questions), so a graph of its own allocation always fits.
+ */
+static const char *allocation_error(const struct ggml_tensor *t)
+{
+    if (!t->buffer || t->view_src)
+        return NULL;
+    /* ggml-cuda asserts this of the quantized tensors it pads */
+    if (ggml_is_quantized(t->type) && t->nb[0] != ggml_type_size(t->type))
+        return "quantized tensor with a strided first dimension";
+    size_t alloc = ggml_backend_buft_get_alloc_size(ggml_backend_buffer_get_type(t->buffer), t);
+    if (alloc == 0)
+        return NULL;
+    const uint8_t *base = ggml_backend_buffer_get_base(t->buffer), *data = t->data;
+    size_t size = ggml_backend_buffer_get_size(t->buffer);
+    if (data < base || (size_t)(data - base) > size || alloc > size - (size_t)(data - base))
+        return "tensor allocation (as its buffer type sizes it) outside its buffer";
+    return NULL;
+}
+
 const char *apir_op_shape_error(const struct ggml_tensor *t, bool query)
 {
     if (!extent_covers_dense(t))
         return "tensor extent smaller than its elements";
     if (t->op == GGML_OP_NONE || apir_op_is_view(t->op))
-        return NULL;
+        return query ? NULL : allocation_error(t);
     const int need = required_srcs(t->op);
     for (int i = 0; i < need; i++)
         if (!t->src[i])
@@ -437,5 +461,7 @@ const char *apir_op_shape_error(const struct ggml_tensor *t, bool query)
         why = apir_op_derive_error(t, query);
     if (!why)
         why = apir_op_operands_error(t, query);  /* op_operands.h: types, overlap, recurrent extents */
+    if (!why && !query)
+        why = allocation_error(t);
     return why;
 }

@@ -5,7 +5,8 @@
  * malformed whatever it names; then handles looked up in the session's
  * table and tensors imported through import.c.  After the first refusal
  * nothing more is resolved (no import is wasted on a request that fails
- * anyway) and outputs are zero.
+ * anyway; an inline tensor, which has no fixed layout, is the exception:
+ * it is imported where it stands) and outputs are zero.
  */
 #include "requests.h"
 
@@ -44,35 +45,35 @@ uint32_t apir_request_finish(struct apir_request_decoder *rd)
     return rd->result;
 }
 
-/* Phase one: the wire values, every item read once, in order.  Scalars
- * need nothing more; the rest is resolved once the whole request decoded,
- * so a short or malformed request is refused as such, whatever it names. */
-#define WIRE_COPY(kind, type)                                                    \
-    void apir_req_wire_##kind(struct apir_request_decoder *rd, type *w)          \
-    {                                                                            \
-        apir_get_##kind(rd->dec, w);                                             \
-    }                                                                            \
-    void apir_req_resolve_##kind(struct apir_request_decoder *rd, const type *w, type *out) \
-    {                                                                            \
-        (void)rd;                                                                \
-        *out = *w;                                                               \
+/* Phase one: the wire values, every item read once, in order, by the
+ * codec's own getters (apir_messages.h).  Scalars need nothing more; the
+ * rest is resolved once the whole request decoded, so a short or malformed
+ * request is refused as such, whatever it names. */
+#define WIRE_GET(kind)                                                              \
+    void apir_req_wire_##kind(struct apir_request_decoder *rd, APIR_WIRE_##kind *w) \
+    {                                                                               \
+        apir_get_##kind(rd->dec, w);                                                \
     }
-WIRE_COPY(u32, uint32_t)
-WIRE_COPY(i32, int32_t)
-WIRE_COPY(enum, uint32_t)
-WIRE_COPY(res, uint32_t)
-WIRE_COPY(bool, bool)
-WIRE_COPY(u8, uint8_t)
-WIRE_COPY(u64, uint64_t)
-#undef WIRE_COPY
-
-void apir_req_wire_buffer(struct apir_request_decoder *rd, uint64_t *w) { *w = apir_decode_u64(rd->dec); }
-void apir_req_wire_buft(struct apir_request_decoder *rd, uint64_t *w) { *w = apir_decode_u64(rd->dec); }
-void apir_req_wire_tensor(struct apir_request_decoder *rd, struct apir_tensor_rec *w) { apir_decode_tensor(rd->dec, w); }
-void apir_req_wire_tensors(struct apir_request_decoder *rd, struct apir_tensor_list *w)
-{
-    apir_decode_tensor_list(rd->dec, w, APIR_MAX_LIST_TENSORS);
-}
+#define RESOLVE_COPY(kind)                                                          \
+    void apir_req_resolve_##kind(struct apir_request_decoder *rd, const APIR_WIRE_##kind *w, APIR_HOST_##kind *out) \
+    {                                                                               \
+        (void)rd;                                                                   \
+        *out = *w;                                                                  \
+    }
+/* (not through a third macro: `bool` would expand to _Bool first) */
+WIRE_GET(u32) RESOLVE_COPY(u32)
+WIRE_GET(i32) RESOLVE_COPY(i32)
+WIRE_GET(enum) RESOLVE_COPY(enum)
+WIRE_GET(res) RESOLVE_COPY(res)
+WIRE_GET(bool) RESOLVE_COPY(bool)
+WIRE_GET(u8) RESOLVE_COPY(u8)
+WIRE_GET(u64) RESOLVE_COPY(u64)
+WIRE_GET(buffer)
+WIRE_GET(buft)
+WIRE_GET(tensor)
+WIRE_GET(tensors)
+#undef RESOLVE_COPY
+#undef WIRE_GET
 
 /* An inline tensor has no fixed layout: it is parsed and imported where it
  * stands (always the request's last item), and resolved already. */
@@ -117,7 +118,6 @@ void apir_req_resolve_buft(struct apir_request_decoder *rd, const uint64_t *hand
     }
     out->buft = slot->object;
     out->device = (uint32_t)slot->aux;
-    out->handle = *handle;
 }
 
 void apir_req_resolve_tensor(struct apir_request_decoder *rd, const struct apir_tensor_rec *rec, struct ggml_tensor **out)

@@ -35,7 +35,6 @@
 struct apir_buft_ref {
     ggml_backend_buffer_type_t buft;
     uint32_t device;        /* the host device the type belongs to */
-    uint64_t handle;
 };
 
 #define APIR_HOST_u32     uint32_t
@@ -65,19 +64,20 @@ struct apir_buft_ref {
 #define APIR_HOST_IS_TENSOR_tensors 0
 #define APIR_HOST_IS_TENSOR_inline  0
 
-/* Wire types: what phase one decodes each kind into. */
+/* Wire types: what phase one decodes each kind into - the codec's
+ * APIR_OUT_<kind>, but an inline tensor, which is imported where it stands. */
 typedef struct ggml_tensor *apir_tensor_ptr;
-#define APIR_WIRE_u32     uint32_t
-#define APIR_WIRE_i32     int32_t
-#define APIR_WIRE_enum    uint32_t
-#define APIR_WIRE_res     uint32_t
-#define APIR_WIRE_bool    bool
-#define APIR_WIRE_u8      uint8_t
-#define APIR_WIRE_u64     uint64_t
-#define APIR_WIRE_buffer  uint64_t
-#define APIR_WIRE_buft    uint64_t
-#define APIR_WIRE_tensor  struct apir_tensor_rec
-#define APIR_WIRE_tensors struct apir_tensor_list
+#define APIR_WIRE_u32     APIR_OUT_u32
+#define APIR_WIRE_i32     APIR_OUT_i32
+#define APIR_WIRE_enum    APIR_OUT_enum
+#define APIR_WIRE_res     APIR_OUT_res
+#define APIR_WIRE_bool    APIR_OUT_bool
+#define APIR_WIRE_u8      APIR_OUT_u8
+#define APIR_WIRE_u64     APIR_OUT_u64
+#define APIR_WIRE_buffer  APIR_OUT_buffer
+#define APIR_WIRE_buft    APIR_OUT_buft
+#define APIR_WIRE_tensor  APIR_OUT_tensor
+#define APIR_WIRE_tensors APIR_OUT_tensors
 #define APIR_WIRE_inline  apir_tensor_ptr   /* already imported */
 
 /* One request being decoded: the first refusal wins, the rest is skipped. */

@@ -166,3 +166,13 @@ bool apir_service_resolve_group(const char *group, const char *option, gid_t *gi
     *gid = res->gr_gid;
     return true;
 }
+
+bool apir_peer_cred(int fd, struct ucred *out)
+{
+    socklen_t len = sizeof(*out);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, out, &len) != 0 || len != sizeof(*out)) {
+        *out = (struct ucred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+        return false;
+    }
+    return true;
+}

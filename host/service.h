@@ -46,6 +46,12 @@ void apir_service_stopping(void);
 /* STATUS=...: shown by `systemctl status`. */
 void apir_service_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The process connected on fd (SO_PEERCRED: the kernel's word, not the
+ * peer's); false, with uid and gid (uid_t)-1 and pid 0, when the kernel
+ * cannot say.  Guests (shm_server.c) and control clients (control.c). */
+struct ucred;
+bool apir_peer_cred(int fd, struct ucred *out);
+
 /* A group given by name or number (--socket-group, --control-group: option
  * names the option in the message err gets when there is no such group). */
 bool apir_service_resolve_group(const char *group, const char *option, gid_t *gid, char *err, size_t err_len);

@@ -340,16 +340,6 @@ static void *client_worker(void *arg)
     return NULL;
 }
 
-bool apir_peer_cred(int fd, struct ucred *out)
-{
-    socklen_t len = sizeof(*out);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, out, &len) != 0 || len != sizeof(*out)) {
-        *out = (struct ucred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
-        return false;
-    }
-    return true;
-}
-
 /* The peer's process name as this host sees it: chosen by the guest (a
  * hint, never an identity), so only printable characters are kept.  Not
  * in a sandboxed worker: it may open nothing. */

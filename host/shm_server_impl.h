@@ -90,9 +90,6 @@ struct apir_shm_server {
  * log line names the peer by its credentials; counted). */
 void apir_server_refuse(struct apir_shm_server *srv, int fd, const char *message);
 void apir_server_linger_close(struct apir_shm_server *srv, int fd);
-/* The connecting process (SO_PEERCRED: the kernel's word, not the guest's);
- * false, with uid and gid (uid_t)-1 and pid 0, when the kernel cannot say. */
-bool apir_peer_cred(int fd, struct ucred *out);
 /* "pid P, uid U, gid G", and the process name the host sees (/proc/P/comm,
  * which the guest chooses: a hint) when with_comm and it can be read. */
 void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, size_t len);

@@ -1,5 +1,7 @@
 #include "weight_copies.h"
 
+#include "buffers.h"
+
 #include "apir_log.h"
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -186,7 +188,6 @@ static bool insert(struct apir_weights *w, struct apir_weight_copy *c)
  * kernels cannot use, so this is asked before any byte is written). */
 static struct apir_weight_copy *copy_in(struct apir_session *s, ggml_backend_buffer_type_t buft, const struct ggml_tensor *t)
 {
-    const struct apir_limits *lim = &s->host->cfg.limits;
     struct apir_weight_copy *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
@@ -213,7 +214,7 @@ static struct apir_weight_copy *copy_in(struct apir_session *s, ggml_backend_buf
         return NULL;
     }
     size_t bytes = ggml_backend_buft_get_alloc_size(buft, w);
-    if (bytes < ggml_nbytes(w) || bytes > lim->max_alloc_bytes - s->bytes_allocated) {
+    if (bytes < ggml_nbytes(w) || bytes > apir_buffer_bytes_left(s)) {
         free(c);
         return NULL;
     }

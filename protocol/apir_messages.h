@@ -13,8 +13,9 @@
  *   struct apir_reply_<NAME>     the reply items as fields (a host fills it)
  *
  * so a wrong type at a call site is a compile error, not a wrong byte on the
- * wire.  The host's request side is its own (host/requests.h): it resolves
- * handles and imports tensors while it decodes.
+ * wire.  The host's request side is its own (host/requests.h): it decodes
+ * the items with the getters here, then resolves handles and imports
+ * tensors.
  */
 #ifndef APIR_MESSAGES_H
 #define APIR_MESSAGES_H

@@ -1008,16 +1008,8 @@ static void test_weight_copies(void)
 
 static void setup(void)
 {
-    struct apir_host_config cfg;
-    apir_host_config_default(&cfg);
-    cfg.backend_name = "CPU";
-    cfg.n_threads = 1;
-    cfg.backend_dir = APIR_GGML_BIN;
-    char err[256];
-    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
-        fprintf(stderr, "host init: %s\n", err);
+    if (!test_host_init_cpu(&host))
         exit(1);
-    }
 }
 
 static void run_setup(void) { setup(); CHECK(host.n_devices == 1); }

@@ -624,6 +624,30 @@ static void clear_dir(const char *dir)
  * (worker_attack.c) with the victim's worker and the daemon as targets.
  * Returns the attack report in report; extra: more host options.
  */
+/* Reads the attack's report files (report.PID) in dir into report (the
+ * last one read); returns how many there are. */
+static int read_reports(const char *dir, char *report, size_t report_len)
+{
+    int n_rep = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (strncmp(e->d_name, "report.", 7) != 0)
+            continue;
+        char path[384];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        int fd = open(path, O_RDONLY);
+        ssize_t n = fd >= 0 ? read(fd, report, report_len - 1) : -1;
+        report[n > 0 ? n : 0] = '\0';
+        n_rep++;
+        if (fd >= 0)
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+    return n_rep;
+}
+
 static void run_attack(const char *dir, const char *const *extra, char *report, size_t report_len)
 {
     report[0] = '\0';
@@ -661,37 +685,10 @@ static void run_attack(const char *dir, const char *const *extra, char *report, 
         apir_remote_close(&attacker);
     for (int i = 0; i < 200 && !strstr(report, "exec_attempt"); i++) {
         usleep(20000);
-        DIR *d = opendir(dir);
-        struct dirent *e;
-        while (d && (e = readdir(d)))
-            if (!strncmp(e->d_name, "report.", 7)) {
-                snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-                int fd = open(path, O_RDONLY);
-                ssize_t n = fd >= 0 ? read(fd, report, report_len - 1) : -1;
-                report[n > 0 ? n : 0] = '\0';
-                if (fd >= 0)
-                    close(fd);
-            }
-        if (d)
-            closedir(d);
+        read_reports(dir, report, report_len);
     }
     usleep(300000);  /* a shell, had it run, has written by now */
-    int n_rep = 0;
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, "report.", 7)) {
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            int fd = open(path, O_RDONLY);
-            ssize_t n = fd >= 0 ? read(fd, report, report_len - 1) : -1;
-            report[n > 0 ? n : 0] = '\0';
-            n_rep++;
-            if (fd >= 0)
-                close(fd);
-        }
-    if (d)
-        closedir(d);
-    CHECK(n_rep == 1);
+    CHECK(read_reports(dir, report, report_len) == 1);
     int v = 0;
     CHECK(report_has(report, "uid", &v) && (unsigned)v > WORKER_UID_BASE);
     /* The daemon and the victim live on. */

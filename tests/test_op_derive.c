@@ -568,14 +568,7 @@ static bool region_is(struct apir_session *s, uint64_t buf, const struct apir_te
 
 static void test_session_refuses(void)
 {
-    struct apir_host_config cfg;
-    apir_host_config_default(&cfg);
-    cfg.backend_name = "CPU";
-    cfg.n_threads = 1;
-    cfg.backend_dir = APIR_GGML_BIN;
-    char err[256];
-    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
-        fprintf(stderr, "host init: %s\n", err);
+    if (!test_host_init_cpu(&host)) {
         CHECK(0);
         return;
     }

@@ -20,6 +20,8 @@
 #include "session.h"
 #include "test_util.h"
 
+#include <stdio.h>
+
 static uint8_t reply_buf[APIR_REPLY_BLOB_SIZE];
 static uint8_t request_buf[APIR_MAX_COMMAND_SIZE];
 
@@ -50,6 +52,22 @@ static inline uint32_t fwd_raw(struct apir_session *s, uint32_t cmd, const void 
     }
 APIR_COMMAND_LIST(APIR_X_TEST_FWD)
 #undef APIR_X_TEST_FWD
+
+/* The host these tests drive: the CPU backend of the pinned ggml, one
+ * thread.  False (and a message) when it cannot start. */
+static inline bool test_host_init_cpu(struct apir_host *host)
+{
+    struct apir_host_config cfg;
+    apir_host_config_default(&cfg);
+    cfg.backend_name = "CPU";
+    cfg.n_threads = 1;
+    cfg.backend_dir = APIR_GGML_BIN;
+    char err[256];
+    if (apir_host_init(host, &cfg, err, sizeof(err)))
+        return true;
+    fprintf(stderr, "host init: %s\n", err);
+    return false;
+}
 
 static inline uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
 {

@@ -608,7 +608,7 @@ static void cdi_usage(FILE *out)
             CDI_LIBRARY " (read-only), GGML_BACKEND_PATH and APIR_HOST set.\n"
             "  apir cdi > /etc/cdi/apir.json\n"
             "  podman run --device " CDI_KIND "=default IMAGE llama-cli -m MODEL.gguf -dev APIR0 ...\n"
-            "The image needs the guest library's own needs (libdrm.so.2, glibc) and a ggml program\n"
+            "The image needs glibc (all the guest library needs) and a ggml program\n"
             "built against the ggml apir was built against.\n"
             "  -H, --host ENDPOINT  the host's socket on this machine: unix:PATH or /PATH (default\n"
             "                       $APIR_HOST, else /run/apir/host.sock); its whole folder is mounted,\n"
@@ -820,7 +820,13 @@ static int control_ask(const char *cmd, const char *path, const char *request)
     if (rc == EXIT_OK) {
         doc[len] = '\0';
         if (len == 0 || !strncmp(doc, "error:", 6)) {
-            fprintf(stderr, "apir %s: the host at %s: %s", cmd, path, len ? doc + 7 : "closed without an answer\n");
+            const char *why = "closed without an answer\n";
+            if (len) {
+                why = doc + 6;
+                while (*why == ' ')
+                    why++;
+            }
+            fprintf(stderr, "apir %s: the host at %s: %s", cmd, path, why);
             rc = EXIT_FAIL;
         } else if (fwrite(doc, 1, len, stdout) != len) {
             rc = EXIT_FAIL;

@@ -1,9 +1,8 @@
 /* apir-whisper-gen: write a random-weight whisper model in whisper.cpp's legacy
  * ggml file format.
  *
- *   apir-whisper-gen -i for-tests-ggml-tiny.bin -o OUT.bin [--seed N] [--type f16|f32] [--text-ctx N]\n"
-               "                        [--help] [--version]\n"|f32]
- *                    [--text-ctx N]
+ *   apir-whisper-gen -i for-tests-ggml-tiny.bin -o OUT.bin [--seed N] [--type f16|f32]
+ *                    [--text-ctx N] [--help] [--version]
  *
  * Why: whisper.cpp's test models (models/for-tests-ggml-*.bin in its source
  * tree) carry the header, the mel filters and the vocabulary but no tensors, so

@@ -372,8 +372,9 @@ static int load_library(struct vgpu_transport *v)
     return 0;
 }
 
-/* One FORWARD of no request items, for the version questions (see the top
- * of the file); the handler result, or -1 when the library did not answer. */
+/* One FORWARD of the request already in enc, for the version questions
+ * (see the top of the file); the handler result, or -1 when the library did
+ * not answer. */
 static int forward_bare(struct vgpu_transport *v, uint32_t cmd, const struct apir_encoder *enc, const char *what,
                         struct apir_decoder *reply)
 {
