@@ -419,10 +419,14 @@ static void start_host(const char *extra1, const char *extra2)
               "64", "--max-blobs", "50", "--max-blob-mib", "512", "--max-clients", "8", extra1, extra2, (char *)NULL);
         _exit(127);
     }
+    /* The daemon binds the guest socket first and its control socket after:
+     * with the default control path, wait for both. */
     struct stat st;
     for (int i = 0; i < 500 && stat(sock, &st) != 0; i++)
         usleep(10000);
     CHECK(stat(sock, &st) == 0);
+    for (int i = 0; !extra1 && i < 500 && lstat(ctl, &st) != 0; i++)
+        usleep(10000);
 }
 
 static void stop_host(void)
