@@ -25,6 +25,11 @@
 #   bench/h200.sh server       llama-server, 16 concurrent greedy requests on -np 4, through APIR0 vs
 #                              natively (bench/server_compare.sh): host on CUDA vs native CUDA (1B F16),
 #                              then host on the CPU backend vs native CPU, 8 threads each (1B Q4_0)
+#   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP vs native CUDA vs ggml-rpc
+#                              (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP (null call,
+#                              upload/download), a reload of the 8B model against a weight cache
+#   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
+#                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
 # .devcarry/whisper.cpp-233fe1fc.tar.gz (a copy of ../shared/third_party's, carried: APIR_WHISPER_TARBALL).
 set -uo pipefail
@@ -38,6 +43,17 @@ export APIR_BUNDLE=$ROOT/.devcarry/gitRelease.bundle JOBS=$(nproc)
 export APIR_SKIP_EXTRAS=1 APIR_SKIP_WHISPER=1
 # No registry there: the worker sandbox's libseccomp comes carried (apt-get download).
 for deb in "$ROOT"/.devcarry/libseccomp*.deb; do [ -f "$deb" ] && dpkg -x "$deb" /; done
+# GnuTLS's headers and pkg-config files (the build needs them; the weight cache links it): the -dev
+# packages always, their runtime libraries only where the machine lacks them.
+for deb in "$ROOT"/.devcarry/*-dev_*.deb; do
+  case $deb in *libseccomp*) ;; *) dpkg -x "$deb" / ;; esac
+done
+for deb in "$ROOT"/.devcarry/lib*[0-9]_*.deb; do
+  lib=$(basename "$deb" | cut -d_ -f1)
+  case $lib in libseccomp2) continue;; esac
+  dpkg-query -W -f='${Status}' "$lib" 2>/dev/null | grep -q installed || dpkg -x "$deb" /
+done
+ldconfig 2>/dev/null
 export NCCL_NVLS_ENABLE=0
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/h200.log"; }
 # Seconds left of one device call (10 minutes; H200_BUDGET_S), for the modes that fit their
@@ -271,6 +287,65 @@ issue13|server)
   else
     log "no .deps/bin/llama-server: llama-server skipped"
   fi
+  log "done, $(left) s left"
+  ;;
+net)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
+  build/apir-host --listen unix:/tmp/apir-net.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info \
+    >"$OUT/host-net.log" 2>&1 &
+  hp=$!; sleep 3
+  ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-net.log" | head -1 | cut -d' ' -f2)
+  log "apir-bench over $ep (host CUDA), then over the Unix socket"
+  build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
+  build/apir-bench --endpoint unix:/tmp/apir-net.sock --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
+  kill $hp; wait $hp 2>/dev/null
+  for m in 1b-f16 8b-q4_0; do
+    log "llama-bench $m: native CUDA vs apir (unix) vs apir over TCP vs ggml-rpc (-ngl 99 -fa 1); $(left) s left"
+    room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 240)" bash bench/llama_bench_compare.sh \
+      --model $M/$m.gguf --backend CUDA --fa 1 -p 2048 -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp 2>&1 | tee -a "$OUT/h200.log"
+  done
+  log "8B Q4_0 loaded twice over TCP against a host with --weight-cache (first: misses and stores; then hits); $(left) s left"
+  rm -rf /tmp/wcache; mkdir -m 700 /tmp/wcache
+  build/apir-host --listen unix:/tmp/apir-wc.sock --listen tcp:127.0.0.1:0 --backend CUDA --weight-cache /tmp/wcache \
+    --log-level info >"$OUT/host-wc.log" 2>&1 &
+  hp=$!; sleep 3
+  ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-wc.log" | head -1 | cut -d' ' -f2)
+  for i in 1 2; do
+    room 60 && (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=$ep \
+      APIR_LOAD_NO_WARMUP=1 timeout "$(phase_timeout 150)" "$ROOT/build/apir-load-bench" -m $M/8b-q4_0.gguf -d APIR0 -r 1) 2>&1 \
+      | grep '^load' | sed "s/^/load $i over TCP (weight cache): /" | tee -a "$OUT/h200.log"
+  done
+  kill $hp; wait $hp 2>/dev/null
+  grep -E 'weight cache|hits' "$OUT/host-wc.log" | tail -4 | tee -a "$OUT/h200.log"
+  log "done, $(left) s left"
+  ;;
+net2)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
+  nvidia-smi -L | tee -a "$OUT/h200.log"
+  hps=()
+  for d in 0 1; do
+    build/apir-host --listen unix:/tmp/apir-d$d.sock --listen tcp:127.0.0.1:0 --backend CUDA --device $d --log-level info \
+      >"$OUT/host-d$d.log" 2>&1 &
+    hps+=($!)
+  done
+  sleep 4
+  e0=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-d0.log" | head -1 | cut -d' ' -f2)
+  e1=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-d1.log" | head -1 | cut -d' ' -f2)
+  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=$e0,$e1)
+  log "greedy decode, 8B Q4_0 split by layer: CUDA0,CUDA1 natively vs APIR0,APIR1 (two hosts over TCP)"
+  build/tests/apir-llama-greedy -m $M/8b-q4_0.gguf -d CUDA0,CUDA1 -n 32 -t 8 --dump-logits /tmp/native.bin 2>/dev/null | grep tokens: | tee -a "$OUT/h200.log"
+  "${guest[@]}" build/tests/apir-llama-greedy -m $M/8b-q4_0.gguf -d APIR0,APIR1 -n 32 -t 8 --dump-logits /tmp/apir.bin 2>/dev/null | grep tokens: | tee -a "$OUT/h200.log"
+  build/tests/apir-llama-greedy --compare /tmp/native.bin /tmp/apir.bin --tol 1e-2 2>&1 | tail -3 | tee -a "$OUT/h200.log"
+  lb=(-m $M/8b-q4_0.gguf -ngl 99 -fa 1 -sm layer -p 2048 -n 128 -r ${REPS:-3} -o md)
+  for round in 1 2; do
+    log "llama-bench 8B Q4_0 -sm layer, round $round: native CUDA0/CUDA1, then APIR0/APIR1 over TCP; $(left) s left"
+    room 90 && (cd .deps/bin && timeout "$(phase_timeout 150)" ./llama-bench "${lb[@]}" -dev CUDA0/CUDA1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+    room 90 && (cd .deps/bin && timeout "$(phase_timeout 150)" "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0/APIR1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+  done
+  kill "${hps[@]}"; wait 2>/dev/null
   log "done, $(left) s left"
   ;;
 esac

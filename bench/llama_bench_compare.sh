@@ -13,16 +13,18 @@
 #   --ngl N --fa 0|1  layers to offload, flash attention (99, 0)
 #   --rounds N        interleaved rounds (default 1)
 #   --no-rpc          skip ggml-rpc
+#   --tcp             also through apir over loopback TCP (tcp:127.0.0.1, the
+#                     stream transport: no shared memory, as between machines)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
-P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1
+P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=$2; shift;; --deps-bin) DEPS_BIN=$2; shift;; --model) MODEL=$2; shift;;
     --size) SIZE=$2; shift;; --type) TYPE=$2; shift;; --backend) BACKEND=$2; shift;;
     -p) P=$2; shift;; -n) N=$2; shift;; -r) R=$2; shift;; -t) T=$2; shift;;
-    --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;;
+    --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;; --tcp) TCP=1;;
     *) echo "unknown option $1"; exit 2;;
   esac
   shift
@@ -37,7 +39,10 @@ host_pid= rpc_pid=
 cleanup() { [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null; [ -n "$rpc_pid" ] && kill "$rpc_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
-"$BUILD/apir-host" --listen "unix:$work/apir.sock" --backend "$BACKEND" --threads "$T" --log-level info >"$work/host.log" 2>&1 &
+stream=()
+[ "$TCP" = 1 ] && stream=(--listen tcp:127.0.0.1:0)
+"$BUILD/apir-host" --listen "unix:$work/apir.sock" "${stream[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
+  >"$work/host.log" 2>&1 &
 host_pid=$!
 if [ "$RPC" = 1 ]; then
   port=$(( 20000 + RANDOM % 20000 ))
@@ -46,6 +51,8 @@ if [ "$RPC" = 1 ]; then
 fi
 for _ in $(seq 1 300); do [ -S "$work/apir.sock" ] && break; sleep 0.02; done
 sleep 0.5
+tcp_ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/host.log" | head -1 | cut -d' ' -f2 || true)
+[ "$TCP" = 1 ] && [ -z "$tcp_ep" ] && { echo "apir-host did not listen on TCP:"; cat "$work/host.log"; exit 1; }
 
 common=(-m "$MODEL" -p "$P" -n "$N" -r "$R" -t "$T" -fa "$FA" -o csv)
 run() { # name, extra args...; appends "name test ts" lines
@@ -64,6 +71,8 @@ for round in $(seq 1 "$ROUNDS"); do
   # APIR_GUEST_ENV: e.g. CUDA_VISIBLE_DEVICES= so the guest sees no GPU itself
   run apir env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
+  [ "$TCP" = 1 ] && run tcp env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcp_ep" \
+    ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$RPC" = 1 ] && run rpc env ${APIR_GUEST_ENV:-} ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
 done
 # Model load time (bench/model_load.c: median of 3 loads after a warm-up),
@@ -74,23 +83,30 @@ if [ -x "$BUILD/apir-load-bench" ]; then
     (cd "$DEPS_BIN" && "$BUILD/apir-load-bench" -m "$MODEL" -d "$native_dev" -r 3) 2>>"$work/load.err" >>"$work/load"
     (cd "$DEPS_BIN" && env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
       "$BUILD/apir-load-bench" -m "$MODEL" -d APIR0 -r 3) 2>>"$work/load.err" >>"$work/load"
+    [ "$TCP" = 1 ] && (cd "$DEPS_BIN" && env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" \
+      APIR_HOST="$tcp_ep" "$BUILD/apir-load-bench" -m "$MODEL" -d APIR0 -r 3) 2>>"$work/load.err" | sed 's/APIR0/TCP/' >>"$work/load"
   done
 fi
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND, llama-bench ${common[*]}"
 awk '{ key = $2; sum[$1 " " key] += $3; cnt[$1 " " key]++; tests[key] = 1 }
      END {
-       printf "%-8s %12s %12s %12s %10s %10s\n", "test", "native t/s", "apir t/s", "rpc t/s", "apir/nat", "rpc/nat";
+       printf "%-8s %12s %12s %12s %12s %9s %9s %9s %9s\n", "test", "native t/s", "apir t/s", "tcp t/s", "rpc t/s",
+              "apir/nat", "tcp/nat", "rpc/nat", "tcp/rpc";
        for (t in tests) {
          n = (cnt["native " t] ? sum["native " t] / cnt["native " t] : 0);
          a = (cnt["apir " t] ? sum["apir " t] / cnt["apir " t] : 0);
+         c = (cnt["tcp " t] ? sum["tcp " t] / cnt["tcp " t] : 0);
          r = (cnt["rpc " t] ? sum["rpc " t] / cnt["rpc " t] : 0);
-         printf "%-8s %12.2f %12.2f %12.2f %10.3f %10.3f\n", t, n, a, r, (n ? a / n : 0), (n ? r / n : 0);
+         printf "%-8s %12.2f %12.2f %12.2f %12.2f %9.3f %9.3f %9.3f %9.3f\n", t, n, a, c, r, (n ? a / n : 0),
+                (n ? c / n : 0), (n ? r / n : 0), (r ? c / r : 0);
        }
      }' "$work/results" | sort
 [ -s "$work/load" ] && awk -v nd="${native_dev:-CPU}" '
-  { if ($2 == "APIR0") { a += $3; na++ } else if ($2 == nd) { n += $3; nn++ } }
+  { if ($2 == "APIR0") { a += $3; na++ } else if ($2 == "TCP") { c += $3; nc++ } else if ($2 == nd) { n += $3; nn++ } }
   END { if (na && nn) printf "%-8s %12.1f %12.1f %12s %10.3f   (milliseconds: apir/native is a time ratio, target <= 1.2)\n",
-                             "load ms", n / nn, a / na, "", (a / na) / (n / nn) }' "$work/load"
+                             "load ms", n / nn, a / na, "", (a / na) / (n / nn);
+        if (nc && nn) printf "%-8s %12.1f %12.1f %12s %10.3f   (milliseconds, over loopback TCP: the weights travel in the stream)\n",
+                             "load tcp", n / nn, c / nc, "", (c / nc) / (n / nn) }' "$work/load"
 echo "apir host profile (last guest):"
 grep -E 'disconnected after|profile:' "$work/host.log" | tail -8 | sed 's/^apir host: info: /  /'
 if [ ! -s "$work/results" ] || ! grep -q '^apir' "$work/results"; then

@@ -7,7 +7,9 @@
  *
  * DEVICE is a ggml device name (default CPU).  A CPU-type device loads with
  * no offload device, as llama.cpp's own CPU runs do; any other gets every
- * layer.  The first load warms the page cache and is not counted.
+ * layer.  The first load warms the page cache and is not counted
+ * (APIR_LOAD_NO_WARMUP=1 counts it: a first load against a host's weight
+ * cache, say).
  * APIR_LOAD_NO_EXTRA_BUFTS=1 loads without the CPU's repacked weights,
  * APIR_LOAD_NO_MMAP=1 reads the file instead of mapping it.  Prints
  * "load DEVICE median_ms min_ms cpu_ms" on stdout, cpu_ms being the
@@ -101,7 +103,8 @@ int main(int argc, char **argv)
     double *ms = calloc((size_t)rounds, sizeof(*ms)), *cpu = calloc((size_t)rounds, sizeof(*cpu));
     if (!ms || !cpu)
         return 1;
-    for (int i = -1; i < rounds; i++) {
+    const int first = getenv("APIR_LOAD_NO_WARMUP") ? 0 : -1;
+    for (int i = first; i < rounds; i++) {
         double t0 = now_ms(), c0 = cpu_ms();
         struct llama_model *model = llama_model_load_from_file(model_path, mp);
         double dt = now_ms() - t0, dc = cpu_ms() - c0;

@@ -41,6 +41,7 @@ struct item {
     char s[APIR_MAX_STRING];
     struct apir_tensor_rec t;
     struct apir_tensor_list list;
+    struct apir_digest d;
 };
 
 static struct item items[MAX_ITEMS], again[MAX_ITEMS];
@@ -57,6 +58,7 @@ static void decode_item(struct apir_decoder *dec, char letter, struct item *it, 
     case 's': apir_decode_string(dec, it->s, cap); break;
     case 't': apir_decode_tensor(dec, &it->t); break;
     case 'L': apir_decode_tensor_list(dec, &it->list, LIST_MAX); break;
+    case 'd': apir_decode_digest(dec, &it->d); break;
     default: apir_decoder_set_fatal(dec); break;
     }
 }
@@ -81,6 +83,7 @@ static void encode_item(struct apir_encoder *enc, char letter, const struct item
     case 's': apir_encode_string(enc, it->s); break;
     case 't': apir_encode_tensor(enc, &it->t); break;
     case 'L': apir_encode_tensor_list(enc, it->list.count, copy_list(it, p)); break;
+    case 'd': apir_encode_digest(enc, &it->d); break;
     default: enc->fatal = true; break;
     }
 }
@@ -99,6 +102,7 @@ static inline uint64_t fz_in_buffer(const struct item *it, size_t p) { return it
 static inline uint64_t fz_in_buft(const struct item *it, size_t p) { return it[p].q; }
 static inline const char *fz_in_string(const struct item *it, size_t p) { return it[p].s; }
 static inline const struct apir_tensor_rec *fz_in_tensor(const struct item *it, size_t p) { return &it[p].t; }
+static inline const struct apir_digest *fz_in_digest(const struct item *it, size_t p) { return &it[p].d; }
 static inline struct apir_tensor_span fz_in_tensors(const struct item *it, size_t p)
 {
     return (struct apir_tensor_span){ it[p].list.count, copy_list(&it[p], p) };
@@ -138,6 +142,10 @@ SEEN_FN fz_seen_tensor(struct typed_cmp *c, size_t p, const struct apir_tensor_r
 {
     SAME(c, memcmp(o, &c->walk[p].t, sizeof(*o)) == 0);
 }
+SEEN_FN fz_seen_digest(struct typed_cmp *c, size_t p, const struct apir_digest *o)
+{
+    SAME(c, memcmp(o, &c->walk[p].d, sizeof(*o)) == 0);
+}
 SEEN_FN fz_seen_tensors(struct typed_cmp *c, size_t p, const struct apir_tensor_list *o)
 {
     SAME(c, o->count == c->walk[p].list.count && o->records == c->walk[p].list.records);
@@ -168,6 +176,7 @@ static size_t item_size(char letter, const struct item *it)
     case 's': return 8 + apir_pad4(strlen(it->s) + 1);
     case 't': return APIR_TENSOR_REC_SIZE;
     case 'L': return 4 + (size_t)it->list.count * APIR_TENSOR_REC_SIZE;
+    case 'd': return APIR_DIGEST_SIZE;
     case 'q': case 'h': return 8;
     default: return 4;
     }
@@ -186,6 +195,10 @@ static bool item_is_zero(char letter, const struct item *it)
         return memcmp(&it->t, &zero, sizeof(zero)) == 0;
     }
     case 'L': return it->list.count == 0 && it->list.records == NULL;
+    case 'd': {
+        static const struct apir_digest zero;
+        return memcmp(&it->d, &zero, sizeof(zero)) == 0;
+    }
     }
     return true;
 }
@@ -199,6 +212,7 @@ static bool item_equal(char letter, const struct item *a, const struct item *b)
     case 'q': case 'h': return a->q == b->q;
     case 's': return strcmp(a->s, b->s) == 0;
     case 't': return memcmp(&a->t, &b->t, sizeof(a->t)) == 0;
+    case 'd': return memcmp(&a->d, &b->d, sizeof(a->d)) == 0;
     case 'L':
         if (a->list.count != b->list.count)
             return false;

@@ -79,6 +79,49 @@
 #define FZ_SHM_MAX_CMDS  32
 #define FZ_SHM_HELLO_SIZE 32
 
+/*
+ * fuzz_stream_frame input (one TCP connection to the host's stream
+ * listener; structs of transport/stream_proto.h):
+ *   u8 plan          bit 0: the server with the token FZ_STREAM_TOKEN (else one without)
+ *                    bits 1-2: hello: 0 valid fields, 1 magic and version from the
+ *                              input, 2 all 80 bytes raw from the input, 3 valid
+ *                              fields but cut short (we shut our side)
+ *                    bits 3-4: token (modes 0, 1, 3): 0 the right one, 1 none,
+ *                              2 u8 token_len + 64 token bytes from the input,
+ *                              3 the right one with a near miss (u8 how [, u8 xor])
+ *                    bit 5:    the hello in two writes, split at the next u8 % 80
+ *                    bit 6:    a handshake frame sent right after the hello, before
+ *                              its answer is read (answered after it, if accepted)
+ *   hello fields     modes 0, 1, 3: u16 pid [, u32 magic, u32 version], then the
+ *                    token bytes above; mode 2: 80 raw bytes
+ *   then frames, while the host serves (at most 48), by a byte K, K & 7:
+ *     0-2  a frame: [u8 lie if K bit 3], u8 nseg (n_in = bits 0-2, n_out =
+ *          bits 3-5), the segments, the command, u8 n + n payload prefix
+ *          bytes (the rest of each upload is zeros); lie bit 0: u32 magic,
+ *          bit 1: u32 reserved, bit 2: u32 cmd_len, bit 3: u16 n_in, u16 n_out
+ *          in the header (the bytes sent stay as built); K bit 4: its reply is
+ *          read later (pipelined, upload-only frames), bit 5: u8 n + n+1
+ *          garbage bytes after it, bit 6: u16 cut point (the frame is cut
+ *          there and our side shut)
+ *          segment: u8 sel; sel bit 7: 24 raw bytes (res_id, reserved, offset,
+ *          size); else res_id FIRST_RES_ID + (sel & 7) (6: the reply id 2,
+ *          7: 0), u16 offset, u16 size; bit 6: offset counts from the blob's
+ *          end, bit 5: size * 64, bit 4: size = the rest of the blob
+ *          command: u8 ck; ck & 3 == 0: FORWARD, u8 command number, u16 len,
+ *          items (handle numbers rewritten as above; graph computes become an
+ *          unknown number); 1: type from ck bits 2-4 (handshake, load, blob
+ *          create, destroy, file, create, 3, -1), u16 len, items; 2-3: u16 len,
+ *          raw command bytes, APIR header included
+ *     3    u16 len, raw bytes on the wire; the session ends
+ *     4    BLOB_CREATE: u8 id (bit 7: id & 0x7f, else FIRST_RES_ID + (id & 7)),
+ *          u32 size (K bit 7: shifted left by 16)
+ *     5    BLOB_DESTROY: u8 id as above
+ *     6    echo: u8 id, u16 offset, u16 size, u8 n + n prefix bytes: one frame
+ *          uploads the range and downloads it around DEVICE_GET_COUNT
+ *     7    HANDSHAKE 0.(u8 % 8)
+ */
+#define FZ_STREAM_TOKEN "fuzz-token-5e1f0a7c"
+
 /* Little-endian cursor over an input; short reads yield zeros. */
 struct fz_reader {
     const uint8_t *p;

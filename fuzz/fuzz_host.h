@@ -234,6 +234,9 @@ static inline void fz_patch_request(uint8_t *req, size_t len, const char *sig, c
         case 'q':
             off += 8;
             break;
+        case 'd':
+            off += APIR_DIGEST_SIZE;
+            break;
         case 'h':
             if (len - off >= 8)
                 fz_patch_u64(req + off, k);
@@ -418,6 +421,7 @@ static inline void fz_check_graph(const struct apir_session *s, struct ggml_cgra
 #define fz_seen_string(k, p, v)
 #define fz_seen_tensor(k, p, v)
 #define fz_seen_tensors(k, p, v)
+#define fz_seen_digest(k, p, v)
 FZ_DEFINE_TYPED_DECODE_REPLY(fz_decode_reply, struct fz_known)
 
 static inline void fz_check_reply(uint32_t cmd, const uint8_t *rep, size_t used, struct fz_known *k)

@@ -2,8 +2,8 @@
  * make_seeds: writes valid seed inputs for every fuzz target.
  *
  *   make_seeds DIR   ->  one NAME.bin file per seed in DIR/fuzz_codec,
- *                        DIR/fuzz_dispatch, DIR/fuzz_graph, DIR/fuzz_inline
- *                        and DIR/fuzz_shm_frame
+ *                        DIR/fuzz_dispatch, DIR/fuzz_graph, DIR/fuzz_inline,
+ *                        DIR/fuzz_shm_frame, DIR/fuzz_stream_frame and DIR/fuzz_op
  *
  * Seeds matter here because most of the host's code sits behind checks a
  * random input never passes (valid tensor records, graphs whose ids
@@ -18,6 +18,7 @@
 #include "fuzz_format.h"
 #include "ggml.h"
 #include "shm_proto.h"
+#include "stream_proto.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -296,6 +297,13 @@ static inline const struct apir_tensor_rec *fz_in_tensor(const struct codec_samp
 {
     (void)p;
     return &c->recs[0];
+}
+static inline const struct apir_digest *fz_in_digest(const struct codec_sample *c, size_t p)
+{
+    (void)c;
+    (void)p;
+    static const struct apir_digest d = { { 0xd1, 0x9e, 0x57, 0x32 } };
+    return &d;
 }
 static inline struct apir_tensor_span fz_in_tensors(const struct codec_sample *c, size_t p)
 {
@@ -682,6 +690,313 @@ static void seeds_shm(void)
     }
 }
 
+/* ---- fuzz_stream_frame ------------------------------------------------------------ */
+
+/* plan: fuzz_format.h; valid hello fields (the harness puts the token). */
+static void st_hello(struct fz_writer *w, uint8_t plan)
+{
+    fz_put_le(w, plan, 1);
+    fz_put_le(w, 1, 2);  /* pid */
+}
+
+/* A frame's start: K, nseg (n_in | n_out << 3). */
+static void st_begin(struct fz_writer *w, uint8_t k, unsigned n_in, unsigned n_out)
+{
+    fz_put_le(w, k, 1);
+    fz_put_le(w, n_in | n_out << 3, 1);
+}
+
+/* A segment into blob FIRST_RES_ID + idx. */
+static void st_seg(struct fz_writer *w, uint8_t sel, uint16_t off, uint16_t size)
+{
+    fz_put_le(w, sel, 1);
+    fz_put_le(w, off, 2);
+    fz_put_le(w, size, 2);
+}
+
+/* FORWARD cmd with the encoder's items, then n prefix bytes of the upload. */
+static void st_forward(struct fz_writer *w, uint32_t cmd, const struct apir_encoder *items, uint8_t n_fill)
+{
+    fz_put_le(w, 0, 1);
+    fz_put_le(w, cmd, 1);
+    size_t len = items ? apir_encoder_used(items) : 0;
+    fz_put_le(w, len, 2);
+    if (len)
+        fz_put(w, items->start, len);
+    fz_put_le(w, n_fill, 1);
+    for (unsigned i = 0; i < n_fill; i++)
+        fz_put_le(w, 0x40 + i, 1);
+}
+
+static void st_handshake(struct fz_writer *w, uint8_t minor)
+{
+    fz_put_le(w, 7, 1);
+    fz_put_le(w, minor, 1);
+}
+
+static void st_create(struct fz_writer *w, uint8_t id, uint32_t size)
+{
+    fz_put_le(w, 4, 1);
+    fz_put_le(w, id, 1);
+    fz_put_le(w, size, 4);
+}
+
+static void st_echo(struct fz_writer *w, uint8_t id, uint16_t off, uint16_t size, uint8_t n_fill)
+{
+    fz_put_le(w, 6, 1);
+    fz_put_le(w, id, 1);
+    fz_put_le(w, off, 2);
+    fz_put_le(w, size, 2);
+    fz_put_le(w, n_fill, 1);
+    for (unsigned i = 0; i < n_fill; i++)
+        fz_put_le(w, 0x80 + i, 1);
+}
+
+/* A guest that sets up a buffer and a blob (handles: buffer type 1, buffer 2). */
+static void st_setup(struct fz_writer *w)
+{
+    static uint8_t ibuf[256];
+    struct apir_encoder enc;
+    st_handshake(w, APIR_VERSION_MINOR);
+    st_begin(w, 0, 0, 0);
+    st_forward(w, APIR_CMD_DEVICE_GET_BUFFER_TYPE, NULL, 0);
+    st_begin(w, 0, 0, 0);
+    apir_encoder_init(&enc, ibuf, sizeof(ibuf));
+    apir_encode_request_BUFFER_TYPE_ALLOC_BUFFER(&enc, (uint64_t)FZ_H_BUFT, (uint64_t)FZ_BUF_A_SIZE);
+    st_forward(w, APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER, &enc, 0);
+    st_create(w, 0, 65536);
+}
+
+static void seeds_stream(void)
+{
+    static uint8_t sbuf[16384], ibuf[1024];
+    struct fz_writer w;
+    struct apir_encoder enc;
+    struct apir_tensor_rec a = rec_f32(1, 16, 1, FZ_H_BUF_A, 0, GGML_OP_NONE);
+
+    /* A well-behaved guest: set and get through the blob, echo, queries,
+     * destroy, handshake again; on both servers. */
+    for (int srv = 0; srv < 2; srv++) {
+        w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+        st_hello(&w, (uint8_t)srv);
+        st_setup(&w);
+        st_begin(&w, 0, 1, 0);
+        st_seg(&w, 0, 0, 64);
+        apir_encoder_init(&enc, ibuf, sizeof(ibuf));
+        apir_encode_request_BUFFER_SET_TENSOR(&enc, (uint64_t)FZ_H_BUF_A, &a, APIR_STREAM_FIRST_RES_ID, (uint64_t)0,
+                                              (uint64_t)64);
+        st_forward(&w, APIR_CMD_BUFFER_SET_TENSOR, &enc, 16);
+        st_begin(&w, 0, 0, 1);
+        st_seg(&w, 0, 8192, 32);
+        apir_encoder_init(&enc, ibuf, sizeof(ibuf));
+        apir_encode_request_BUFFER_GET_TENSOR_AT(&enc, (uint64_t)FZ_H_BUF_A, &a, APIR_STREAM_FIRST_RES_ID,
+                                                 (uint64_t)8192, (uint64_t)16, (uint64_t)32);
+        st_forward(&w, APIR_CMD_BUFFER_GET_TENSOR_AT, &enc, 0);
+        st_echo(&w, 0, 100, 300, 8);
+        st_begin(&w, 0, 0, 0);
+        st_forward(&w, APIR_CMD_DEVICE_GET_NAME, NULL, 0);
+        st_begin(&w, 0, 0, 0);
+        st_forward(&w, APIR_CMD_HOST_GET_VERSION, NULL, 0);
+        fz_put_le(&w, 5, 1);  /* destroy blob 3 */
+        fz_put_le(&w, 0, 1);
+        st_handshake(&w, 1);
+        write_writer("fuzz_stream_frame", srv ? "session-token" : "session", &w);
+    }
+
+    /* Pipelined uploads, then their replies. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    st_setup(&w);
+    st_create(&w, 1, 4096);
+    for (int i = 0; i < 3; i++) {
+        st_begin(&w, 0x10, 2, 0);
+        st_seg(&w, 0, (uint16_t)(i * 64), 64);
+        st_seg(&w, 1, 0, 16);
+        apir_encoder_init(&enc, ibuf, sizeof(ibuf));
+        apir_encode_request_BUFFER_SET_TENSOR(&enc, (uint64_t)FZ_H_BUF_A, &a, APIR_STREAM_FIRST_RES_ID,
+                                              (uint64_t)0, (uint64_t)64);
+        st_forward(&w, APIR_CMD_BUFFER_SET_TENSOR, &enc, 4);
+    }
+    st_begin(&w, 0, 0, 2);
+    st_seg(&w, 0, 0, 64);
+    st_seg(&w, 0x41, 16, 16);  /* the last 16 bytes of blob 4 */
+    st_forward(&w, APIR_CMD_DEVICE_GET_COUNT, NULL, 0);
+    write_writer("fuzz_stream_frame", "pipelined", &w);
+
+    /* Frames the host must hang up on, or cut short, one per seed. */
+    static const struct {
+        const char *name;
+        uint8_t k, lie;
+        uint32_t value;
+    } bad[] = {
+        { "bad-magic", 0x08, 1, 0x12345678 },
+        { "bad-reserved", 0x08, 2, 1 },
+        { "cmd-len-long", 0x08, 4, 65537 },
+        { "cmd-len-lies", 0x08, 4, 40 },
+        { "segments-lie", 0x08, 8, 9 },
+        { "cut", 0x40, 0, 30 },
+        { "garbage-after", 0x20, 0, 16 },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+        st_hello(&w, 0);
+        st_setup(&w);
+        fz_put_le(&w, bad[i].k, 1);
+        if (bad[i].lie)
+            fz_put_le(&w, bad[i].lie, 1);
+        fz_put_le(&w, 1 | 1 << 3, 1);
+        st_seg(&w, 0, 0, 128);
+        st_seg(&w, 0, 64, 64);
+        st_forward(&w, APIR_CMD_DEVICE_GET_COUNT, NULL, 4);
+        if (bad[i].lie == 8) {
+            fz_put_le(&w, bad[i].value, 2);
+            fz_put_le(&w, 0, 2);
+        } else if (bad[i].lie) {
+            fz_put_le(&w, bad[i].value, 4);
+        } else if (bad[i].k == 0x20) {
+            fz_put_le(&w, bad[i].value, 1);
+            for (uint32_t b = 0; b <= bad[i].value; b++)
+                fz_put_le(&w, b, 1);
+        } else {
+            fz_put_le(&w, bad[i].value, 2);
+        }
+        write_writer("fuzz_stream_frame", bad[i].name, &w);
+    }
+
+    /* Ranges outside the blob, segments into unknown blobs, too many. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    st_setup(&w);
+    st_begin(&w, 0, 1, 0);
+    st_seg(&w, 0x40, 16, 32);  /* 16 bytes before the end, 32 long */
+    st_forward(&w, APIR_CMD_DEVICE_GET_COUNT, NULL, 0);
+    write_writer("fuzz_stream_frame", "out-of-blob", &w);
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    st_setup(&w);
+    st_begin(&w, 0, 0, 1);
+    st_seg(&w, 6, 0, 8);  /* the reply id: not a blob here */
+    st_forward(&w, APIR_CMD_DEVICE_GET_COUNT, NULL, 0);
+    write_writer("fuzz_stream_frame", "reply-id-range", &w);
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    st_setup(&w);
+    st_begin(&w, 0, 5, 5);
+    for (int i = 0; i < 10; i++)
+        st_seg(&w, 0, 0, 8);
+    st_forward(&w, APIR_CMD_DEVICE_GET_COUNT, NULL, 0);
+    write_writer("fuzz_stream_frame", "too-many-segments", &w);
+
+    /* A command that destroys the blob its own download reads. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    st_setup(&w);
+    st_begin(&w, 0, 0, 1);
+    st_seg(&w, 0, 0, 64);
+    fz_put_le(&w, 1 | 3 << 2, 1);   /* BLOB_DESTROY 3 */
+    fz_put_le(&w, 4, 2);
+    fz_put_le(&w, APIR_STREAM_FIRST_RES_ID, 4);
+    fz_put_le(&w, 0, 1);
+    write_writer("fuzz_stream_frame", "destroy-download", &w);
+
+    /* A 16 MiB blob: a download the harness stops reading, an upload it
+     * stops sending (both past its caps). */
+    for (int up = 0; up < 2; up++) {
+        w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+        st_hello(&w, 0);
+        st_handshake(&w, APIR_VERSION_MINOR);
+        st_create(&w, 0, 16u << 20);
+        st_begin(&w, 0, up ? 1 : 0, up ? 0 : 1);
+        st_seg(&w, 0x10, 0, 0);  /* the whole blob */
+        st_forward(&w, APIR_CMD_DEVICE_GET_COUNT, NULL, 0);
+        write_writer("fuzz_stream_frame", up ? "big-upload" : "big-download", &w);
+    }
+
+    /* Blob commands with odd ids and sizes, the transport's other types. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    st_handshake(&w, APIR_VERSION_MINOR);
+    st_create(&w, 0x80 | 2, 4096);   /* the reply id */
+    st_create(&w, 0x80 | 0, 4096);
+    st_create(&w, 0, 0);
+    fz_put_le(&w, 4 | 0x80, 1);      /* 4 GiB << 16: past the quota */
+    fz_put_le(&w, 1, 1);
+    fz_put_le(&w, 0xffffffffu, 4);
+    st_create(&w, 2, 1u << 20);
+    st_create(&w, 2, 4096);          /* twice */
+    fz_put_le(&w, 5, 1);
+    fz_put_le(&w, 7, 1);             /* never created */
+    st_begin(&w, 0, 0, 0);           /* LOADLIBRARY, BLOB_FILE, unknown types */
+    fz_put_le(&w, 1 | 1 << 2, 1);
+    fz_put_le(&w, 0, 2);
+    fz_put_le(&w, 0, 1);
+    st_begin(&w, 0, 0, 0);
+    fz_put_le(&w, 1 | 4 << 2, 1);
+    fz_put_le(&w, 12, 2);
+    fz_put_le(&w, 5, 4);
+    fz_put_le(&w, 4096, 8);
+    fz_put_le(&w, 0, 1);
+    st_begin(&w, 0, 0, 0);
+    fz_put_le(&w, 1 | 6 << 2, 1);
+    fz_put_le(&w, 0, 2);
+    fz_put_le(&w, 0, 1);
+    st_begin(&w, 0, 0, 0);
+    st_forward(&w, 99, NULL, 0);
+    write_writer("fuzz_stream_frame", "blob-commands", &w);
+
+    /* Raw bytes after the hello. */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    st_hello(&w, 0);
+    fz_put_le(&w, 3, 1);
+    fz_put_le(&w, 16 + 20, 2);
+    fz_put_le(&w, APIR_STREAM_FRAME_MAGIC, 4);
+    fz_put_le(&w, 20, 4);
+    fz_put_le(&w, 0, 4);
+    fz_put_le(&w, 0, 4);
+    fz_put_le(&w, APIR_CMD_TYPE_HANDSHAKE, 4);
+    fz_put_le(&w, 0, 4);
+    fz_put_le(&w, 0, 4);
+    fz_put_le(&w, 0, 4);
+    fz_put_le(&w, 2, 4);
+    write_writer("fuzz_stream_frame", "raw", &w);
+
+    /* Hellos: wrong, missing and near-miss tokens, raw, split, cut, bad
+     * magic or version, a frame sent before the hello's answer. */
+    static const uint8_t plans[] = { 0x01 | 2 << 3, 0x01 | 1 << 3, 0x01 | 3 << 3, 0x04, 0x20, 0x21, 0x06 | 0x20,
+                                     0x02, 0x03, 0x40, 0x41 | 1 << 3 };
+    for (size_t i = 0; i < sizeof(plans); i++) {
+        w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+        uint8_t plan = plans[i];
+        unsigned mode = (plan >> 1) & 3, tok = (plan >> 3) & 3;
+        fz_put_le(&w, plan, 1);
+        if (mode == 2) {
+            struct apir_stream_hello h = { .magic = APIR_STREAM_MAGIC, .version = APIR_STREAM_VERSION, .pid = 1 };
+            fz_put(&w, &h, sizeof(h));
+        } else {
+            fz_put_le(&w, 1, 2);
+            if (mode == 1) {
+                fz_put_le(&w, APIR_STREAM_MAGIC, 4);
+                fz_put_le(&w, 2, 4);
+            }
+            if (tok == 2) {
+                fz_put_le(&w, sizeof(FZ_STREAM_TOKEN) - 2, 1);
+                fz_put(&w, FZ_STREAM_TOKEN, sizeof(FZ_STREAM_TOKEN) - 1);
+                for (size_t b = sizeof(FZ_STREAM_TOKEN) - 1; b < APIR_STREAM_TOKEN_MAX; b++)
+                    fz_put_le(&w, 0, 1);
+            } else if (tok == 3) {
+                fz_put_le(&w, 5, 1);
+                fz_put_le(&w, 1, 1);
+            }
+        }
+        if (plan & 0x20)
+            fz_put_le(&w, 41, 1);
+        st_handshake(&w, APIR_VERSION_MINOR);
+        char name[32];
+        snprintf(name, sizeof(name), "hello-%02x", plan);
+        write_writer("fuzz_stream_frame", name, &w);
+    }
+}
+
 /*
  * fuzz_op: per op, inputs that build it with its constructor (mode byte
  * 0x11: constructed, no mutation) over a few shared shapes, and one raw
@@ -717,6 +1032,7 @@ int main(int argc, char **argv)
     seeds_graph();
     seeds_inline();
     seeds_shm();
+    seeds_stream();
     seeds_op();
     printf("make_seeds: %u seeds in %s\n", n_written, out_dir);
     return 0;

@@ -5,7 +5,7 @@
 #   fuzz/run.sh [SECONDS_PER_TARGET]        (default 30)
 #
 # Environment:
-#   FUZZ_TARGETS   targets to run (default: all six)
+#   FUZZ_TARGETS   targets to run (default: all seven)
 #   FUZZ_FLAGS     extra libFuzzer flags, e.g. "-fork=2 -ignore_crashes=1"
 #                  to go on past the first crash
 #   BUILD_DIR      build directory (default: build-fuzz)
@@ -20,7 +20,7 @@ set -u -o pipefail
 DURATION=${1:-30}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD_DIR:-$ROOT/build-fuzz}
-TARGETS=${FUZZ_TARGETS:-"fuzz_codec fuzz_inline fuzz_graph fuzz_dispatch fuzz_shm_frame fuzz_op"}
+TARGETS=${FUZZ_TARGETS:-"fuzz_codec fuzz_inline fuzz_graph fuzz_dispatch fuzz_shm_frame fuzz_stream_frame fuzz_op"}
 FLAGS=${FUZZ_FLAGS:-}
 
 # The root CMakeLists.txt adds fuzz/ when APIR_FUZZ is on.
@@ -47,10 +47,10 @@ case " $TARGETS " in *" fuzz_op "*)
 esac
 
 # Per target: longest input, and the per-input timeout.  fuzz_shm_frame
-# waits on a server thread and has its own 20 s deadline, so libFuzzer's
-# timeout must be longer; its clients are freed asynchronously by the
-# server, so the per-input leak check is off there (LeakSanitizer still
-# runs at exit).
+# and fuzz_stream_frame wait on server threads and have their own deadlines
+# (20 s, 10 s per wait), so libFuzzer's timeout must be longer; their
+# clients are freed asynchronously by the server, so the per-input leak
+# check is off there (LeakSanitizer still runs at exit).
 max_len_of() {
     case $1 in
         fuzz_codec) echo 4096 ;;
@@ -58,12 +58,13 @@ max_len_of() {
         fuzz_graph) echo 16384 ;;
         fuzz_dispatch) echo 16384 ;;
         fuzz_shm_frame) echo 4096 ;;
+        fuzz_stream_frame) echo 8192 ;;
         fuzz_op) echo 1024 ;;
     esac
 }
 extra_of() {
     case $1 in
-        fuzz_shm_frame) echo "-timeout=30 -detect_leaks=0" ;;
+        fuzz_shm_frame|fuzz_stream_frame) echo "-timeout=30 -detect_leaks=0" ;;
         fuzz_dispatch) echo "-timeout=10" ;;
         fuzz_op) echo "-timeout=10" ;;
         *) echo "-timeout=5" ;;

@@ -14,10 +14,10 @@
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "endpoint_list.h"  /* APIR_MAX_DEVICES */
 #include "remote.h"
 
 #define APIR_REG_NAME "APIR"
-#define APIR_MAX_DEVICES 16
 
 /* Answers the host gave for an op signature (supports_op, offload_op,
  * alloc size), kept so ggml's scheduler can ask per node and per graph
@@ -78,10 +78,11 @@ struct apir_host_blob {
 #define APIR_KEPT_GRAPHS 4
 
 struct apir_device {
-    struct apir_remote remote;
-    uint32_t index;
+    struct apir_remote remote;        /* remote.device: the device's index on its host (DEVICE_SELECT) */
+    uint32_t global_index;            /* its number in the program: APIR<global_index>, across all hosts */
+    uint32_t host_no;                 /* which APIR_HOST endpoint it is on (0: the first listed) */
     char name[16];                    /* APIR0, APIR1 ... */
-    char description[256];
+    char description[256];            /* the host's description, its endpoint, its index there */
     enum ggml_backend_dev_type type;
     bool zero_copy;                   /* buffers are shared blobs the host wraps */
     struct ggml_backend_device dev;
@@ -89,6 +90,7 @@ struct apir_device {
     struct apir_buft_ctx buft_ctx;
     bool has_host_buft;               /* offered as the device's host buffer type */
     bool weight_notes_off;            /* the host keeps no weight copies: stop noting */
+    bool weight_cache_off;            /* the host has no weight cache: stop hashing (weight_cache.c) */
     struct ggml_backend_buffer_type host_buft;
     char host_buft_name[24];
     pthread_mutex_t host_blobs_lock;

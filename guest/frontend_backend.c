@@ -108,6 +108,8 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     int rc = -1;
     if (!size)
         APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
+    else if (!apir_remote_put_data_locked(r, 0, r->data, size))
+        ;  /* logged */
     else if (keyed)
         rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, &status);
     else

@@ -4,6 +4,7 @@
  */
 #include "frontend.h"
 #include "calls.h"
+#include "weight_cache_guest.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -206,30 +207,23 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
         }
         return;
     }
+    /* Through the data area, a chunk at a time: copied there and out on
+     * shared memory, sent and received in the stream from data itself on a
+     * stream transport (apir_remote_put_data_locked). */
     pthread_mutex_lock(&r->lock);
     size_t done = 0;
     while (done < size) {
         size_t chunk = size - done < r->data_size ? size - done : r->data_size;
-        uint64_t t0 = r->profile ? apir_now_ns() : 0;
-        if (set)
-            memcpy(r->data, (const uint8_t *)data + done, chunk);
-        if (r->profile && set)
-            r->copy_ns += apir_now_ns() - t0;
-        int rc = set ? apir_call_BUFFER_SET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk)
+        uint8_t *at = (uint8_t *)data + done;
+        int rc = -1;
+        if (set ? apir_remote_put_data_locked(r, 0, at, chunk) : apir_remote_get_data_locked(r, 0, at, chunk))
+            rc = set ? apir_call_BUFFER_SET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk)
                      : apir_call_BUFFER_GET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk);
         if (rc != APIR_HANDLER_OK) {
             APIR_ERROR("guest", "%s of tensor '%s' failed", set ? "set_tensor" : "get_tensor", tensor->name);
             if (!set)
-                memset((uint8_t *)data + done, 0, size - done);
+                memset(at, 0, size - done);
             break;
-        }
-        t0 = r->profile ? apir_now_ns() : 0;
-        if (!set)
-            memcpy((uint8_t *)data + done, r->data, chunk);
-        if (r->profile) {
-            if (!set)
-                r->copy_ns += apir_now_ns() - t0;
-            r->copy_bytes += chunk;
         }
         done += chunk;
     }
@@ -280,7 +274,15 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
 static void buffer_set_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor, const void *data, size_t offset,
                               size_t size)
 {
+    /* Weight cache (apir 0.4, guest/weight_cache.c): a weight the host holds
+     * is sent as its hash; after a miss, uploaded, then offered to keep. */
+    struct apir_weight_cache_pending wc;
+    if (apir_weight_cache_set(buffer, tensor, data, offset, size, &wc)) {
+        after_write(buffer, tensor, offset, size, true);
+        return;
+    }
     tensor_io(buffer, tensor, true, (void *)data, offset, size);
+    apir_weight_cache_uploaded(buffer, tensor, &wc);
     after_write(buffer, tensor, offset, size, true);
 }
 

@@ -275,13 +275,17 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
 {
     struct apir_string remote_desc = { "?" };
     uint32_t type = GGML_BACKEND_DEVICE_TYPE_GPU;
-    snprintf(d->name, sizeof(d->name), "APIR%u", d->index);
+    snprintf(d->name, sizeof(d->name), "APIR%u", d->global_index);
     apir_call_DEVICE_GET_DESCRIPTION(&d->remote, &remote_desc);
     apir_call_DEVICE_GET_TYPE(&d->remote, &type);
     /* A remote CPU is still offered as an accelerator: the point is to run
      * there, not on the guest's CPU backend. */
     d->type = type == GGML_BACKEND_DEVICE_TYPE_CPU ? GGML_BACKEND_DEVICE_TYPE_GPU : (enum ggml_backend_dev_type)type;
-    snprintf(d->description, sizeof(d->description), "%.120s via %.127s", remote_desc.s, d->remote.t->endpoint);
+    /* Which host, and which of its devices when the name does not say it
+     * (a second host's first device is APIR<n> here but device 0 there). */
+    int len = snprintf(d->description, sizeof(d->description), "%.100s via %.127s", remote_desc.s, d->remote.t->endpoint);
+    if (d->remote.device != d->global_index && len > 0 && (size_t)len < sizeof(d->description))
+        snprintf(d->description + len, sizeof(d->description) - (size_t)len, " (host device %u)", d->remote.device);
     /* Zero copy when the host can wrap our shared memory as a buffer and its
      * device computes in host memory anyway (a CPU, an integrated GPU), and
      * the transport's blobs are shared memory: tensor data then never

@@ -1,12 +1,16 @@
 /*
  * The APIR backend registry: the entry point ggml loads from
- * GGML_BACKEND_PATH.  At first use it connects to the host named by
- * APIR_HOST (default: the daemon's default socket) and exposes one device
- * per remote device.  If the host cannot be reached it logs one warning and
- * offers no device: the program goes on with its other backends.
+ * GGML_BACKEND_PATH.  At first use it connects to the hosts named by
+ * APIR_HOST (default: the daemon's default socket; a comma-separated list
+ * names several: guest/endpoint_list.h) and exposes one device per remote
+ * device, numbered APIR0.. across the hosts in list order (the first host's
+ * devices first).  A host that cannot be reached is named in a warning and
+ * left out; if none can be, the program gets no device and goes on with its
+ * other backends.
  */
 #include "frontend.h"
 #include "calls.h"
+#include "endpoint_list.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -23,6 +27,8 @@ struct apir_reg_ctx {
     pthread_once_t once;
     uint32_t n_devices;
     struct apir_device *devices[APIR_MAX_DEVICES];
+    struct apir_endpoint_list hosts;  /* APIR_HOST, split */
+    uint32_t n_hosts_reached;         /* hosts that gave at least one device */
 };
 
 static struct apir_reg_ctx reg_ctx = { .once = PTHREAD_ONCE_INIT };
@@ -88,44 +94,96 @@ static void log_to_ggml(enum apir_log_level level, const char *line)
     ggml_log_internal(levels[level], "%s", line);
 }
 
-static void connect_devices(void)
+static void warn_endpoint_problem(void *arg, const char *msg)
 {
-    struct apir_reg_ctx *c = &reg_ctx;
-    const char *endpoint = getenv("APIR_HOST");
-    char err[256];
+    (void)arg;
+    APIR_WARN("guest", "%s", msg);
+}
+
+/* A host left out of a list: named, and the others go on.  The only host:
+ * the warning a single endpoint has always had ("no APIR device: ..."). */
+static void host_left_out(const struct apir_reg_ctx *c, uint32_t host_no, const char *why)
+{
+    if (c->hosts.n == 1)
+        APIR_WARN("guest", "no APIR device: %s", why);
+    else
+        APIR_WARN("guest", "APIR_HOST: host %u of %u (%s) left out: %s", host_no + 1, c->hosts.n,
+                  c->hosts.endpoint[host_no][0] ? c->hosts.endpoint[host_no] : "the default socket", why);
+}
+
+/* The devices of one host, numbered after those already there. */
+static void connect_host(struct apir_reg_ctx *c, uint32_t host_no)
+{
+    const char *endpoint = c->hosts.endpoint[host_no];
+    char err[256], why[320];
+    if (c->n_devices == APIR_MAX_DEVICES) {
+        snprintf(why, sizeof(why), "%d APIR devices already (the most a program gets)", APIR_MAX_DEVICES);
+        host_left_out(c, host_no, why);
+        return;
+    }
     struct apir_device *first = calloc(1, sizeof(*first));
     if (!first)
         return;
     if (!apir_remote_open(&first->remote, endpoint, 0, err, sizeof(err))) {
-        APIR_WARN("guest", "no APIR device: %s", err);
+        host_left_out(c, host_no, err);
         free(first);
         return;
     }
     int32_t count = 0;
     if (apir_call_DEVICE_GET_DEVICE_COUNT(&first->remote, &count) != APIR_HANDLER_OK || count <= 0) {
-        APIR_WARN("guest", "no APIR device: the host at %s reports none", first->remote.t->endpoint);
+        snprintf(why, sizeof(why), "the host at %.127s reports none", first->remote.t->endpoint);
+        host_left_out(c, host_no, why);
         apir_remote_close(&first->remote);
         free(first);
         return;
     }
-    if (count > APIR_MAX_DEVICES)
-        count = APIR_MAX_DEVICES;
-    c->devices[0] = first;
-    c->n_devices = 1;
+    const uint32_t room = APIR_MAX_DEVICES - c->n_devices;
+    if ((uint32_t)count > room) {
+        APIR_WARN("guest", "the host at %s has %d devices: only %u more fit in a program (%d at most): the rest are left out",
+                  first->remote.t->endpoint, count, room, APIR_MAX_DEVICES);
+        count = (int32_t)room;
+    }
+    const uint32_t base = c->n_devices;
+    first->global_index = base;
+    first->host_no = host_no;
+    c->devices[c->n_devices++] = first;
     apir_device_setup(first, &apir_reg);
     for (int32_t i = 1; i < count; i++) {
         struct apir_device *d = calloc(1, sizeof(*d));
         if (!d || !apir_remote_open(&d->remote, endpoint, (uint32_t)i, err, sizeof(err))) {
-            APIR_WARN("guest", "remote device %d unavailable: %s", i, d ? err : "out of memory");
+            APIR_WARN("guest", "remote device %d of %s unavailable: %s", i, first->remote.t->endpoint,
+                      d ? err : "out of memory");
             free(d);
             break;
         }
-        d->index = (uint32_t)i;
-        apir_device_setup(d, &apir_reg);
+        d->global_index = c->n_devices;
+        d->host_no = host_no;
         c->devices[c->n_devices++] = d;
+        apir_device_setup(d, &apir_reg);
     }
-    APIR_INFO("guest", "%u APIR device(s) via %s", c->n_devices, first->remote.t->endpoint);
-    if (first->remote.profile)
+    c->n_hosts_reached++;
+    if (c->hosts.n > 1)
+        APIR_INFO("guest", "APIR%u..APIR%u: host %u of %u, %s", base, c->n_devices - 1, host_no + 1, c->hosts.n,
+                  first->remote.t->endpoint);
+}
+
+static void connect_devices(void)
+{
+    struct apir_reg_ctx *c = &reg_ctx;
+    apir_endpoint_list_parse(getenv("APIR_HOST"), &c->hosts, warn_endpoint_problem, NULL);
+    for (uint32_t h = 0; h < c->hosts.n; h++)
+        connect_host(c, h);
+    if (!c->n_devices) {
+        if (c->hosts.n > 1)
+            APIR_WARN("guest", "no APIR device: none of the %u hosts in APIR_HOST could be used", c->hosts.n);
+        return;
+    }
+    if (c->hosts.n == 1)
+        APIR_INFO("guest", "%u APIR device(s) via %s", c->n_devices, c->devices[0]->remote.t->endpoint);
+    else
+        APIR_INFO("guest", "%u APIR device(s) on %u of the %u hosts in APIR_HOST", c->n_devices, c->n_hosts_reached,
+                  c->hosts.n);
+    if (c->devices[0]->remote.profile)
         atexit(print_profiles);
 }
 

@@ -24,8 +24,13 @@ size_t apir_remote_data_default(void)
 
 struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd)
 {
-    if (r->minor < apir_command_minor(cmd))
+    if (r->minor < apir_command_minor(cmd)) {
+        /* Not sent: what was staged for it must not ride on the next one. */
+        r->get_dst = NULL;
+        if (r->t->ops->unstage)
+            r->t->ops->unstage(r->t);
         return NULL;
+    }
     r->enc = r->t->ops->begin(r->t);
     return r->enc;
 }
@@ -76,7 +81,10 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
     bool waits_for_device = (classes & APIR_WAITS_DEVICE) || r->host_computing;
     r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
+    r->t->post_next = (classes & APIR_POSTED) != 0;
     int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, reply);
+    void *get_dst = r->get_dst;
+    r->get_dst = NULL;
     if (sub != 0 && r->t->broken && !r->gone_logged) {
         /* Said once per connection; each caller reports its own failure. */
         r->gone_logged = true;
@@ -112,7 +120,50 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
         APIR_WARN("guest", "%s failed on the host (code %u): %s", name, result, handler_result_text(cmd, result));
         return (int)result;
     }
+    if (get_dst) {
+        uint64_t c0 = r->profile ? apir_now_ns() : 0;
+        memcpy(get_dst, r->data + r->get_offset, r->get_size);
+        if (r->profile) {
+            r->copy_ns += apir_now_ns() - c0;
+            r->copy_bytes += r->get_size;
+        }
+    }
     return APIR_HANDLER_OK;
+}
+
+bool apir_remote_put_data_locked(struct apir_remote *r, uint64_t offset, const void *src, size_t size)
+{
+    if (offset > r->data_size || size > r->data_size - offset) {
+        APIR_ERROR("guest", "%zu bytes at %llu do not fit the %zu-byte data area", size, (unsigned long long)offset,
+                   r->data_size);
+        return false;
+    }
+    if (r->t->ops->stage_in)
+        return r->t->ops->stage_in(r->t, r->data_res_id, offset, src, size) == 0;
+    if (r->data + offset != src) {
+        uint64_t c0 = r->profile ? apir_now_ns() : 0;
+        memcpy(r->data + offset, src, size);
+        if (r->profile) {
+            r->copy_ns += apir_now_ns() - c0;
+            r->copy_bytes += size;
+        }
+    }
+    return true;
+}
+
+bool apir_remote_get_data_locked(struct apir_remote *r, uint64_t offset, void *dst, size_t size)
+{
+    if (offset > r->data_size || size > r->data_size - offset) {
+        APIR_ERROR("guest", "%zu bytes at %llu do not fit the %zu-byte data area", size, (unsigned long long)offset,
+                   r->data_size);
+        return false;
+    }
+    if (r->t->ops->stage_out)
+        return r->t->ops->stage_out(r->t, r->data_res_id, offset, dst, size) == 0;
+    r->get_dst = dst;
+    r->get_offset = offset;
+    r->get_size = size;
+    return true;
 }
 
 int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool reply_ok)

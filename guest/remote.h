@@ -46,6 +46,11 @@ struct apir_remote {
     uint8_t *data;                /* data area blob */
     size_t data_size;
     uint32_t data_res_id;
+    /* A download into the program's memory waiting for the next command's
+     * reply (apir_remote_get_data_locked), where blobs are shared memory. */
+    void *get_dst;
+    uint64_t get_offset;
+    size_t get_size;
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
     bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
     /* APIR_PROFILE=1: where the guest's time goes, per command (wall time
@@ -96,6 +101,18 @@ int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool
  * computes after replying): before the guest touches shared memory the
  * graph may use (zero-copy buffers) without a command. */
 void apir_remote_wait_idle(struct apir_remote *r);
+
+/*
+ * The data area's bytes for the next command (lock held), whatever the
+ * transport: put makes [offset, offset + size) of it hold src's bytes as the
+ * host sees it (a copy into shared memory, or sent with the command by a
+ * stream transport straight from src); get fills dst with that range as the
+ * host left it after the command, if the command succeeded (copied out of
+ * shared memory, or read from the reply straight into dst).  src and dst
+ * stay the caller's until that command returns.  False: not staged (logged).
+ */
+bool apir_remote_put_data_locked(struct apir_remote *r, uint64_t offset, const void *src, size_t size);
+bool apir_remote_get_data_locked(struct apir_remote *r, uint64_t offset, void *dst, size_t size);
 
 /* Makes the data area at least size bytes (lock held). */
 bool apir_remote_data_reserve(struct apir_remote *r, size_t size);

@@ -179,23 +179,32 @@ static uint32_t node_use_count(const struct ggml_cgraph *graph, int i)
     return n > 0 ? (uint32_t)n : 0;
 }
 
+/* Is the buffer another device's: not ours, or an APIR buffer of another
+ * APIR device (another connection, perhaps another host: its handles mean
+ * nothing on this device's connection)? */
+static bool buffer_elsewhere(const struct apir_device *d, ggml_backend_buffer_t buf)
+{
+    return buf != NULL &&
+           (!apir_buffer_is_ours(buf) || ((const struct apir_buffer_ctx *)buf->context)->device != d);
+}
+
 /*
  * A node no backend computes (a view, reshape, permute, transpose or an
- * op-less tensor) whose memory is not in one of our buffers.  ggml's
- * scheduler cuts a graph into splits by the nodes that compute and leaves
- * such no-ops in whichever split their position falls: a recurrent or
- * encoder-decoder model's graph puts views of tensors in the CPU's buffers
- * among a device's nodes, though no node of that device reads them (a node
- * that did would read a copy the scheduler made).  They are left out of the
- * graph sent; a node that computes with one still pulls it in as a source,
- * and its record is refused as before.
+ * op-less tensor) whose memory is not in one of this device's buffers.
+ * ggml's scheduler cuts a graph into splits by the nodes that compute and
+ * leaves such no-ops in whichever split their position falls: a recurrent
+ * or encoder-decoder model's graph puts views of tensors in the CPU's
+ * buffers among a device's nodes, though no node of that device reads them
+ * (a node that did would read a copy the scheduler made); so may a model
+ * split across two APIR devices.  They are left out of the graph sent; a
+ * node that computes with one still pulls it in as a source, and its record
+ * is refused as before.
  */
-static bool node_is_foreign_noop(const struct ggml_tensor *t)
+static bool node_is_foreign_noop(const struct apir_device *d, const struct ggml_tensor *t)
 {
     if (!ggml_op_is_empty(t->op))
         return false;
-    ggml_backend_buffer_t buf = t->view_src ? t->view_src->buffer : t->buffer;
-    return buf != NULL && !apir_buffer_is_ours(buf);
+    return buffer_elsewhere(d, t->view_src ? t->view_src->buffer : t->buffer);
 }
 
 size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent)
@@ -211,7 +220,7 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
     uint32_t n = 0;
     for (int i = 0; i < n_nodes; i++) {
         const struct ggml_tensor *node = ggml_graph_node((struct ggml_cgraph *)graph, i);
-        if (!node_is_foreign_noop(node) && !visit_add(g, &n, node))
+        if (!node_is_foreign_noop(d, node) && !visit_add(g, &n, node))
             return 0;
     }
     /* The nodes sent are the first n_kept entries, in graph order. */
@@ -240,14 +249,20 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
         apir_encode_u64(&enc, tensor_id(g->list[k]));
     apir_encode_u32(&enc, n);
     for (uint32_t k = 0; k < n; k++) {
+        const struct ggml_tensor *t = g->list[k];
+        if (t->data && t->buffer && apir_buffer_is_ours(t->buffer) && buffer_elsewhere(d, t->buffer)) {
+            APIR_ERROR("guest", "%s: tensor '%s' is in a buffer of %s, another APIR device", d->name, t->name,
+                       ((const struct apir_buffer_ctx *)t->buffer->context)->device->name);
+            return 0;
+        }
         struct apir_tensor_rec *rec = apir_encode_reserve(&enc, APIR_TENSOR_REC_SIZE);
-        if (!rec || !apir_tensor_to_rec(g->list[k], rec, true))
+        if (!rec || !apir_tensor_to_rec(t, rec, true))
             return 0;
     }
     if (use_counts) {
         apir_encode_u32(&enc, APIR_GRAPH_USE_COUNTS_TAG);
         for (int i = 0; i < n_nodes; i++)
-            if (!node_is_foreign_noop(ggml_graph_node((struct ggml_cgraph *)graph, i)))
+            if (!node_is_foreign_noop(d, ggml_graph_node((struct ggml_cgraph *)graph, i)))
                 apir_encode_u32(&enc, node_use_count(graph, i));
     }
     return enc.fatal ? 0 : apir_encoder_used(&enc);

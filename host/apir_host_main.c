@@ -23,6 +23,10 @@
 #include "host_stats.h"
 #include "sandbox.h"
 #include "shm_server.h"
+#include "net.h"
+#include "stream_proto.h"
+#include "tls.h"
+#include "weight_cache.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -91,11 +95,19 @@ enum {
     OPT_CONTROL_GROUP,
     OPT_METRICS_FILE,
     OPT_METRICS_INTERVAL,
+    OPT_WEIGHT_CACHE,
+    OPT_TOKEN_FILE,
+    OPT_TLS_PSK_FILE,
+    OPT_WEIGHT_CACHE_MAX_GIB,
     /* internal: how the daemon starts a worker (workers.c) */
     OPT_SERVE_FD,
+    OPT_SERVE_STREAM_FD,
+    OPT_PEER_NAME,
+    OPT_STREAM_TLS,
     OPT_CLIENT_ID,
     OPT_WORKER_SLOT,
     OPT_STATS_FD,
+    OPT_WEIGHT_CACHE_FD,
 };
 
 /* Leading colon: a missing value is reported as such (case ':'). */
@@ -137,10 +149,18 @@ static const struct option long_opts[] = {
     { "control-group", required_argument, NULL, OPT_CONTROL_GROUP },
     { "metrics-file", required_argument, NULL, OPT_METRICS_FILE },
     { "metrics-interval", required_argument, NULL, OPT_METRICS_INTERVAL },
+    { "weight-cache", required_argument, NULL, OPT_WEIGHT_CACHE },
+    { "weight-cache-max-gib", required_argument, NULL, OPT_WEIGHT_CACHE_MAX_GIB },
     { "serve-fd", required_argument, NULL, OPT_SERVE_FD },
+    { "serve-stream-fd", required_argument, NULL, OPT_SERVE_STREAM_FD },
+    { "peer-name", required_argument, NULL, OPT_PEER_NAME },
+    { "token-file", required_argument, NULL, OPT_TOKEN_FILE },
+    { "tls-psk-file", required_argument, NULL, OPT_TLS_PSK_FILE },
+    { "stream-tls", no_argument, NULL, OPT_STREAM_TLS },
     { "client-id", required_argument, NULL, OPT_CLIENT_ID },
     { "worker-slot", required_argument, NULL, OPT_WORKER_SLOT },
     { "stats-fd", required_argument, NULL, OPT_STATS_FD },
+    { "weight-cache-fd", required_argument, NULL, OPT_WEIGHT_CACHE_FD },
     { NULL, 0, NULL, 0 },
 };
 
@@ -152,10 +172,20 @@ static void usage(FILE *out, const char *default_socket, const char *backend_dir
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
             "  -h, --help               this help, then exit\n"
             "      --version            apir's version, the APIR protocol version and the ggml it was built against\n"
-            "  -l, --listen unix:PATH   socket to serve (default %s)\n"
-            "  -H, --host unix:PATH     the same (rpc-server's -H); there is no TCP: guests share memory with\n"
-            "                           the host, so they run on this machine (unix:) or in a VM (libapir-virgl.so)\n"
-            "  -p, --port N             refused: no TCP transport (see -H)\n"
+            "  -l, --listen ENDPOINT    where guests connect; repeatable (one unix: socket, up to 4 streams):\n"
+            "                           unix:PATH  this machine, shared memory (default %s,\n"
+            "                                      served even when only streams are named)\n"
+            "                           tcp:HOST:PORT, tcp:[V6]:PORT  other machines: data in the stream; an\n"
+            "                                      address other machines reach needs a token\n"
+            "                           vsock:CID:PORT  VMs without virtio-gpu (Firecracker, Kata...)\n"
+            "  -H, --host ENDPOINT      the same (rpc-server's -H)\n"
+            "  -p, --port N             refused: say --listen tcp:HOST:PORT\n"
+            "                           tls:HOST:PORT  the same over TLS 1.3, guests authenticated by key\n"
+            "      --tls-psk-file FILE  tls: guests' keys, lines IDENTITY:HEXKEY (16-64 bytes; psktool's format);\n"
+            "                           a guest gives its own line (APIR_TLS_PSK_FILE); logs name the identity\n"
+            "      --token-file FILE    tcp: guests must present this token (first line, 1-64 bytes; the\n"
+            "                           guest's APIR_TOKEN_FILE or APIR_TOKEN); it travels in clear: trusted\n"
+            "                           networks only (tls: encrypts)\n"
             "      --socket-mode MODE   permissions of the socket file (octal; default 0660: owner and group\n"
             "                           may connect); not used when systemd passes the socket (SocketMode=)\n"
             "      --socket-group GROUP group of the socket file (name or gid; default: the daemon's group);\n"
@@ -201,6 +231,12 @@ static void usage(FILE *out, const char *default_socket, const char *backend_dir
             "      --metrics-file PATH  write Prometheus metrics there (node_exporter's textfile collector),\n"
             "                           atomically, every --metrics-interval seconds; removed at exit\n"
             "      --metrics-interval S seconds between two metrics files (default %d; 1 to 86400)\n"
+            "weight cache (off by default; docs/SECURITY.md: a hit tells a guest that some guest sent those bytes):\n"
+            "      --weight-cache DIR   keep guests' weights by SHA-256 in DIR (created 0700; or\n"
+            "                           $APIR_HOST_WEIGHT_CACHE): a guest reloading a model the host has seen\n"
+            "                           sends hashes, not bytes; the host stores only bytes it hashed itself\n"
+            "      --weight-cache-max-gib N  bound DIR to N GiB, evicting the least recently used entries\n"
+            "                           (default 64, or $APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound)\n"
             "exit status: 0 stopped by SIGTERM or SIGINT, or --help, --version, --list-devices done;\n"
             "             1 cannot serve (no backend or device, bad backend directory, socket in use...);\n"
             "             2 bad command line\n",
@@ -232,8 +268,9 @@ static bool num_arg(int id, const char *v, unsigned long long min, unsigned long
     return true;
 }
 
-static const char no_tcp[] = "apir has no TCP transport: a guest shares memory with its host, so it runs on this "
-                             "machine (--listen unix:PATH) or in a VM (virtgpu, served by libapir-virgl.so)";
+static const char no_tcp[] = "endpoints are unix:PATH (this machine), tcp:HOST:PORT or vsock:CID:PORT (other "
+                             "machines and VMs; --listen only) and, for VM guests, virtgpu (served by "
+                             "libapir-virgl.so)";
 
 /* --listen/-H: unix:PATH, or a path with a '/'.  Anything else - tcp:...,
  * host:port, a bare host name - is refused, never bound as a file name. */
@@ -273,6 +310,14 @@ struct args {
     bool list, isolate, version, help;
     const char *backend_dir;     /* --backend-dir, else NULL */
     int serve_fd, stats_fd;
+    int serve_stream_fd;         /* a worker serving a stream guest (--serve-stream-fd) */
+    const char *peer_name;       /* its address (--peer-name), for log lines */
+    char streams[APIR_MAX_NET_LISTENERS][128];  /* --listen tcp:/vsock: */
+    unsigned n_streams;
+    const char *token_file;
+    const char *tls_psk_file;    /* --tls-psk-file: IDENTITY:HEXKEY lines */
+    bool stream_tls;             /* a worker: handshake first (--stream-tls) */
+    int weight_cache_fd;         /* a worker's line to the daemon's weight cache (weight_cache.h), or -1 */
     unsigned long long worker_slot, client_id;
     /* the control socket (control.h): NULL path and !control_none: beside
      * the guest socket */
@@ -299,12 +344,43 @@ static int parse_args(struct args *a, int argc, char **argv)
             break;
         case 'l':
         case 'H':
-            if (!parse_listen("--listen", optarg, a->path, sizeof(a->path)))
+            if (apir_net_is_stream(optarg)) {
+                struct apir_net_addr na;
+                char nerr[160];
+                if (!apir_net_parse(optarg, &na, nerr, sizeof(nerr))) {
+                    fprintf(stderr, "apir-host: --listen: %s\n", nerr);
+                    return EXIT_USAGE;
+                }
+                if (a->n_streams == APIR_MAX_NET_LISTENERS || strlen(optarg) >= sizeof(a->streams[0])) {
+                    fprintf(stderr, "apir-host: --listen %s: at most %u stream endpoints of up to %zu bytes\n", optarg,
+                            APIR_MAX_NET_LISTENERS, sizeof(a->streams[0]) - 1);
+                    return EXIT_USAGE;
+                }
+                snprintf(a->streams[a->n_streams++], sizeof(a->streams[0]), "%s", optarg);
+            } else if (!parse_listen("--listen", optarg, a->path, sizeof(a->path))) {
                 return EXIT_USAGE;
+            }
             break;
         case 'p':
-            fprintf(stderr, "apir-host: --port %s: %s\n", optarg, no_tcp);
+            fprintf(stderr, "apir-host: --port %s: say --listen tcp:HOST:PORT (an address other machines reach "
+                    "needs --token-file)\n", optarg);
             return EXIT_USAGE;
+        case OPT_TOKEN_FILE:
+            a->token_file = optarg;
+            break;
+        case OPT_TLS_PSK_FILE:
+            a->tls_psk_file = optarg;
+            break;
+        case OPT_STREAM_TLS:
+            a->stream_tls = true;
+            break;
+        case OPT_SERVE_STREAM_FD:
+            NUM(0, INT_MAX);
+            a->serve_stream_fd = (int)n;
+            break;
+        case OPT_PEER_NAME:
+            a->peer_name = optarg;
+            break;
         case 'b':
             a->cfg.backend_name = optarg;
             break;
@@ -458,6 +534,17 @@ static int parse_args(struct args *a, int argc, char **argv)
             NUM(0, INT_MAX);
             a->stats_fd = (int)n;
             break;
+        case OPT_WEIGHT_CACHE:
+            a->cfg.weight_cache_dir = *optarg ? optarg : NULL;
+            break;
+        case OPT_WEIGHT_CACHE_MAX_GIB:
+            NUM(0, 1ull << 30);
+            a->cfg.weight_cache_max_bytes = n << 30;
+            break;
+        case OPT_WEIGHT_CACHE_FD:
+            NUM(0, INT_MAX);
+            a->weight_cache_fd = (int)n;
+            break;
         case ':':
             fprintf(stderr, "apir-host: %s needs a value (try --help)\n", argv[optind - 1]);
             return EXIT_USAGE;
@@ -539,6 +626,67 @@ static bool setup_control(const struct args *a, struct apir_shm_server *srv)
     return false;
 }
 
+/* The token file's first line (1-64 bytes).  A file others may read is
+ * said in the log: the token is the only key to the stream listeners. */
+static bool read_token_file(const char *path, char *token, size_t len)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        fprintf(stderr, "apir-host: --token-file %s: %s\n", path, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0077))
+        APIR_WARN("host", "--token-file %s is readable by others (mode %04o): chmod 600 it", path,
+                  (unsigned)(st.st_mode & 07777));
+    char line[APIR_STREAM_TOKEN_MAX + 2] = "";
+    bool ok = fgets(line, sizeof(line), f) != NULL;
+    fclose(f);
+    line[strcspn(line, "\r\n")] = '\0';
+    if (!ok || !*line || strlen(line) > APIR_STREAM_TOKEN_MAX) {
+        fprintf(stderr, "apir-host: --token-file %s: the first line must hold the token, 1 to %u bytes\n", path,
+                APIR_STREAM_TOKEN_MAX);
+        explicit_bzero(line, sizeof(line));
+        return false;
+    }
+    snprintf(token, len, "%s", line);
+    explicit_bzero(line, sizeof(line));
+    return true;
+}
+
+/* --token-file and the stream listeners (--listen tcp:/vsock:). */
+static bool setup_streams(const struct args *a, struct apir_shm_server *srv)
+{
+    char err[256], token[APIR_STREAM_TOKEN_MAX + 1];
+    const char *file = a->token_file ? a->token_file : getenv("APIR_HOST_TOKEN_FILE");
+    if (file && *file) {
+        bool ok = read_token_file(file, token, sizeof(token)) && apir_shm_server_set_token(srv, token, err, sizeof(err));
+        explicit_bzero(token, sizeof(token));
+        if (!ok)
+            return false;
+    }
+    const char *psk = a->tls_psk_file ? a->tls_psk_file : getenv("APIR_HOST_TLS_PSK_FILE");
+    if (psk && *psk) {
+        struct apir_tls_keys *keys = apir_tls_keys_load(psk, false, err, sizeof(err));
+        if (!keys) {
+            fprintf(stderr, "apir-host: %s\n", err);
+            return false;
+        }
+        struct stat st;
+        if (stat(psk, &st) == 0 && (st.st_mode & 0077))
+            APIR_WARN("host", "--tls-psk-file %s is readable by others (mode %04o): chmod 600 it", psk,
+                      (unsigned)(st.st_mode & 07777));
+        APIR_INFO("host", "%zu TLS key(s) from %s", apir_tls_keys_count(keys), psk);
+        apir_shm_server_set_tls_keys(srv, keys);
+    }
+    for (unsigned i = 0; i < a->n_streams; i++)
+        if (!apir_shm_server_listen_stream(srv, a->streams[i], err, sizeof(err))) {
+            fprintf(stderr, "apir-host: %s\n", err);
+            return false;
+        }
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     static struct args a;
@@ -546,7 +694,9 @@ int main(int argc, char **argv)
     apir_sandbox_config_default(&a.sandbox);
     a.isolate = true;
     a.serve_fd = -1;
+    a.serve_stream_fd = -1;
     a.stats_fd = -1;
+    a.weight_cache_fd = -1;
     a.metrics_interval_s = APIR_METRICS_INTERVAL_DEFAULT_S;
     apir_shm_listen_options_default(&a.listen);  /* the environment's; options override */
     apir_shm_default_path(a.path, sizeof(a.path));
@@ -591,7 +741,7 @@ int main(int argc, char **argv)
     }
     struct apir_host host;
     signal(SIGPIPE, SIG_IGN);
-    if (a.serve_fd >= 0) {
+    if (a.serve_fd >= 0 || a.serve_stream_fd >= 0) {
         /* A worker process: one guest, then exit. */
         struct sigaction stop = { .sa_handler = on_worker_stop };
         sigemptyset(&stop.sa_mask);
@@ -604,6 +754,17 @@ int main(int argc, char **argv)
         /* The stats page the daemon made for this worker: mapped now,
          * before the sandbox; its descriptor is not kept. */
         struct apir_stats_page *stats = map_stats_page(a.stats_fd);
+        /* A tls: guest's keys, read while the file can still be opened. */
+        struct apir_tls_keys *tls_keys = NULL;
+        if (a.serve_stream_fd >= 0 && a.stream_tls &&
+            !(tls_keys = apir_tls_keys_load(a.tls_psk_file ? a.tls_psk_file : getenv("APIR_HOST_TLS_PSK_FILE"), false,
+                                            err, sizeof(err)))) {
+            fprintf(stderr, "apir-host worker: %s\n", err);
+            return EXIT_FAIL;
+        }
+        /* The weight cache is the daemon's: this worker asks it over its
+         * socket (weight_cache.h), never opens the directory. */
+        host.weight_cache = apir_wcache_link_remote(a.weight_cache_fd);
 #ifdef APIR_TEST_HOOKS
         apir_test_attack_prepare();
 #endif
@@ -615,7 +776,11 @@ int main(int argc, char **argv)
 #ifdef APIR_TEST_HOOKS
         apir_test_attack_run();
 #endif
-        int wrc = apir_shm_serve_fd(&host, a.serve_fd, a.client_id, stats) == 0 ? 0 : 1;
+        int wrc = (a.serve_fd >= 0 ? apir_shm_serve_fd(&host, a.serve_fd, a.client_id, stats)
+                                   : apir_stream_serve_fd(&host, a.serve_stream_fd, a.client_id, stats, a.peer_name,
+                                                          tls_keys)) == 0
+                      ? 0
+                      : 1;
         /* Ends without exit-time handlers: what they may do is no longer
          * allowed here (LeakSanitizer's exit check clones a tracer and
          * ptraces; a backend's destructors may open files).  The guest's
@@ -636,6 +801,19 @@ int main(int argc, char **argv)
     if (!a.isolate)
         APIR_WARN("host", "--isolation thread: every guest is served in this one unsandboxed process; "
                   "use it for trusted guests only");
+    /* The weight cache: sessions use it directly in thread mode; with
+     * workers, this process serves it to them from a thread of its own. */
+    if (cfg.weight_cache_dir) {
+        struct apir_wcache *wc = apir_wcache_open(cfg.weight_cache_dir, cfg.weight_cache_max_bytes, err, sizeof(err));
+        if (!wc || (a.isolate && !apir_wcache_service_start(wc, err, sizeof(err)))) {
+            fprintf(stderr, "apir-host: %s\n", err);
+            return EXIT_FAIL;
+        }
+        if (!a.isolate)
+            host.weight_cache = apir_wcache_link_local(wc);
+        APIR_INFO("host", "weight cache in %s: a guest can tell whether another guest sent the same weights "
+                  "(docs/SECURITY.md)", cfg.weight_cache_dir);
+    }
     else if (!a.sandbox.enabled)
         APIR_WARN("host", "--no-sandbox: workers run with the daemon's privileges and every syscall (debugging only)");
     g_server = apir_shm_server_listen(&host, a.path, &a.listen, err, sizeof(err));
@@ -645,6 +823,10 @@ int main(int argc, char **argv)
     }
     if (a.isolate && !apir_shm_server_isolate(g_server, argv)) {
         fprintf(stderr, "apir-host: cannot set up worker processes\n");
+        return EXIT_FAIL;
+    }
+    if (!setup_streams(&a, g_server)) {
+        apir_shm_server_free(g_server);
         return EXIT_FAIL;
     }
     if (!setup_control(&a, g_server)) {

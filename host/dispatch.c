@@ -18,6 +18,7 @@
 #include "handlers.h"
 #include "import.h"
 #include "upload_mirror.h"
+#include "weight_cache.h"
 #include "weight_copies.h"
 #include "session.h"
 #include "wait.h"
@@ -398,6 +399,34 @@ APIR_HANDLER(HOST_GET_VERSION)
     (void)req;
     rep->major = APIR_VERSION_MAJOR;
     rep->minor = APIR_VERSION_MINOR;
+    return APIR_HANDLER_OK;
+}
+
+/* The weight cache (weight_cache.h).  A host without one says so whatever
+ * hash and range are named: the guest stops asking. */
+APIR_HANDLER(BUFFER_SET_TENSOR_HASH)
+{
+    if (!s->host->weight_cache) {
+        rep->answer = APIR_WCACHE_NONE;
+        return APIR_HANDLER_OK;
+    }
+    if (!in_buffer(req->tensor, req->buffer))
+        return apir_refuse(s, APIR_CMD_BUFFER_SET_TENSOR_HASH, "the tensor is not in the named buffer");
+    if (!in_tensor(req->tensor, req->offset, req->size))
+        return apir_refuse(s, APIR_CMD_BUFFER_SET_TENSOR_HASH, "offset/size outside the tensor");
+    rep->answer = apir_wcache_fill(s, req->buffer, req->tensor, req->offset, req->size, &req->hash);
+    return APIR_HANDLER_OK;
+}
+
+APIR_HANDLER(BUFFER_CACHE_TENSOR)
+{
+    if (!s->host->weight_cache) {
+        rep->answer = APIR_WCACHE_NONE;
+        return APIR_HANDLER_OK;
+    }
+    if (!in_buffer(req->tensor, req->buffer))
+        return apir_refuse(s, APIR_CMD_BUFFER_CACHE_TENSOR, "the tensor is not in the named buffer");
+    rep->answer = apir_wcache_keep(s, req->tensor, &req->hash);
     return APIR_HANDLER_OK;
 }
 

@@ -196,6 +196,17 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->async_uploads = switch_on("APIR_HOST_ASYNC_UPLOADS");
     cfg->weight_copies = switch_on("APIR_HOST_WEIGHT_COPIES");
     cfg->defer_graphs = switch_on("APIR_HOST_DEFER");
+    /* The weight cache (weight_cache.h): opt-in, a directory. */
+    const char *wc = getenv("APIR_HOST_WEIGHT_CACHE");
+    cfg->weight_cache_dir = wc && *wc ? wc : NULL;
+    cfg->weight_cache_max_bytes = (uint64_t)APIR_WEIGHT_CACHE_MAX_GIB_DEFAULT << 30;
+    const char *wc_max = getenv("APIR_HOST_WEIGHT_CACHE_MAX_GIB");
+    if (wc_max && *wc_max) {
+        char *end;
+        unsigned long long gib = strtoull(wc_max, &end, 10);
+        if (*end == '\0' && gib < (1ull << 30))
+            cfg->weight_cache_max_bytes = gib << 30;
+    }
 }
 /* ---- defaults that fit the machine ---------------------------------------- */
 

@@ -33,6 +33,9 @@ struct apir_limits {
 
 void apir_limits_default(struct apir_limits *l);
 
+/* The weight cache's bound when none is given (--weight-cache-max-gib). */
+#define APIR_WEIGHT_CACHE_MAX_GIB_DEFAULT 64
+
 struct apir_host_config {
     const char *backend_name;    /* registry name; NULL: first GPU, else CPU */
     int device;                  /* -1: every device of the backend */
@@ -45,6 +48,9 @@ struct apir_host_config {
     bool async_uploads;          /* ASYNC_UPLOADS: small uploads queued on the stream (upload_mirror.c) */
     bool weight_copies;          /* WEIGHT_COPIES: weights laid out for the device (weight_copies.c) */
     bool defer_graphs;           /* DEFER: keyed graphs computed after their reply (graph_exec.h) */
+    /* The weight cache (weight_cache.h; --weight-cache, APIR_HOST_WEIGHT_CACHE): NULL: none */
+    const char *weight_cache_dir;
+    uint64_t weight_cache_max_bytes;   /* --weight-cache-max-gib, APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound */
     struct apir_limits limits;
 };
 
@@ -61,6 +67,9 @@ struct apir_host {
     uint32_t n_devices;
     ggml_backend_dev_t devices[APIR_HOST_MAX_DEVICES];
     bool pin_shared;   /* a device has its own memory: page-lock shared memory (pin.c) */
+    /* How sessions reach the weight cache (weight_cache.h), set by whoever
+     * opened or was given it (apir_host_main.c); NULL: no cache. */
+    struct apir_wcache_link *weight_cache;
 };
 
 /* Loads ggml's backends and picks the devices; false with a message in err. */

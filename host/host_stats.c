@@ -351,8 +351,10 @@ static void render_text(struct strbuf *b, const struct apir_host_view *v)
     fmt_start(v, start, sizeof(start));
     put(b, "apir-host %s (APIR %s), pid %d, up %s (since %s)\n", APIR_VERSION_STRING, APIR_PROTOCOL_STRING,
         (int)v->pid, up, start);
-    put(b, "serving %s on unix:%s, %s\n", ggml_backend_reg_name(h->reg), v->socket_path,
-        v->isolated ? "one worker process per guest" : "one thread per guest (no isolation)");
+    put(b, "serving %s on unix:%s", ggml_backend_reg_name(h->reg), v->socket_path);
+    for (uint32_t i = 0; i < v->n_streams; i++)
+        put(b, ", %s", v->streams[i]);
+    put(b, ", %s\n", v->isolated ? "one worker process per guest" : "one thread per guest (no isolation)");
     for (uint32_t d = 0; d < h->n_devices; d++) {
         fmt_bytes(by, sizeof(by), t.dev_bytes[d]);
         put(b, "device %u: %s - %s [%s]: %llu guest%s, %llu buffer%s (%s), %llu graph%s computed\n", d,
@@ -385,9 +387,12 @@ static void render_text(struct strbuf *b, const struct apir_host_view *v)
         char idle[32];
         fmt_duration(up, sizeof(up), since_s(v, g->connected_ns));
         fmt_duration(idle, sizeof(idle), since_s(v, c->last_command_ns ? c->last_command_ns : g->connected_ns));
-        put(b, "\nguest#%llu: pid %d, uid %u, gid %u", (unsigned long long)g->id, (int)g->pid, (unsigned)g->uid,
-            (unsigned)g->gid);
-        if (g->comm[0])
+        if (g->gid == (gid_t)-1)  /* a stream peer: no credentials, its address in comm */
+            put(b, "\nguest#%llu: over the network from %s", (unsigned long long)g->id, g->comm[0] ? g->comm : "?");
+        else
+            put(b, "\nguest#%llu: pid %d, uid %u, gid %u", (unsigned long long)g->id, (int)g->pid, (unsigned)g->uid,
+                (unsigned)g->gid);
+        if (g->comm[0] && g->gid != (gid_t)-1)
             put(b, ", \"%s\"", g->comm);
         if (c->state == APIR_GUEST_SERVING && (int32_t)(uint32_t)c->says_pid != g->pid)
             put(b, " (says pid %d)", (int)(int32_t)(uint32_t)c->says_pid);
@@ -433,8 +438,13 @@ static void render_ps(struct strbuf *b, const struct apir_host_view *v)
             snprintf(dev, sizeof(dev), "%llu", (unsigned long long)(c->device % 1000));
         else
             snprintf(dev, sizeof(dev), "-");
-        put(b, "%-7llu %8d %8u %8u %-16s %-9s %-8s %3s %7llu %10s %5llu %10s %8llu %9llu %7llu\n",
-            (unsigned long long)g->id, (int)g->pid, (unsigned)g->uid, (unsigned)g->gid, g->comm[0] ? g->comm : "-",
+        char uid[12] = "-", gid[12] = "-";  /* a stream peer has no credentials */
+        if (g->gid != (gid_t)-1) {
+            snprintf(uid, sizeof(uid), "%u", (unsigned)g->uid);
+            snprintf(gid, sizeof(gid), "%u", (unsigned)g->gid);
+        }
+        put(b, "%-7llu %8d %8s %8s %-16s %-9s %-8s %3s %7llu %10s %5llu %10s %8llu %9llu %7llu\n",
+            (unsigned long long)g->id, (int)g->pid, uid, gid, g->comm[0] ? g->comm : "-",
             g->readable ? state_name(c->state) : "unreadable", up, dev, (unsigned long long)c->buffers, by,
             (unsigned long long)c->blobs, bb, (unsigned long long)c->graphs, (unsigned long long)c->commands,
             (unsigned long long)c->refused);
@@ -469,7 +479,12 @@ static void render_json(struct strbuf *b, const struct apir_host_view *v)
     put(b, "{\n  \"format\": %d,\n  \"apir\": \"%s\",\n  \"protocol\": \"%s\",\n  \"pid\": %d,\n  \"socket\": ",
         APIR_STATS_JSON_FORMAT, APIR_VERSION_STRING, APIR_PROTOCOL_STRING, (int)v->pid);
     put_json_str(b, v->socket_path);
-    put(b, ",\n  \"backend\": ");
+    put(b, ",\n  \"streams\": [");
+    for (uint32_t i = 0; i < v->n_streams; i++) {
+        put(b, i ? ", " : "");
+        put_json_str(b, v->streams[i]);
+    }
+    put(b, "],\n  \"backend\": ");
     put_json_str(b, ggml_backend_reg_name(h->reg));
     put(b, ",\n  \"isolation\": \"%s\",\n  \"started_at\": \"%s\",\n  \"uptime_s\": %.3f,\n", v->isolated ? "process" : "thread",
         start, since_s(v, v->start_ns));

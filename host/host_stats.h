@@ -128,6 +128,8 @@ struct apir_guest_row {
 struct apir_host_view {
     const struct apir_host *host;  /* backend, devices, limits */
     const char *socket_path;
+    const char *const *streams;    /* stream endpoints served beside it (tcp:, tls:, vsock:) */
+    uint32_t n_streams;
     bool isolated;                 /* process isolation */
     int32_t pid;                   /* the daemon's */
     uint64_t now_ns, start_ns;     /* monotonic */

@@ -140,8 +140,10 @@ static struct ggml_tensor *make_tensor(struct apir_import_scratch *sc, const str
     if (hb) {
         t->buffer = hb->buffer;
         /* An empty tensor's address is clamped to the buffer: nothing is
-         * read or written there, and no pointer leaves the buffer. */
-        t->data = hb->base + (rec->data < hb->size ? rec->data : hb->size);
+         * read or written there, and no pointer leaves the buffer.  A
+         * zero-byte buffer has no base (ggml gives NULL): its tensors, all
+         * empty, keep a NULL address (no arithmetic on NULL). */
+        t->data = hb->base ? hb->base + (rec->data < hb->size ? rec->data : hb->size) : NULL;
     }
     return t;
 }

@@ -13,6 +13,7 @@
  *                                        import refused it (a handler answers
  *                                        "no" rather than fail)
  *   inline   struct ggml_tensor *        an APIR 0.1 inline tensor, likewise
+ *   digest   struct apir_digest           a copy of the 32 bytes
  *   others                               their values (res stays a res_id:
  *                                        a blob range needs several items)
  *
@@ -49,6 +50,7 @@ struct apir_buft_ref {
 #define APIR_HOST_tensor  struct ggml_tensor *
 #define APIR_HOST_tensors struct ggml_tensor *
 #define APIR_HOST_inline  struct ggml_tensor *
+#define APIR_HOST_digest  struct apir_digest
 
 /* Tensor items of a request are imported together (apir_import_begin). */
 #define APIR_HOST_IS_TENSOR_u32     0
@@ -63,6 +65,7 @@ struct apir_buft_ref {
 #define APIR_HOST_IS_TENSOR_tensor  1
 #define APIR_HOST_IS_TENSOR_tensors 0
 #define APIR_HOST_IS_TENSOR_inline  0
+#define APIR_HOST_IS_TENSOR_digest  0
 
 /* Wire types: what phase one decodes each kind into - the codec's
  * APIR_OUT_<kind>, but an inline tensor, which is imported where it stands. */
@@ -79,6 +82,7 @@ typedef struct ggml_tensor *apir_tensor_ptr;
 #define APIR_WIRE_tensor  APIR_OUT_tensor
 #define APIR_WIRE_tensors APIR_OUT_tensors
 #define APIR_WIRE_inline  apir_tensor_ptr   /* already imported */
+#define APIR_WIRE_digest  APIR_OUT_digest
 
 /* One request being decoded: the first refusal wins, the rest is skipped. */
 struct apir_request_decoder {
@@ -111,6 +115,7 @@ APIR_REQ_KIND_FNS(buft)
 APIR_REQ_KIND_FNS(tensor)
 APIR_REQ_KIND_FNS(tensors)
 APIR_REQ_KIND_FNS(inline)
+APIR_REQ_KIND_FNS(digest)
 #undef APIR_REQ_KIND_FNS
 
 #define APIR_HOST_ITEM_FIELD(kind, field) APIR_HOST_##kind field;

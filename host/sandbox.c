@@ -78,6 +78,9 @@ static const char *const base_syscalls[] = {
     "getrandom", "pipe2", "getuid", "geteuid", "getgid", "getegid",
     /* the CPU backend's free-memory query (sysinfo) */
     "sysinfo",
+    /* the weight cache (weight_cache.h): a tensor to store goes to the
+     * daemon in a memfd of the worker's own */
+    "memfd_create",
 };
 
 /* A GPU backend's driver at run time.  Measured on an H200 (CUDA 13, driver

@@ -5,6 +5,7 @@
 #include "op_policy.h"
 #include "pin.h"
 #include "upload_mirror.h"
+#include "weight_cache.h"
 #include "weight_copies.h"
 
 #include "apir_log.h"
@@ -79,6 +80,7 @@ void apir_session_free(struct apir_session *s)
         return;
     /* Nothing runs on a device while memory it may use goes. */
     apir_session_settle(s);
+    apir_wcache_log_session(s);
     /* Buffers before blobs (some wrap one: its pin goes with the buffer)
      * and before the modules (a buffer takes its mirror and weight copies
      * with it); the streams once nothing is queued on them; the modules

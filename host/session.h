@@ -90,6 +90,9 @@ struct apir_session_stats {
     uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
     uint64_t n_segments;                   /* graph pieces computed (more than graphs: index splits) */
     uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile (op_policy.c) */
+    /* the weight cache (weight_cache.c): weights filled from it, asked for
+     * and not there, kept after an upload */
+    uint64_t wcache_hits, wcache_hit_bytes, wcache_misses, wcache_kept;
 };
 
 /* The modules' own state: each is created and freed by its module
@@ -132,6 +135,11 @@ struct apir_session {
     struct apir_graphs *graphs;
 
     struct apir_session_stats stats;
+
+    /* The entry last read back wrong (weight_cache.c): a store of that hash
+     * replaces it. */
+    struct apir_digest wcache_bad;
+    bool wcache_bad_set;
 
     /* Why the last APIR_HANDLER_LIMIT refused this guest: which quota, its
      * value, this guest's own use (never another's).  Sent in the reply of

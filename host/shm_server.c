@@ -1,7 +1,9 @@
 /*
  * apir-host's server for the same-host transport: accepts guests on a Unix
  * socket and serves each on a thread here, or in a worker process
- * (workers.c).  transport/shm_proto.h has the wire rules.
+ * (workers.c).  transport/shm_proto.h has the wire rules.  The stream
+ * endpoints (tcp:, tls:, vsock:; stream_server.c) share this loop, its
+ * admission, limits, workers and stats: only their framing is their own.
  *
  * Threads: the main thread polls the listening socket and every guest socket
  * for hang-up only (it never reads a guest socket after the hello); each
@@ -43,7 +45,9 @@
 #include "fdpass.h"
 #include "service.h"
 #include "session.h"
+#include "net.h"
 #include "shm_proto.h"
+#include "tls.h"
 #include "wait.h"
 
 #include <ctype.h>
@@ -77,7 +81,7 @@ static void unmap_release(void *ptr, size_t size, void *user)
     munmap(ptr, size);
 }
 
-static void client_put(struct shm_client *c)
+void apir_client_put(struct shm_client *c)
 {
     if (atomic_fetch_sub(&c->refs, 1) != 1)
         return;
@@ -93,6 +97,7 @@ static void client_put(struct shm_client *c)
         free(c->stats);
     if (c->ctrl)
         munmap(c->ctrl, sizeof(*c->ctrl));
+    apir_tls_free(c->tls);
     close(c->fd);
     atomic_fetch_sub(&c->srv->n_clients, 1);
     free(c);
@@ -238,6 +243,23 @@ static uint32_t blob_destroy(struct shm_client *c, struct apir_decoder *req)
     return apir_session_blob_remove(c->session, res_id) ? 0 : 1;
 }
 
+uint32_t apir_client_run_command(struct shm_client *c, const struct apir_cmd_header *hdr, struct apir_decoder *req,
+                                 struct apir_encoder *reply, bool *handled)
+{
+    *handled = true;
+    switch (hdr->cmd_type) {
+    case APIR_CMD_TYPE_HANDSHAKE:
+        return apir_session_handshake(c->session, req, reply);
+    case APIR_CMD_TYPE_LOADLIBRARY:
+        return APIR_LOAD_SUCCESS;  /* the daemon loaded its backend at start */
+    case APIR_CMD_TYPE_FORWARD:
+        return APIR_FORWARD_BASE + apir_session_forward(c->session, (uint32_t)hdr->cmd_flags, req, reply);
+    default:
+        *handled = false;
+        return 0;
+    }
+}
+
 /* Runs one command from the command area; false: hang up on this guest. */
 static bool serve_one(struct shm_client *c)
 {
@@ -265,17 +287,9 @@ static bool serve_one(struct shm_client *c)
     struct apir_encoder reply;
     apir_encoder_init(&reply, rb->ptr + 4, rb->size - 4);
 
-    uint32_t ret;
-    switch (hdr.cmd_type) {
-    case APIR_CMD_TYPE_HANDSHAKE:
-        ret = apir_session_handshake(c->session, &req, &reply);
-        break;
-    case APIR_CMD_TYPE_LOADLIBRARY:
-        ret = APIR_LOAD_SUCCESS;  /* the daemon loaded its backend at start */
-        break;
-    case APIR_CMD_TYPE_FORWARD:
-        ret = APIR_FORWARD_BASE + apir_session_forward(c->session, (uint32_t)hdr.cmd_flags, &req, &reply);
-        break;
+    bool handled;
+    uint32_t ret = apir_client_run_command(c, &hdr, &req, &reply, &handled);
+    if (!handled) switch (hdr.cmd_type) {
     case APIR_CMD_TYPE_SHM_BLOB_CREATE:
         ret = blob_create(c, &req);
         break;
@@ -336,7 +350,7 @@ static void *client_worker(void *arg)
     }
     /* Make the main loop notice (it polls for hang-up), then let go. */
     shutdown(c->fd, SHUT_RDWR);
-    client_put(c);
+    apir_client_put(c);
     return NULL;
 }
 
@@ -431,6 +445,70 @@ static void set_abort_callbacks(struct shm_client *c)
     }
 }
 
+uint64_t apir_server_next_id(struct apir_shm_server *srv)
+{
+    return srv->listen_fd < 0 && !srv->n_net ? srv->next_id : ++srv->next_id;
+}
+
+struct shm_client *apir_client_new(struct apir_shm_server *srv, const char *name, const struct ucred *peer,
+                                   int32_t reported_pid, const char **why)
+{
+    struct shm_client *c = calloc(1, sizeof(*c));
+    if (c)
+        c->session = apir_session_new(srv->host, name);
+    if (!c || !c->session) {
+        free(c);
+        *why = "out of memory";
+        return NULL;
+    }
+    /* the transport computes accepted keyed graphs after the reply */
+    c->session->defer_graphs = srv->host->cfg.defer_graphs;
+    /* Counters for apir stat: the worker's shared page, else our own. */
+    c->stats = srv->worker_stats;
+    if (!c->stats) {
+        c->stats = calloc(1, sizeof(*c->stats));
+        c->stats_owned = c->stats != NULL;
+        if (!c->stats) {
+            apir_session_free(c->session);
+            free(c);
+            *why = "out of memory";
+            return NULL;
+        }
+        apir_stats_page_init(c->stats);
+    }
+    c->srv = srv;
+    c->fd = -1;
+    c->peer = *peer;
+    c->reported_pid = reported_pid;
+    c->connected_ns = apir_now_ns();
+    return c;
+}
+
+bool apir_client_serve(struct shm_client *c, int fd, void *(*fn)(void *))
+{
+    struct apir_shm_server *srv = c->srv;
+    c->fd = fd;
+    apir_stats_publish(c->stats, c->session, APIR_GUEST_SERVING, 0, c->reported_pid);
+    set_abort_callbacks(c);
+    atomic_init(&c->refs, 2);  /* the main loop's and the serving thread's */
+    atomic_fetch_add(&srv->n_clients, 1);
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, fn, c) != 0) {
+        pthread_attr_destroy(&attr);
+        atomic_store(&c->refs, 1);
+        apir_client_put(c);
+        return false;
+    }
+    pthread_attr_destroy(&attr);
+    c->next = srv->clients;
+    srv->clients = c;
+    apir_server_status_changed(srv);
+    return true;
+}
+
 /* Reads the hello (waiting at most timeout_ms) and starts serving the guest,
  * or refuses it; fd is the client's or closed either way. */
 static void accept_client(struct apir_shm_server *srv, int fd, const struct ucred *peer, int timeout_ms)
@@ -457,39 +535,21 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
         close(fds[i]);
     unsigned long long id = 0;
     if (!why) {
-        c = calloc(1, sizeof(*c));
         /* Named by the pid the kernel gives (SO_PEERCRED, in this host's
          * pid namespace): the hello's is the guest's own word, and in a
          * container usually 1. */
         char name[48];
-        id = srv->listen_fd < 0 ? srv->next_id : ++srv->next_id;
+        id = apir_server_next_id(srv);
         if (peer->pid > 0)
             snprintf(name, sizeof(name), "guest#%llu(pid %d)", id, (int)peer->pid);
         else
             snprintf(name, sizeof(name), "guest#%llu(says pid %d)", id, (int)hello.pid);
-        if (c)
-            c->session = apir_session_new(srv->host, name);
-        if (c && c->session) {
-            /* serve_one computes accepted keyed graphs after the reply */
-            c->session->defer_graphs = srv->host->cfg.defer_graphs;
-        }
-        if (!c || !c->session ||
-            !apir_session_blob_add(c->session, APIR_SHM_REPLY_RES_ID, reply, (size_t)hello.reply_size, unmap_release, NULL))
+        c = apir_client_new(srv, name, peer, hello.pid, &why);
+        if (c && !apir_session_blob_add(c->session, APIR_SHM_REPLY_RES_ID, reply, (size_t)hello.reply_size,
+                                        unmap_release, NULL))
             why = "out of memory";
-        else
+        else if (c)
             reply = NULL;  /* owned by the session now */
-    }
-    if (!why) {
-        /* Counters for apir stat: the worker's shared page, else our own. */
-        c->stats = srv->worker_stats;
-        if (!c->stats) {
-            c->stats = calloc(1, sizeof(*c->stats));
-            c->stats_owned = c->stats != NULL;
-            if (c->stats)
-                apir_stats_page_init(c->stats);
-            else
-                why = "out of memory";
-        }
     }
     if (why) {
         if (srv->listen_fd >= 0)
@@ -508,41 +568,27 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
         close(fd);
         return;
     }
-    c->srv = srv;
-    c->fd = fd;
-    c->peer = *peer;
-    c->reported_pid = hello.pid;
     c->ctrl = ctrl;
     c->id = id;
-    c->connected_ns = apir_now_ns();
     if (srv->listen_fd >= 0)
         apir_peer_comm(peer->pid, c->comm, sizeof(c->comm));
-    apir_stats_publish(c->stats, c->session, APIR_GUEST_SERVING, 0, hello.pid);
-    set_abort_callbacks(c);
-    atomic_init(&c->refs, 2);  /* the main loop's and the worker's */
-    atomic_fetch_add(&srv->n_clients, 1);
-
     struct apir_shm_hello_reply r = { .magic = APIR_SHM_MAGIC, .status = 0 };
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (apir_send_fds(fd, &r, sizeof(r), NULL, 0) != (ssize_t)sizeof(r) || pthread_create(&th, &attr, client_worker, c) != 0) {
-        pthread_attr_destroy(&attr);
-        atomic_store(&c->refs, 1);
-        client_put(c);
+    if (apir_send_fds(fd, &r, sizeof(r), NULL, 0) != (ssize_t)sizeof(r)) {
+        c->fd = fd;
+        atomic_init(&c->refs, 1);
+        atomic_fetch_add(&srv->n_clients, 1);
+        apir_client_put(c);
         return;
     }
-    pthread_attr_destroy(&attr);
-    c->next = srv->clients;
-    srv->clients = c;
+    const char *name = c->session->name;
     char who[128];
     apir_peer_describe(peer, srv->listen_fd >= 0, who, sizeof(who));
+    if (!apir_client_serve(c, fd, client_worker))
+        return;
     if (hello.pid != peer->pid)
-        APIR_INFO("host", "%s connected: %s; says pid %d", c->session->name, who, (int)hello.pid);
+        APIR_INFO("host", "%s connected: %s; says pid %d", name, who, (int)hello.pid);
     else
-        APIR_INFO("host", "%s connected: %s", c->session->name, who);
-    apir_server_status_changed(srv);
+        APIR_INFO("host", "%s connected: %s", name, who);
 }
 
 /* A refused connection: kept open until the guest has read why. */
@@ -611,7 +657,7 @@ static bool take_spawn_token(struct apir_shm_server *srv)
 
 /* Before anything is spent on a new connection: its rate and its peer's
  * share.  NULL: admitted; else why not. */
-static const char *admission_refusal(struct apir_shm_server *srv, uid_t uid)
+const char *apir_server_admission_refusal(struct apir_shm_server *srv, uid_t uid)
 {
     const struct apir_limits *l = &srv->host->cfg.limits;
     if (uid == (uid_t)-1)
@@ -623,16 +669,25 @@ static const char *admission_refusal(struct apir_shm_server *srv, uid_t uid)
     return NULL;
 }
 
-/* Serving threads: a new connection waits for its hello among the polled. */
-static void add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer)
+/* A new connection waits for its hello among the polled: a Unix socket
+ * guest served on a thread, or any stream guest. */
+void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer, bool stream)
 {
     if (srv->n_pending == sizeof(srv->pending) / sizeof(srv->pending[0])) {
-        apir_server_refuse(srv, fd, "too many connections waiting for their hello");
-        apir_server_linger_close(srv, fd);
+        const char *why = "too many connections waiting for their hello";
+        if (stream) {
+            char name[64];
+            apir_net_peer_name(fd, name, sizeof(name));
+            apir_stream_refuse(srv, fd, name, false, why);
+        } else {
+            apir_server_refuse(srv, fd, why);
+            apir_server_linger_close(srv, fd);
+        }
         return;
     }
     uint64_t deadline = apir_now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
-    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .peer = *peer, .deadline_ns = deadline };
+    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .peer = *peer, .deadline_ns = deadline,
+                                                            .stream = stream };
 }
 
 /* A pending connection spoke (its hello, read without waiting) or timed out. */
@@ -641,6 +696,11 @@ static void pending_service(struct apir_shm_server *srv, uint32_t i, short reven
     struct pending_conn p = srv->pending[i];
     if (!revents && now < p.deadline_ns)
         return;
+    if (p.stream) {
+        if (apir_stream_pending(srv, &srv->pending[i], revents, now))
+            srv->pending[i] = srv->pending[--srv->n_pending];
+        return;
+    }
     srv->pending[i] = srv->pending[--srv->n_pending];
     if (revents)
         accept_client(srv, p.fd, &p.peer, 0);
@@ -660,14 +720,14 @@ static void accept_new(struct apir_shm_server *srv)
         return;
     struct ucred peer;
     apir_peer_cred(fd, &peer);
-    const char *why = admission_refusal(srv, peer.uid);
+    const char *why = apir_server_admission_refusal(srv, peer.uid);
     if (why) {
         apir_server_refuse(srv, fd, why);
         apir_server_linger_close(srv, fd);
     } else if (srv->worker_argv) {
-        apir_workers_spawn(srv, fd, &peer);
+        apir_workers_spawn(srv, fd, &peer, NULL, false);
     } else {
-        add_pending(srv, fd, &peer);
+        apir_server_add_pending(srv, fd, &peer, false);
     }
 }
 
@@ -684,8 +744,9 @@ static void drop_client(struct apir_shm_server *srv, struct shm_client *c)
     apir_stats_retire(&srv->retired, &last);
     atomic_store(&c->dead, true);
     shutdown(c->fd, SHUT_RDWR);            /* unblocks a worker in recvmsg */
-    apir_futex_wake(&c->ctrl->cmd_seq);     /* and one asleep on the doorbell */
-    client_put(c);
+    if (c->ctrl)
+        apir_futex_wake(&c->ctrl->cmd_seq); /* and one asleep on the doorbell */
+    apir_client_put(c);
     apir_server_status_changed(srv);
 }
 
@@ -765,9 +826,14 @@ static char *render_view(void *user, enum apir_stats_format format, size_t *len)
         max++;
     if (srv->worker_argv)
         max += srv->n_children;
+    const char *streams[APIR_MAX_NET_LISTENERS];
+    for (uint32_t i = 0; i < srv->n_net; i++)
+        streams[i] = srv->net[i].endpoint;
     struct apir_host_view v = {
         .host = srv->host,
         .socket_path = srv->path,
+        .streams = streams,
+        .n_streams = srv->n_net,
         .isolated = srv->worker_argv != NULL,
         .pid = (int32_t)getpid(),
         .now_ns = apir_now_ns(),
@@ -1000,21 +1066,50 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
     return apir_shm_server_listen(host, path, NULL, err, err_len);
 }
 
-int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats)
+/* A worker process's server: one connection (fd), no listening socket; it
+ * ends with its guest. */
+static struct apir_shm_server *worker_server(struct apir_host *host, int fd, uint64_t client_id,
+                                             struct apir_stats_page *stats)
 {
     char err[64];
     struct apir_shm_server *srv = server_alloc(host, err, sizeof(err));
     if (!srv)
-        return -1;
+        return NULL;
     srv->next_id = client_id;
     srv->worker_stats = apir_stats_page_valid(stats) ? stats : NULL;
     fcntl(fd, F_SETFD, FD_CLOEXEC);
-    struct ucred peer;
-    apir_peer_cred(fd, &peer);
-    accept_client(srv, fd, &peer, (int)host->cfg.limits.handshake_timeout_ms);
+    return srv;
+}
+
+static int worker_serve(struct apir_shm_server *srv)
+{
     int rc = srv->clients ? apir_shm_server_run(srv) : -1;
     apir_shm_server_free(srv);
     return rc;
+}
+
+int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats)
+{
+    struct apir_shm_server *srv = worker_server(host, fd, client_id, stats);
+    if (!srv)
+        return -1;
+    struct ucred peer;
+    apir_peer_cred(fd, &peer);
+    accept_client(srv, fd, &peer, (int)host->cfg.limits.handshake_timeout_ms);
+    return worker_serve(srv);
+}
+
+int apir_stream_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats,
+                         const char *peer_name, struct apir_tls_keys *tls_keys)
+{
+    struct apir_shm_server *srv = worker_server(host, fd, client_id, stats);
+    if (!srv) {
+        apir_tls_keys_free(tls_keys);
+        return -1;
+    }
+    srv->tls_keys = tls_keys;
+    apir_stream_start_client(srv, fd, peer_name && *peer_name ? peer_name : "stream peer", tls_keys != NULL);
+    return worker_serve(srv);
 }
 
 void apir_shm_server_stop(struct apir_shm_server *srv)
@@ -1051,11 +1146,11 @@ int apir_shm_server_run(struct apir_shm_server *srv)
     }
     for (;;) {
         /* A worker process serving one guest ends with it. */
-        if (srv->listen_fd < 0 && !srv->clients) {
+        if (srv->listen_fd < 0 && !srv->n_net && !srv->clients) {
             free(pfds);
             return 0;
         }
-        size_t n = 3 + srv->n_lingering + srv->n_pending + (srv->control ? APIR_CONTROL_MAX_POLL : 0);
+        size_t n = 3 + srv->n_net + srv->n_lingering + srv->n_pending + (srv->control ? APIR_CONTROL_MAX_POLL : 0);
         for (struct shm_client *c = srv->clients; c; c = c->next)
             n++;
         if (n > pcap) {
@@ -1072,7 +1167,11 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         pfds[2] = (struct pollfd){ .fd = srv->child_pipe[0], .events = POLLIN };
         size_t i = 3;
         for (struct shm_client *c = srv->clients; c; c = c->next)
-            pfds[i++] = (struct pollfd){ .fd = c->fd, .events = 0 };  /* hang-up only */
+            /* Hang-up only.  A stream guest's close (its FIN) is not
+             * watched: it may close right after posting commands the host
+             * still runs; its serving thread reads the end after them and
+             * then shuts the socket, which is seen here. */
+            pfds[i++] = (struct pollfd){ .fd = c->fd, .events = 0 };
         const size_t linger_at = i;
         const uint32_t n_linger = srv->n_lingering;
         for (uint32_t k = 0; k < n_linger; k++)
@@ -1084,6 +1183,9 @@ int apir_shm_server_run(struct apir_shm_server *srv)
         const size_t control_at = i;
         const size_t n_control = apir_control_poll_fill(srv->control, pfds + i);
         i += n_control;
+        const size_t net_at = i;
+        for (uint32_t k = 0; k < srv->n_net; k++)
+            pfds[i++] = (struct pollfd){ .fd = srv->net[k].fd, .events = POLLIN };
         int timeout = poll_timeout_ms(srv), control_timeout = apir_control_timeout_ms(srv->control);
         if (control_timeout >= 0 && (timeout < 0 || control_timeout < timeout))
             timeout = control_timeout;
@@ -1122,6 +1224,9 @@ int apir_shm_server_run(struct apir_shm_server *srv)
             pending_service(srv, k, pfds[pending_at + k].revents, now);
         if (pfds[0].revents & POLLIN)
             accept_new(srv);
+        for (uint32_t k = 0; k < srv->n_net; k++)
+            if (pfds[net_at + k].revents & POLLIN)
+                apir_stream_accept(srv, k);
         apir_control_poll_done(srv->control, pfds + control_at, n_control, render_view, srv);
     }
 }
@@ -1147,5 +1252,9 @@ void apir_shm_server_free(struct apir_shm_server *srv)
      * listening for the next start. */
     if (srv->listen_fd >= 0 && !srv->activated)
         unlink(srv->path);
+    for (uint32_t i = 0; i < srv->n_net; i++)
+        close(srv->net[i].fd);
+    explicit_bzero(srv->token, sizeof(srv->token));
+    apir_tls_keys_free(srv->tls_keys);
     server_discard(srv);
 }

@@ -17,6 +17,7 @@ struct apir_stats_page;
 
 /* The socket file the server binds (not one a service manager passed). */
 #define APIR_SHM_SOCKET_MODE_DEFAULT 0660u
+#define APIR_MAX_NET_LISTENERS 4
 struct apir_shm_listen_options {
     unsigned mode;       /* permission bits of the socket file (default 0660) */
     const char *group;   /* its group: a name or a number; NULL: the daemon's */
@@ -64,6 +65,26 @@ bool apir_shm_server_control(struct apir_shm_server *srv, const struct apir_cont
 const char *apir_shm_server_control_path(const struct apir_shm_server *srv);
 /* Async-signal-safe. */
 void apir_shm_server_stop(struct apir_shm_server *srv);
+
+/*
+ * Stream endpoints (tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT;
+ * host/stream_server.c)
+ * served beside the Unix socket, by the same workers and limits.  The
+ * token (1 to 64 bytes) is what their guests must present; a listener on
+ * an address other machines reach is refused without one.  Set the token
+ * first.
+ */
+bool apir_shm_server_set_token(struct apir_shm_server *srv, const char *token, char *err, size_t err_len);
+/* tls: listeners: the guests' pre-shared keys (transport/tls.h), owned by
+ * the server from now on. */
+struct apir_tls_keys;
+bool apir_shm_server_set_tls_keys(struct apir_shm_server *srv, struct apir_tls_keys *keys);
+bool apir_shm_server_listen_stream(struct apir_shm_server *srv, const char *endpoint, char *err, size_t err_len);
+/* A worker process: serves one stream connection the daemon accepted and
+ * authenticated (its hello already read there), or, with tls_keys, one it
+ * handshakes with itself first. */
+int apir_stream_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats,
+                         const char *peer_name, struct apir_tls_keys *tls_keys);
 /* Disconnects every guest, frees everything, removes the socket file (not
  * a passed one). */
 void apir_shm_server_free(struct apir_shm_server *srv);

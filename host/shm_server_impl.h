@@ -14,6 +14,7 @@
 #include "shm_server.h"
 #include "session.h"
 #include "shm_proto.h"
+#include "stream_proto.h"
 
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -27,7 +28,11 @@ struct shm_client {
     _Atomic uint64_t busy_since_ns; /* when the command being served began; 0: idle */
     atomic_int refs;
     atomic_bool dead;
-    struct apir_shm_ctrl *ctrl;
+    struct apir_shm_ctrl *ctrl;     /* NULL on a stream connection */
+    bool stream;                    /* tcp:/tls:/vsock: (stream_server.c) */
+    bool tls_pending;               /* tls: its serving thread handshakes first */
+    struct apir_tls *tls;           /* tls: the session, once handshaken */
+    char peer_name[64];             /* a stream peer's address, for log lines */
     struct apir_session *session;
     struct shm_client *next;
     /* What the daemon shows of it (apir stat); set before it is listed. */
@@ -69,6 +74,9 @@ struct apir_shm_server {
         int fd;
         struct ucred peer;
         uint64_t deadline_ns;
+        bool stream;              /* its hello is read (and checked) here, with either isolation */
+        uint8_t hello_len;        /* stream: bytes of its hello received so far */
+        uint8_t hello[sizeof(struct apir_stream_hello)];
     } pending[128];
     uint32_t n_pending;
     /* Refused connections linger until the guest has read why: closing a
@@ -83,8 +91,59 @@ struct apir_shm_server {
     uint64_t refused_connections;
     struct apir_guest_counters retired;    /* guests gone: their counters, for the totals */
     struct apir_control *control;          /* NULL: no control socket, no metrics file */
+    /* Stream listeners (tcp:, vsock:; stream_server.c) beside the Unix
+     * socket, and the token their guests must present. */
+    struct net_listener {
+        int fd;
+        char endpoint[128];
+        bool loopback_only;
+        bool tls;                 /* tls: - the handshake authenticates; no token */
+    } net[APIR_MAX_NET_LISTENERS];
+    struct apir_tls_keys *tls_keys;  /* --tls-psk-file: who may connect over tls: */
+    uint32_t n_net;
+    uint8_t token[APIR_STREAM_TOKEN_MAX];
+    uint32_t token_len;           /* 0: none */
 };
 
+/* Stream peers are counted (admission, --max-clients-per-uid) under
+ * numbers from here up, one per address (stream_server.c, peer_uid). */
+#define APIR_NET_PEER_UID_BASE 0x7E000000u
+
+
+/* shm_server.c: one client's lifetime and its commands, for either
+ * transport.  client_new: a session named name, its stats page, not yet
+ * served (NULL with *why set); client_serve: starts its thread (fn) and
+ * lists it; false: it was freed. */
+struct shm_client *apir_client_new(struct apir_shm_server *srv, const char *name, const struct ucred *peer,
+                                   int32_t reported_pid, const char **why);
+bool apir_client_serve(struct shm_client *c, int fd, void *(*fn)(void *));
+void apir_client_put(struct shm_client *c);
+/* The backend commands of a frame (handshake, library, forward); other
+ * command types are the transport's.  Returns the command's return value. */
+uint32_t apir_client_run_command(struct shm_client *c, const struct apir_cmd_header *hdr, struct apir_decoder *req,
+                                 struct apir_encoder *reply, bool *handled);
+/* The next client id: the daemon counts; a worker has its own. */
+uint64_t apir_server_next_id(struct apir_shm_server *srv);
+/* Before anything is spent on a new connection: its rate and its peer's
+ * share.  NULL: admitted; else why not. */
+const char *apir_server_admission_refusal(struct apir_shm_server *srv, uid_t uid);
+/* A new connection waits among the polled for its hello, until its
+ * deadline (--handshake-timeout-ms). */
+void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer, bool stream);
+
+/* stream_server.c */
+void apir_stream_accept(struct apir_shm_server *srv, uint32_t listener);
+/* Refuses a stream connection with a message it can read (a stream hello
+ * reply, then a lingering close); a TLS one before its handshake is only
+ * closed.  Logged with the peer's address, counted. */
+void apir_stream_refuse(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls, const char *message);
+/* A pending stream connection is readable or past its deadline: true when
+ * it has been dealt with (served, handed on, refused), false to keep
+ * waiting for the rest of its hello. */
+bool apir_stream_pending(struct apir_shm_server *srv, struct pending_conn *p, short revents, uint64_t now);
+/* Serves a stream connection: one whose hello the daemon read and
+ * checked, or (tls) one whose serving thread handshakes and reads it. */
+void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls);
 
 /* shm_server.c: refusing a connection with a message it can read (the
  * log line names the peer by its credentials; counted). */
@@ -100,8 +159,12 @@ void apir_server_status_changed(struct apir_shm_server *srv);
 
 /* workers.c */
 /* Hands the connection to a new worker process in a free slot (the slot
- * gives the worker its uid: sandbox.h); fd is closed here either way. */
-void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer);
+ * gives the worker its uid: sandbox.h); fd is closed here either way.
+ * stream_peer: a stream connection (its address), whose hello was read
+ * here, or which the worker handshakes first (stream_tls); NULL: a Unix
+ * socket guest, whose hello the worker reads. */
+void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer, const char *stream_peer,
+                        bool stream_tls);
 /* Collects the workers that ended (SIGCHLD woke the main loop); their
  * counters go to the totals. */
 void apir_workers_reap(struct apir_shm_server *srv);

@@ -535,6 +535,9 @@ static uint32_t request_res_ids(uint32_t cmd, const char *req, size_t len, uint3
         case 't':
             apir_decode_inplace(&d, APIR_TENSOR_REC_SIZE);
             break;
+        case 'd':
+            apir_decode_inplace(&d, APIR_DIGEST_SIZE);
+            break;
         case 'L': {
             uint32_t k = apir_decode_u32(&d);
             if (k > 64)

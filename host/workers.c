@@ -17,6 +17,7 @@
 
 #include "apir_log.h"
 #include "wait.h"
+#include "weight_cache.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -72,15 +73,20 @@ static void stats_page_free(struct apir_stats_page *page)
 
 /* Process isolation: hand the connection to a new worker process in a free
  * slot (the slot gives the worker its uid: sandbox.h). */
-void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer)
+void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred *peer, const char *stream_peer,
+                        bool stream_tls)
 {
     uint32_t slot = 0;
     const uint32_t n_slots = srv->host->cfg.limits.max_clients;
     while (slot < n_slots && srv->children[slot].pid != 0)
         slot++;
     if (slot == n_slots) {
-        apir_server_refuse(srv, fd, "too many clients");
-        apir_server_linger_close(srv, fd);
+        if (stream_peer) {
+            apir_stream_refuse(srv, fd, stream_peer, stream_tls, "too many clients");
+        } else {
+            apir_server_refuse(srv, fd, "too many clients");
+            apir_server_linger_close(srv, fd);
+        }
         return;
     }
     uint64_t id = ++srv->next_id;
@@ -97,19 +103,35 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
     int argc = 0;
     while (srv->worker_argv[argc])
         argc++;
-    char **argv = calloc((size_t)argc + 9, sizeof(char *));
+    /* Weight cache (weight_cache.h): the worker's socket to the daemon's cache, -1 if none. */
+    const int cache_fd = apir_wcache_service_connect();
+    char cache_arg[16];
+    snprintf(cache_arg, sizeof(cache_arg), "%d", cache_fd);
+    char **argv = calloc((size_t)argc + 14, sizeof(char *));  /* + 2: --weight-cache-fd N; + 1: --stream-tls */
     if (!argv) {
-        apir_server_refuse(srv, fd, "out of memory");
-        close(fd);
+        if (stream_peer) {
+            apir_stream_refuse(srv, fd, stream_peer, stream_tls, "out of memory");
+        } else {
+            apir_server_refuse(srv, fd, "out of memory");
+            close(fd);
+        }
         if (stats_fd >= 0)
             close(stats_fd);
+        if (cache_fd >= 0)  /* weight cache */
+            close(cache_fd);
         stats_page_free(page);
         return;
     }
     for (int i = 0; i < argc; i++)
         argv[i] = srv->worker_argv[i];
-    argv[argc++] = "--serve-fd";
+    argv[argc++] = stream_peer ? "--serve-stream-fd" : "--serve-fd";
     argv[argc++] = fd_arg;
+    if (stream_peer) {
+        argv[argc++] = "--peer-name";
+        argv[argc++] = (char *)stream_peer;
+    }
+    if (stream_tls)
+        argv[argc++] = "--stream-tls";
     argv[argc++] = "--client-id";
     argv[argc++] = id_arg;
     argv[argc++] = "--worker-slot";
@@ -118,6 +140,10 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
         argv[argc++] = "--stats-fd";
         argv[argc++] = stats_arg;
     }
+    if (cache_fd >= 0) {  /* weight cache */
+        argv[argc++] = "--weight-cache-fd";
+        argv[argc++] = cache_arg;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         /* Workers go with the daemon: a killed host is a dead host. */
@@ -125,6 +151,8 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
         fcntl(fd, F_SETFD, 0);  /* the worker inherits these fds only */
         if (stats_fd >= 0)
             fcntl(stats_fd, F_SETFD, 0);
+        if (cache_fd >= 0)  /* weight cache */
+            fcntl(cache_fd, F_SETFD, 0);
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -132,6 +160,8 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
     close(fd);
     if (stats_fd >= 0)
         close(stats_fd);  /* the mapping stays */
+    if (cache_fd >= 0)  /* weight cache: the worker's end */
+        close(cache_fd);
     if (pid < 0) {
         APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
         stats_page_free(page);
@@ -139,11 +169,17 @@ void apir_workers_spawn(struct apir_shm_server *srv, int fd, const struct ucred 
     }
     srv->children[slot] = (struct worker_slot){ .pid = pid, .client_id = id, .peer = *peer,
                                                 .started_ns = apir_now_ns(), .stats = page };
-    apir_peer_comm(peer->pid, srv->children[slot].comm, sizeof(srv->children[slot].comm));
+    if (stream_peer)  /* no process to name: its address instead (cut to fit) */
+        snprintf(srv->children[slot].comm, sizeof(srv->children[slot].comm), "%s", stream_peer);
+    else
+        apir_peer_comm(peer->pid, srv->children[slot].comm, sizeof(srv->children[slot].comm));
     srv->n_children++;
     /* The guest's name in the worker's own lines: guest#N(pid P). */
     char who[128];
-    apir_peer_describe(peer, true, who, sizeof(who));
+    if (stream_peer)
+        snprintf(who, sizeof(who), "%s", stream_peer);
+    else
+        apir_peer_describe(peer, true, who, sizeof(who));
     APIR_INFO("host", "guest#%llu (%s): worker process %d, slot %u", (unsigned long long)id, who, (int)pid, slot);
     apir_server_status_changed(srv);
 }

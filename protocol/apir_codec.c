@@ -189,6 +189,18 @@ void apir_decode_tensor(struct apir_decoder *dec, struct apir_tensor_rec *rec)
     apir_decode_bytes(dec, rec, sizeof(*rec));
 }
 
+_Static_assert(sizeof(struct apir_digest) == 32, "a digest is 32 bytes on the wire");
+
+void apir_encode_digest(struct apir_encoder *enc, const struct apir_digest *d)
+{
+    apir_encode_bytes(enc, d, sizeof(*d));
+}
+
+void apir_decode_digest(struct apir_decoder *dec, struct apir_digest *d)
+{
+    apir_decode_bytes(dec, d, sizeof(*d));
+}
+
 void apir_encode_tensor_list(struct apir_encoder *enc, uint32_t n, const struct apir_tensor_rec *recs)
 {
     apir_encode_u32(enc, n);

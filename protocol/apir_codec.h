@@ -76,6 +76,14 @@ void apir_decode_string(struct apir_decoder *dec, char *dst, size_t cap);
 void apir_encode_tensor(struct apir_encoder *enc, const struct apir_tensor_rec *rec);
 void apir_decode_tensor(struct apir_decoder *dec, struct apir_tensor_rec *rec);
 
+/* A digest (signature 'd', apir 0.4): a SHA-256, 32 raw bytes, no length.
+ * Decoding a short one is fatal and leaves zeros. */
+struct apir_digest {
+    uint8_t b[32];
+};
+void apir_encode_digest(struct apir_encoder *enc, const struct apir_digest *d);
+void apir_decode_digest(struct apir_decoder *dec, struct apir_digest *d);
+
 /* Tensor list (signature 'L'): uint32 n then n records.  Decoding checks that
  * n is in 1..max and that all records are present, and returns the in-place
  * records; read record i with apir_tensor_list_get. */

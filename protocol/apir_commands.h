@@ -25,6 +25,7 @@
  *   tensor 't'             a serialized tensor (304 bytes) of a buffer
  *   tensors 'L'            uint32 n, n serialized tensors; the first is the
  *                          subject, the others what its src/view_src ids name
+ *   digest 'd'             32 raw bytes: a SHA-256 (apir 0.4, the weight cache)
  *   inline 'T'             the reference guest's raw struct ggml_tensor plus
  *                          the trailing items of APIR 0.1 section 3
  *                          (accepted, never followed)
@@ -41,11 +42,15 @@
  *                      waits for results: reads, synchronize, graphs)
  *   APIR_LEAVES_BUSY   the device may still run after its reply (keyed
  *                      graphs, computed after they are answered)
+ *   APIR_POSTED        its reply carries nothing the guest needs at once
+ *                      (ggml's call returns nothing: uploads, clears): a
+ *                      stream transport sends it without waiting and checks
+ *                      the reply later (transport/stream_proto.h)
  * Anything neither a query nor on the stream waits for the device first.
  *
  * Numbers 0..22 are APIR 0.1 and never change.  23..34 are apir 0.2
- * extensions, 35 and above 0.3: a guest sends them only after the handshake
- * answered that minor or more (apir_command_minor).  docs/PROTOCOL.md
+ * extensions, 35..37 0.3, 38 and above 0.4: a guest sends them only after
+ * the handshake answered that minor or more (apir_command_minor).  docs/PROTOCOL.md
  * describes the wire format.
  */
 #ifndef APIR_COMMANDS_H
@@ -59,6 +64,7 @@
 #define APIR_WAITS_DEVICE (1u << 2)
 #define APIR_REPORTS      (1u << 3)
 #define APIR_LEAVES_BUSY  (1u << 4)
+#define APIR_POSTED       (1u << 5)
 
 /* What a graph command is: on the stream, waited for, reporting. */
 #define APIR_GRAPH (APIR_ON_STREAM | APIR_WAITS_DEVICE | APIR_REPORTS)
@@ -82,17 +88,17 @@
     X(14, BUFFER_TYPE_ALLOC_BUFFER,         0)                            \
     X(15, BUFFER_TYPE_GET_ALLOC_SIZE,       APIR_QUERY)                   \
     X(16, BUFFER_GET_BASE,                  APIR_QUERY)                   \
-    X(17, BUFFER_SET_TENSOR,                APIR_ON_STREAM)               \
+    X(17, BUFFER_SET_TENSOR,                APIR_ON_STREAM | APIR_POSTED) \
     X(18, BUFFER_GET_TENSOR,                APIR_REPORTS)                 \
     X(19, BUFFER_CPY_TENSOR,                0)                            \
-    X(20, BUFFER_CLEAR,                     0)                            \
+    X(20, BUFFER_CLEAR,                     APIR_POSTED)                  \
     X(21, BUFFER_FREE_BUFFER,               0)                            \
     X(22, BACKEND_GRAPH_COMPUTE,            APIR_GRAPH)                   \
     /* apir 0.2 extensions */                                             \
     X(23, DEVICE_SELECT,                    0)                            \
     X(24, DEVICE_SUPPORTS_OP_L,             APIR_QUERY)                   \
     X(25, BUFFER_TYPE_GET_ALLOC_SIZE_L,     APIR_QUERY)                   \
-    X(26, BUFFER_MEMSET_TENSOR,             0)                            \
+    X(26, BUFFER_MEMSET_TENSOR,             APIR_POSTED)                  \
     X(27, BACKEND_SYNCHRONIZE,              APIR_WAITS_DEVICE | APIR_REPORTS) \
     X(28, DEVICE_OFFLOAD_OP_L,              APIR_QUERY)                   \
     X(29, BUFFER_SET_TENSOR_AT,             APIR_ON_STREAM)               \
@@ -103,8 +109,11 @@
     X(34, BACKEND_GRAPH_RECOMPUTE,          APIR_GRAPH | APIR_LEAVES_BUSY) \
     /* apir 0.3 extensions (weight copies: host/weight_copies.h; version) */ \
     X(35, BUFFER_NOTE_WEIGHT,               0)                            \
-    X(36, BUFFER_WRITTEN,                   0)                            \
-    X(37, HOST_GET_VERSION,                 APIR_QUERY)
+    X(36, BUFFER_WRITTEN,                   APIR_POSTED)                  \
+    X(37, HOST_GET_VERSION,                 APIR_QUERY)                   \
+    /* apir 0.4 extensions (the weight cache: host/weight_cache.h) */     \
+    X(38, BUFFER_SET_TENSOR_HASH,           0)                            \
+    X(39, BUFFER_CACHE_TENSOR,              0)
 
 /* ---- items: F(kind, field), in wire order ------------------------------- */
 
@@ -199,6 +208,17 @@
  * host older than this command answers APIR_HANDLER_INVALID_INDEX. */
 #define APIR_REQ_HOST_GET_VERSION(F)
 #define APIR_REP_HOST_GET_VERSION(F)            F(u32, major) F(u32, minor)
+/* The weight cache (apir 0.4, host/weight_cache.h).  SET_TENSOR_HASH: fill
+ * [offset, offset + size) of the tensor from the host's cache entry of
+ * that SHA-256 and size, if it has one; answer: an apir_weight_cache_answer
+ * (apir_proto.h).  CACHE_TENSOR: the guest uploaded this tensor whole after
+ * a miss; the host reads it back, hashes it itself and keeps it only when
+ * the hash is the one named. */
+#define APIR_REQ_BUFFER_SET_TENSOR_HASH(F)      F(buffer, buffer) F(tensor, tensor) F(u64, offset) F(u64, size) \
+                                                F(digest, hash)
+#define APIR_REP_BUFFER_SET_TENSOR_HASH(F)      F(u32, answer)
+#define APIR_REQ_BUFFER_CACHE_TENSOR(F)         F(buffer, buffer) F(tensor, tensor) F(digest, hash)
+#define APIR_REP_BUFFER_CACHE_TENSOR(F)         F(u32, answer)
 
 enum apir_command {
 #define APIR_X_ENUM(num, name, classes) APIR_CMD_##name = num,
@@ -207,14 +227,16 @@ enum apir_command {
     APIR_CMD_COUNT
 };
 
-/* Commands of the reference protocol; 23..34 need minor >= 2, the rest 3. */
+/* Commands of the reference protocol; 23..34 need minor >= 2, 35..37 3,
+ * the rest 4. */
 #define APIR_CMD_COUNT_0_1 23
 #define APIR_CMD_COUNT_0_2 35
+#define APIR_CMD_COUNT_0_3 38
 
 /* The protocol minor a command needs. */
 static inline uint32_t apir_command_minor(uint32_t cmd)
 {
-    return cmd < APIR_CMD_COUNT_0_1 ? 1u : cmd < APIR_CMD_COUNT_0_2 ? 2u : 3u;
+    return cmd < APIR_CMD_COUNT_0_1 ? 1u : cmd < APIR_CMD_COUNT_0_2 ? 2u : cmd < APIR_CMD_COUNT_0_3 ? 3u : 4u;
 }
 
 struct apir_command_info {

@@ -64,6 +64,7 @@ struct apir_bytes {
 #define APIR_SIG_tensor  "t"
 #define APIR_SIG_tensors "L"
 #define APIR_SIG_inline  "T"
+#define APIR_SIG_digest  "d"
 
 #define APIR_IN_u32      uint32_t
 #define APIR_IN_i32      int32_t
@@ -78,6 +79,7 @@ struct apir_bytes {
 #define APIR_IN_tensor   const struct apir_tensor_rec *
 #define APIR_IN_tensors  struct apir_tensor_span
 #define APIR_IN_inline   struct apir_bytes
+#define APIR_IN_digest   const struct apir_digest *
 
 #define APIR_OUT_u32     uint32_t
 #define APIR_OUT_i32     int32_t
@@ -91,6 +93,7 @@ struct apir_bytes {
 #define APIR_OUT_string  struct apir_string
 #define APIR_OUT_tensor  struct apir_tensor_rec
 #define APIR_OUT_tensors struct apir_tensor_list    /* in place: read each record once */
+#define APIR_OUT_digest  struct apir_digest
 /* inline has no OUT: only the host decodes it (host/inline_tensor.c). */
 
 static inline void apir_put_u32(struct apir_encoder *e, uint32_t v) { apir_encode_u32(e, v); }
@@ -109,6 +112,7 @@ static inline void apir_put_tensors(struct apir_encoder *e, struct apir_tensor_s
     apir_encode_tensor_list(e, v.count, v.recs);
 }
 static inline void apir_put_inline(struct apir_encoder *e, struct apir_bytes v) { apir_encode_bytes(e, v.data, v.size); }
+static inline void apir_put_digest(struct apir_encoder *e, const struct apir_digest *v) { apir_encode_digest(e, v); }
 
 static inline void apir_get_u32(struct apir_decoder *d, uint32_t *v) { *v = apir_decode_u32(d); }
 static inline void apir_get_i32(struct apir_decoder *d, int32_t *v) { *v = (int32_t)apir_decode_u32(d); }
@@ -121,6 +125,7 @@ static inline void apir_get_buffer(struct apir_decoder *d, uint64_t *v) { *v = a
 static inline void apir_get_buft(struct apir_decoder *d, uint64_t *v) { *v = apir_decode_u64(d); }
 static inline void apir_get_string(struct apir_decoder *d, struct apir_string *v) { apir_decode_string(d, v->s, sizeof(v->s)); }
 static inline void apir_get_tensor(struct apir_decoder *d, struct apir_tensor_rec *v) { apir_decode_tensor(d, v); }
+static inline void apir_get_digest(struct apir_decoder *d, struct apir_digest *v) { apir_decode_digest(d, v); }
 static inline void apir_get_tensors(struct apir_decoder *d, struct apir_tensor_list *v)
 {
     apir_decode_tensor_list(d, v, APIR_MAX_LIST_TENSORS);

@@ -14,9 +14,10 @@
 
 #define APIR_VERSION_MAJOR 0
 /* 0.1 is the reference protocol; 0.2 adds the extension commands 23..34,
- * 0.3 the weight copies (35, 36) and the version query (37).  A host
- * answers min(guest minor, its minor), so a 0.1 guest sees 0.1. */
-#define APIR_VERSION_MINOR 3
+ * 0.3 the weight copies (35, 36) and the version query (37), 0.4 the
+ * weight cache (38, 39).  A host answers min(guest minor, its minor), so a
+ * 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 4
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu
@@ -70,6 +71,17 @@ enum apir_weight_note {
     APIR_WEIGHT_KEPT     = 1,   /* a copy is kept and used */
     APIR_WEIGHT_NEVER    = 2,   /* the host keeps no copies: do not ask again */
 };
+
+/* BUFFER_SET_TENSOR_HASH's and BUFFER_CACHE_TENSOR's answer (apir 0.4,
+ * host/weight_cache.h). */
+enum apir_weight_cache_answer {
+    APIR_WCACHE_MISS     = 0,   /* SET: not filled, upload the bytes; CACHE: not kept */
+    APIR_WCACHE_DONE     = 1,   /* SET: the range holds the cached bytes; CACHE: kept */
+    APIR_WCACHE_NONE     = 2,   /* the host has no weight cache: do not ask again */
+};
+
+/* SHA-256, the weight cache's content hash (the 'digest' item). */
+#define APIR_DIGEST_SIZE 32u
 
 /* LOADLIBRARY: 0 success; 1..5 hypervisor codes; 6 + host library code. */
 enum apir_load_code {

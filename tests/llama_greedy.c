@@ -1,6 +1,6 @@
 /* apir-llama-greedy: load a GGUF model on one ggml device and decode greedily.
  *
- *   apir-llama-greedy -m MODEL.gguf [-d DEVICE_NAME] [-n N_TOKENS] [-t THREADS]
+ *   apir-llama-greedy -m MODEL.gguf [-d DEVICE_NAME[,DEVICE_NAME...]] [-n N_TOKENS] [-t THREADS]
  *                     [-c N_CTX] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]
  *   apir-llama-greedy --compare FILE_A FILE_B [--tol X]
  *   apir-llama-greedy --list-devices
@@ -15,8 +15,10 @@
  *   n_gpu_layers = 0.  Any other device is passed as the only entry of
  *   llama_model_params.devices with n_gpu_layers = 999 (all layers and the
  *   output layer offloaded; the token-embedding lookup stays on the CPU, as
- *   llama.cpp always does).  An unknown name prints the existing devices and
- *   exits 2.
+ *   llama.cpp always does).  -d NAME,NAME,... (up to 8 non-CPU devices)
+ *   splits the layers across them (LLAMA_SPLIT_MODE_LAYER, in proportion to
+ *   their free memory, as llama.cpp's -dev A,B does).  An unknown name prints
+ *   the existing devices and exits 2.
  *   Token ids are fed directly (no tokenizer): the prompt (--prompt-ids, or a
  *   fixed default list reduced modulo n_vocab) is decoded as one batch, then
  *   N_TOKENS (default 16) tokens are picked by argmax of the logits (lowest id
@@ -64,7 +66,7 @@ static bool g_verbose;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: apir-llama-greedy -m MODEL.gguf [-d DEVICE] [-n N_TOKENS] [-t THREADS] [-c N_CTX]\n"
+            "usage: apir-llama-greedy -m MODEL.gguf [-d DEVICE[,DEVICE...]] [-n N_TOKENS] [-t THREADS] [-c N_CTX]\n"
             "                         [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]\n"
             "       apir-llama-greedy --compare FILE_A FILE_B [--tol X]\n"
             "       apir-llama-greedy --list-devices\n");
@@ -398,27 +400,54 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    ggml_backend_dev_t dev = ggml_backend_dev_by_name(dev_name);
-    if (!dev) {
-        fprintf(stderr, "apir-llama-greedy: no ggml device named '%s'\n", dev_name);
-        list_devices(stderr);
-        if (!getenv("GGML_BACKEND_PATH")) {
-            fprintf(stderr, "(GGML_BACKEND_PATH is not set: remote devices such as APIR0 need it)\n");
+    /* -d NAME or NAME,NAME,...: the devices, in order */
+    enum { MAX_DEVS = 8 };
+    ggml_backend_dev_t devs[MAX_DEVS + 1] = {NULL};
+    int n_devs = 0;
+    for (const char *p = dev_name; ; ) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char one[64];
+        if (len == 0 || len >= sizeof(one) || n_devs == MAX_DEVS) {
+            fprintf(stderr, "apir-llama-greedy: bad -d '%s' (a device name, or up to %d names, comma-separated)\n",
+                    dev_name, MAX_DEVS);
+            return 2;
         }
-        return 2;
+        memcpy(one, p, len);
+        one[len] = '\0';
+        devs[n_devs] = ggml_backend_dev_by_name(one);
+        if (!devs[n_devs]) {
+            fprintf(stderr, "apir-llama-greedy: no ggml device named '%s'\n", one);
+            list_devices(stderr);
+            if (!getenv("GGML_BACKEND_PATH")) {
+                fprintf(stderr, "(GGML_BACKEND_PATH is not set: remote devices such as APIR0 need it)\n");
+            }
+            return 2;
+        }
+        n_devs++;
+        if (!comma) {
+            break;
+        }
+        p = comma + 1;
     }
+    ggml_backend_dev_t dev = devs[0];
     const bool on_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+    for (int i = 0; i < n_devs; i++) {
+        if (n_devs > 1 && ggml_backend_dev_type(devs[i]) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            fprintf(stderr, "apir-llama-greedy: -d %s: a split takes no CPU device\n", dev_name);
+            return 2;
+        }
+    }
 
     struct llama_model_params mp = llama_model_default_params();
-    ggml_backend_dev_t devs[2] = {NULL, NULL};
     if (on_cpu) {
+        devs[0] = NULL;
         mp.devices = devs; /* empty list: no offload devices at all */
         mp.n_gpu_layers = 0;
     } else {
-        devs[0] = dev;
         mp.devices = devs;
         mp.n_gpu_layers = 999;
-        mp.split_mode = LLAMA_SPLIT_MODE_NONE;
+        mp.split_mode = n_devs > 1 ? LLAMA_SPLIT_MODE_LAYER : LLAMA_SPLIT_MODE_NONE;
         mp.main_gpu = 0;
     }
 
@@ -508,7 +537,7 @@ int main(int argc, char **argv) {
     }
 
     fprintf(stderr, "apir-llama-greedy: model %s, device %s%s, n_vocab %d, prompt %d ids, %ld tokens\n", model_path,
-            ggml_backend_dev_name(dev), on_cpu ? " (all on CPU)" : " (all layers offloaded)", n_vocab, n_prompt,
+            dev_name, on_cpu ? " (all on CPU)" : n_devs > 1 ? " (layers split across them)" : " (all layers offloaded)", n_vocab, n_prompt,
             n_gen);
 
     int32_t *generated = malloc((size_t)(n_gen > 0 ? n_gen : 1) * sizeof(int32_t));

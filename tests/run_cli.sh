@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The command lines of apir-host, apir and the generators (issue 18, item 4):
 # --version, --help for every subcommand, --opt=value and the short options,
-# numbers validated, unknown options and endpoints refused (tcp: above all,
-# never bound as a file), a missing backend directory, exit statuses, the
+# numbers validated, unknown options and malformed endpoints refused (never
+# bound as a file), an unauthenticated network listener refused, a missing backend directory, exit statuses, the
 # default CPU thread count, and apir run leaving no socket folder behind and
 # stopping its host without a worker killed by a signal.
 #   tests/run_cli.sh BUILD_DIR VERSION GGML_COMMIT        (ctest: cli)
@@ -97,19 +97,28 @@ expect 125 "$B/apir" run -t abc -- true && has err "threads: 'abc' is not a numb
 expect 125 "$B/apir" run
 expect 125 "$B/apir" run --bogus -- true
 
-echo "== endpoints: tcp: and unknown ones refused, never bound as a file"
-expect 2 "$B/apir-host" --listen tcp:127.0.0.1:50052 && has err "no TCP transport"
-expect 2 "$B/apir-host" --listen=tcp:127.0.0.1:50052
-expect 2 "$B/apir-host" -H 0.0.0.0 && has err "no TCP transport"
+echo "== endpoints: malformed and unknown ones refused, never bound as a file"
+expect 2 "$B/apir-host" --listen tcp:127.0.0.1 && has err "bad endpoint"
+expect 2 "$B/apir-host" --listen=tcp:127.0.0.1:65536 && has err "bad endpoint"
+expect 2 "$B/apir-host" --listen tcp:::1:5000 && has err "IPv6 in brackets"
+expect 2 "$B/apir-host" --listen vsock:x:5000 && has err "vsock:CID:PORT"
+expect 2 "$B/apir-host" -H 0.0.0.0 && has err "not a socket path"
 expect 2 "$B/apir-host" -H 127.0.0.1 -p 50052
-expect 2 "$B/apir-host" --port 50052 && has err "no TCP transport"
+expect 2 "$B/apir-host" --port 50052 && has err "listen tcp:HOST:PORT"
 expect 2 "$B/apir-host" --listen virtgpu && has err "libapir-virgl.so"
 expect 2 "$B/apir-host" --listen unix:
+expect 2 "$B/apir-host" --listen ftp:x:1 && has err "not a unix: endpoint"
 n=$((n + 1))
 if [ -n "$(ls -A "$T/cwd")" ]; then echo "FAIL: a refused endpoint left files: $(ls -A "$T/cwd")"; fails=$((fails + 1)); fi
-expect 2 "$B/apir" ping tcp:127.0.0.1:50052 && has err "unknown endpoint.*no TCP transport"
+# An address other machines reach, without a token: the host refuses to start.
+expect 1 "$B/apir-host" --listen "unix:$T/open.sock" --listen tcp:0.0.0.0:0 --isolation thread \
+  && has err "refused without authentication"
+expect 2 "$B/apir" ping tcp:127.0.0.1 && has err "bad endpoint"
+expect 2 "$B/apir" ping tcp:127.0.0.1:0 && has err "port 0"
+expect 1 "$B/apir" ping tcp:127.0.0.1:1 && has err "cannot connect to tcp:127.0.0.1:1"
 expect 2 "$B/apir" info --host=foo && has err "unknown endpoint 'foo'"
-expect 2 env APIR_HOST=tcp:1.2.3.4:5 "$B/apir" info && has err "from APIR_HOST"
+expect 2 env APIR_HOST=ftp:1.2.3.4:5 "$B/apir" info && has err "from APIR_HOST"
+expect 2 "$B/apir" stat tcp:127.0.0.1:5000 && has err "on its own machine"
 expect 1 "$B/apir" ping "unix:$T/none.sock" && has err "cannot connect"
 
 echo "== backend directory"

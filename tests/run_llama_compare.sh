@@ -26,6 +26,15 @@ for _ in $(seq 1 200); do grep -q 'disconnected after' "$APIR_TEST_DIR/host.log"
 graphs=$(grep -o 'disconnected after [0-9]* commands ([0-9]* graphs' "$APIR_TEST_DIR/host.log" | grep -o '([0-9]*' | tr -d '(' | sort -n | tail -1)
 echo "host computed ${graphs:-0} graphs for the APIR0 run"
 [ "${graphs:-0}" -ge 24 ] || { echo "FAIL: the host computed too few graphs"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+# APIR_TEST_STREAM=tcp|tls (lib.sh): the guest must really have come over TCP.
+if [ -n "${APIR_TEST_STREAM:-}" ]; then
+  grep -q 'guest#[0-9]* (127\.0\.0\.1:[0-9]*): worker process\|guest#[0-9]* connected: 127\.0\.0\.1:' "$APIR_TEST_DIR/host.log" \
+    || { echo "FAIL: no guest came over TCP"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+  if [ "$APIR_TEST_STREAM" = tls ]; then
+    grep -q 'TLS 1.3, key "apir-test"' "$APIR_TEST_DIR/host.log" || { echo "FAIL: no TLS session"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+  fi
+  echo "the APIR0 run came over $APIR_HOST"
+fi
 # APIR_EXPECT_FILE_BLOB=1|0: the weights must (1) or must not (0) have reached
 # the host as the model file itself, mapped on both sides (no copy).
 if [ -n "${APIR_EXPECT_FILE_BLOB:-}" ]; then

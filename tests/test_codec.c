@@ -408,6 +408,26 @@ static void test_tensor_and_list(void)
         CHECK(all_zero(&out, sizeof(out)));
     }
 
+    /* A digest (apir 0.4): 32 raw bytes, no length, no padding; a short one
+     * is fatal and reads as zeros. */
+    struct apir_digest dg, dg_out;
+    for (int i = 0; i < 32; i++)
+        dg.b[i] = (uint8_t)(0xa0 + i);
+    apir_encoder_init(&enc, buf, sizeof(buf));
+    apir_encode_digest(&enc, &dg);
+    CHECK(!enc.fatal && apir_encoder_used(&enc) == 32 && memcmp(buf, dg.b, 32) == 0);
+    apir_decoder_init(&dec, buf, 32);
+    memset(&dg_out, 0xee, sizeof(dg_out));
+    apir_decode_digest(&dec, &dg_out);
+    CHECK(!dec.fatal && apir_decoder_left(&dec) == 0 && memcmp(&dg_out, &dg, 32) == 0);
+    apir_decoder_init(&dec, buf, 31);
+    memset(&dg_out, 0xee, sizeof(dg_out));
+    apir_decode_digest(&dec, &dg_out);
+    CHECK(dec.fatal && all_zero(&dg_out, sizeof(dg_out)));
+    apir_encoder_init(&enc, buf, 28);
+    apir_encode_digest(&enc, &dg);
+    CHECK(enc.fatal && apir_encoder_used(&enc) == 0);
+
     /* n == 0, n > max, and records missing are fatal with an empty list. */
     struct apir_tensor_list list;
     uint32_t zero = 0;
@@ -658,15 +678,19 @@ static void test_command_table_extensions(void)
             CHECK_MSG(!apir_command_table[j].name || strcmp(apir_command_table[j].name, c->name) != 0,
                       "commands %u and %u are both %s", j, i, c->name);
         for (const char *p = c->request; *p; p++)
-            CHECK_MSG(strchr("uiercbqhstLT", *p) != NULL, "%s: request letter '%c'", c->name, *p);
+            CHECK_MSG(strchr("uiercbqhstLTd", *p) != NULL, "%s: request letter '%c'", c->name, *p);
         for (const char *p = c->reply; *p; p++)
-            CHECK_MSG(strchr("uiercbqhstL", *p) != NULL, "%s: reply letter '%c'", c->name, *p);
+            CHECK_MSG(strchr("uiercbqhstLd", *p) != NULL, "%s: reply letter '%c'", c->name, *p);
         CHECK(strcmp(apir_command_name(i), c->name) == 0);
     }
     CHECK(APIR_CMD_DEVICE_SELECT == APIR_CMD_COUNT_0_1);
     CHECK(APIR_CMD_BUFFER_NOTE_WEIGHT == APIR_CMD_COUNT_0_2);
+    CHECK(APIR_CMD_BUFFER_SET_TENSOR_HASH == APIR_CMD_COUNT_0_3);
     CHECK(apir_command_minor(APIR_CMD_BACKEND_GRAPH_COMPUTE) == 1 && apir_command_minor(APIR_CMD_DEVICE_SELECT) == 2 &&
-          apir_command_minor(APIR_CMD_BACKEND_GRAPH_RECOMPUTE) == 2 && apir_command_minor(APIR_CMD_BUFFER_WRITTEN) == 3);
+          apir_command_minor(APIR_CMD_BACKEND_GRAPH_RECOMPUTE) == 2 && apir_command_minor(APIR_CMD_BUFFER_WRITTEN) == 3 &&
+          apir_command_minor(APIR_CMD_HOST_GET_VERSION) == 3 && apir_command_minor(APIR_CMD_BUFFER_SET_TENSOR_HASH) == 4 &&
+          apir_command_minor(APIR_CMD_BUFFER_CACHE_TENSOR) == 4);
+    CHECK(APIR_VERSION_MINOR == 4);
     /* What may run while a graph is on the device: queries, graphs, uploads;
      * never a read, a synchronize, or anything freeing or writing memory
      * outside the stream. */
@@ -675,7 +699,8 @@ static void test_command_table_extensions(void)
     const uint32_t waits[] = { APIR_CMD_BUFFER_GET_TENSOR, APIR_CMD_BUFFER_GET_TENSOR_AT, APIR_CMD_BACKEND_SYNCHRONIZE,
                                APIR_CMD_BUFFER_FREE_BUFFER, APIR_CMD_BUFFER_CLEAR, APIR_CMD_BUFFER_MEMSET_TENSOR,
                                APIR_CMD_BUFFER_CPY_TENSOR, APIR_CMD_BUFFER_INIT_TENSOR, APIR_CMD_DEVICE_SELECT,
-                               APIR_CMD_BUFFER_NOTE_WEIGHT, APIR_CMD_BUFFER_WRITTEN, APIR_CMD_COUNT };
+                               APIR_CMD_BUFFER_NOTE_WEIGHT, APIR_CMD_BUFFER_WRITTEN, APIR_CMD_BUFFER_SET_TENSOR_HASH,
+                               APIR_CMD_BUFFER_CACHE_TENSOR, APIR_CMD_COUNT };
     for (size_t i = 0; i < sizeof(beside) / sizeof(beside[0]); i++)
         CHECK_MSG(apir_command_runs_beside_device(beside[i]), "%s should run beside the device", apir_command_name(beside[i]));
     for (size_t i = 0; i < sizeof(waits) / sizeof(waits[0]); i++)
@@ -689,7 +714,7 @@ static void test_command_table_extensions(void)
  * failure, leave the device running after their reply. */
 static void test_command_classes(void)
 {
-    const uint32_t all = APIR_QUERY | APIR_ON_STREAM | APIR_WAITS_DEVICE | APIR_REPORTS | APIR_LEAVES_BUSY;
+    const uint32_t all = APIR_QUERY | APIR_ON_STREAM | APIR_WAITS_DEVICE | APIR_REPORTS | APIR_LEAVES_BUSY | APIR_POSTED;
     static const struct {
         uint32_t bit;
         const char *what;
@@ -708,6 +733,9 @@ static void test_command_classes(void)
             APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_COUNT } },
         { APIR_LEAVES_BUSY, "leaving the device busy",
           { APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_COUNT } },
+        { APIR_POSTED, "posted (not waited for on a stream)",
+          { APIR_CMD_BUFFER_SET_TENSOR, APIR_CMD_BUFFER_CLEAR, APIR_CMD_BUFFER_MEMSET_TENSOR, APIR_CMD_BUFFER_WRITTEN,
+            APIR_CMD_COUNT } },
     };
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) {
         for (uint32_t cmd = 0; cmd < APIR_CMD_COUNT; cmd++) {
@@ -728,6 +756,10 @@ static void test_command_classes(void)
          * beside the device (the guest keeps counting it as computing). */
         CHECK_MSG(!(c & APIR_LEAVES_BUSY) || (c & APIR_GRAPH) == APIR_GRAPH, "%s: leaves busy but is no graph", name);
         CHECK_MSG(!(c & APIR_LEAVES_BUSY) || apir_command_runs_beside_device(cmd), "%s", name);
+        /* A posted command's reply is not read at once: it must carry no
+         * items (the guest gets none) and not be a query (queries answer). */
+        CHECK_MSG(!(c & APIR_POSTED) || (!(c & APIR_QUERY) && apir_command_table[cmd].reply[0] == '\0'),
+                  "%s: posted, but its reply carries items or it is a query", name);
         /* What waits for the device's work is where its failure shows. */
         CHECK_MSG(!(c & APIR_WAITS_DEVICE) || (c & APIR_REPORTS), "%s: waits for the device but reports nothing",
                   name);
@@ -755,6 +787,7 @@ static void test_command_classes(void)
 #define KIND_LETTER_tensor  't'
 #define KIND_LETTER_tensors 'L'
 #define KIND_LETTER_inline  'T'
+#define KIND_LETTER_digest  'd'
 
 #define ITEM_LETTER(kind, field) KIND_LETTER_##kind,
 #define X_LETTERS(num, NAME, classes)                                                  \
@@ -809,6 +842,8 @@ static void test_signatures_derived(void)
         { APIR_CMD_BUFFER_NOTE_WEIGHT, "ht", "u" },
         { APIR_CMD_BUFFER_WRITTEN, "hqq", "" },
         { APIR_CMD_HOST_GET_VERSION, "", "uu" },
+        { APIR_CMD_BUFFER_SET_TENSOR_HASH, "htqqd", "u" },
+        { APIR_CMD_BUFFER_CACHE_TENSOR, "htd", "u" },
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         const struct apir_command_info *c = &apir_command_table[known[i].cmd];
@@ -839,6 +874,7 @@ struct items {
     struct apir_tensor_rec lrec[MAX_ITEMS][LIST_MAX];
     struct apir_tensor_list list[MAX_ITEMS];         /* 'L' decoded */
     uint8_t raw[MAX_ITEMS][INLINE_LEN];              /* 'T' to encode */
+    struct apir_digest d[MAX_ITEMS];                 /* 'd' */
 };
 
 static void items_sample(struct items *v, uint32_t list_n)
@@ -858,6 +894,8 @@ static void items_sample(struct items *v, uint32_t list_n)
             fill_rec(&v->lrec[p][k], 100 + (uint64_t)p * 10 + k);
         for (int k = 0; k < INLINE_LEN; k++)
             v->raw[p][k] = (uint8_t)(0x30 + p * 7 + k);
+        for (int k = 0; k < 32; k++)
+            v->d[p].b[k] = (uint8_t)(0x90 + p * 11 + k);
     }
 }
 
@@ -870,6 +908,7 @@ static size_t item_size(char letter, const struct items *v, int p)
     case 't': return APIR_TENSOR_REC_SIZE;
     case 'L': return 4 + (size_t)v->ln[p] * APIR_TENSOR_REC_SIZE;
     case 'T': return (INLINE_LEN + 3) & ~(size_t)3;
+    case 'd': return 32;
     }
     return 0;
 }
@@ -892,6 +931,7 @@ static void encode_letter(struct apir_encoder *enc, char letter, const struct it
     case 't': apir_encode_tensor(enc, &v->t[p]); return;
     case 'L': apir_encode_tensor_list(enc, v->ln[p], v->lrec[p]); return;
     case 'T': apir_encode_bytes(enc, v->raw[p], INLINE_LEN); return;
+    case 'd': apir_encode_digest(enc, &v->d[p]); return;
     }
     enc->fatal = true;
 }
@@ -907,6 +947,7 @@ static void decode_letter(struct apir_decoder *dec, char letter, struct items *o
     case 's': apir_decode_string(dec, o->s[p], sizeof(o->s[p])); return;
     case 't': apir_decode_tensor(dec, &o->t[p]); return;
     case 'L': apir_decode_tensor_list(dec, &o->list[p], LIST_MAX); return;
+    case 'd': apir_decode_digest(dec, &o->d[p]); return;
     }
     apir_decoder_set_fatal(dec);
 }
@@ -951,6 +992,7 @@ static inline struct apir_bytes in_inline(const struct items *v, int p)
 {
     return (struct apir_bytes){ v->raw[p], INLINE_LEN };
 }
+static inline const struct apir_digest *in_digest(const struct items *v, int p) { return &v->d[p]; }
 
 /* A decoded reply item against the sample of position p, or zero.  One per
  * kind, used or not: no reply holds a res, a u8 or a tensor today. */
@@ -971,6 +1013,10 @@ OUT_FN out_string(const struct apir_string *o, const struct items *w, int p, boo
 OUT_FN out_tensor(const struct apir_tensor_rec *o, const struct items *w, int p, bool s)
 {
     return s ? memcmp(o, &w->t[p], sizeof(*o)) == 0 : all_zero(o, sizeof(*o));
+}
+OUT_FN out_digest(const struct apir_digest *o, const struct items *w, int p, bool s)
+{
+    return s ? memcmp(o, &w->d[p], sizeof(*o)) == 0 : all_zero(o, sizeof(*o));
 }
 OUT_FN out_tensors(const struct apir_tensor_list *o, const struct items *w, int p, bool s)
 {
@@ -1000,6 +1046,7 @@ static bool item_matches(char letter, const struct items *got, const struct item
     case 's': return strcmp(got->s[p], want_sample ? want->s[p] : "") == 0;
     case 't': return out_tensor(&got->t[p], want, p, want_sample);
     case 'L': return out_tensors(&got->list[p], want, p, want_sample);
+    case 'd': return out_digest(&got->d[p], want, p, want_sample);
     }
     return false;
 }

@@ -1,8 +1,11 @@
 /*
  * apir: the command-line client.
  *
- *   apir ping [ENDPOINT] [-n N]    handshake, versions, null-call round trip p50/p99
- *   apir info [ENDPOINT]           devices, memory, buffer types, alignment
+ *   apir ping [ENDPOINTS] [-n N]   handshake, versions, null-call round trip p50/p99
+ *   apir info [ENDPOINTS]          devices, memory, buffer types, alignment
+ *        ENDPOINTS: one endpoint, or a comma-separated list as APIR_HOST
+ *        takes (guest/endpoint_list.h): each host in turn, info numbering
+ *        the devices APIR0.. as a program would see them.
  *   apir stat [ENDPOINT] [--json]  what a running host does (its control socket, PATH.ctl)
  *   apir ps [ENDPOINT] [--json]    the guests it serves, one line each
  *   apir run [options] [--] CMD [ARGS...]
@@ -19,7 +22,9 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "calls.h"
+#include "endpoint_list.h"
 #include "transport.h"
+#include "net.h"
 #include "wait.h"
 
 #include <errno.h>
@@ -48,7 +53,7 @@ enum {
 };
 
 static const char exit_status_text[] =
-    "exit status: 0 success; 1 the host cannot be reached or a call failed; 2 bad command line\n";
+    "exit status: 0 success; 1 the host (one of the hosts listed) cannot be reached or a call failed; 2 bad command line\n";
 
 /* A decimal number from min to max, or a message and false. */
 static bool num_arg(const char *cmd, const char *opt, const char *v, long long min, long long max, long long *out)
@@ -67,8 +72,8 @@ static bool num_arg(const char *cmd, const char *opt, const char *v, long long m
 }
 
 /* The endpoints the guest library knows (transport.c): unix:PATH, an
- * absolute path, virtgpu[:NODE].  Anything else is refused here, before a
- * connection is tried, and named. */
+ * absolute path, virtgpu[:NODE], tcp:HOST:PORT, vsock:CID:PORT.  Anything
+ * else is refused here, before a connection is tried, and named. */
 static bool endpoint_ok(const char *cmd, const char *e, const char *from)
 {
     if (!e || !*e)
@@ -77,9 +82,20 @@ static bool endpoint_ok(const char *cmd, const char *e, const char *from)
         return true;
     if (!strncmp(e, "virtgpu", 7) && (e[7] == '\0' || (e[7] == ':' && e[8])))
         return true;
-    const bool tcp = !strncmp(e, "tcp:", 4) || (strchr(e, ':') && strncmp(e, "unix:", 5) != 0);
-    fprintf(stderr, "apir %s: unknown endpoint '%s'%s: use unix:PATH, /PATH or virtgpu[:NODE]%s\n", cmd, e, from,
-            tcp ? " (apir has no TCP transport: a guest shares memory with its host, on one machine or in a VM)" : "");
+    char err[160];
+    struct apir_net_addr addr;
+    if (apir_net_is_stream(e)) {
+        const bool parsed = apir_net_parse(e, &addr, err, sizeof(err));
+        if (parsed && addr.port != 0)
+            return true;
+        if (parsed)
+            fprintf(stderr, "apir %s: %s: port 0 is for listening; give the host's port\n", cmd, e);
+        else
+            fprintf(stderr, "apir %s: %s\n", cmd, err);
+        return false;
+    }
+    fprintf(stderr, "apir %s: unknown endpoint '%s'%s: use unix:PATH, /PATH, tcp:HOST:PORT, tls:HOST:PORT, "
+            "vsock:CID:PORT or virtgpu[:NODE]\n", cmd, e, from);
     return false;
 }
 
@@ -99,15 +115,50 @@ static bool positional_endpoint(int argc, char **argv, const char **given)
     return true;
 }
 
+static void ignore_problem(void *arg, const char *msg)
+{
+    (void)arg;
+    (void)msg;
+}
+
+static void print_problem(void *arg, const char *msg)
+{
+    fprintf(stderr, "apir %s: %s\n", (const char *)arg, msg);
+}
+
+/* An endpoint, or for ping, info and run a comma-separated list of them (as
+ * APIR_HOST may be: guest/endpoint_list.h), each one checked.  What the
+ * list's parser leaves out (empty items, too long...) is said when the
+ * list is used, as the guest library says it. */
+static bool endpoints_ok(const char *cmd, const char *e, const char *from)
+{
+    if (!e || !strchr(e, ','))
+        return endpoint_ok(cmd, e, from);
+    if (strcmp(cmd, "ping") != 0 && strcmp(cmd, "info") != 0 && strcmp(cmd, "run") != 0) {
+        fprintf(stderr, "apir %s: '%s'%s is a list: give one endpoint (ping, info and run take lists)\n", cmd, e, from);
+        return false;
+    }
+    struct apir_endpoint_list list;
+    apir_endpoint_list_parse(e, &list, ignore_problem, NULL);
+    if (!list.n) {
+        fprintf(stderr, "apir %s: '%s'%s names no endpoint\n", cmd, e, from);
+        return false;
+    }
+    for (uint32_t i = 0; i < list.n; i++)
+        if (!endpoint_ok(cmd, list.endpoint[i], from))
+            return false;
+    return true;
+}
+
 static bool pick_endpoint(const char *cmd, const char *given, const char **out)
 {
     const char *env = getenv("APIR_HOST");
     if (given) {
-        if (!endpoint_ok(cmd, given, ""))
+        if (!endpoints_ok(cmd, given, ""))
             return false;
         *out = given;
     } else {
-        if (!endpoint_ok(cmd, env, " (from APIR_HOST)"))
+        if (!endpoints_ok(cmd, env, " (from APIR_HOST)"))
             return false;
         *out = env && *env ? env : NULL;
     }
@@ -133,7 +184,7 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int do_ping(const char *endpoint, int n)
+static int ping_one(const char *endpoint, int n)
 {
     struct apir_remote r;
     char err[256];
@@ -180,7 +231,9 @@ static const char *type_name(uint32_t t)
     }
 }
 
-static int do_info(const char *endpoint)
+/* One host's devices; *next: the APIR number its first device gets in a
+ * program with the same APIR_HOST (frontend_reg.c), advanced past them. */
+static int info_one(const char *endpoint, uint32_t *next)
 {
     struct apir_remote r;
     char err[256];
@@ -213,7 +266,11 @@ static int do_info(const char *endpoint)
         apir_call_BUFFER_TYPE_GET_NAME(&r, buft, &buft_name);
         apir_call_BUFFER_TYPE_GET_ALIGNMENT(&r, buft, &align);
         apir_call_BUFFER_TYPE_GET_MAX_SIZE(&r, buft, &max_size);
-        printf("device %u: %s - %s [%s]\n", i, name.s, desc.s, type_name(type));
+        if (*next < APIR_MAX_DEVICES)
+            printf("device %u: %s - %s [%s], APIR%u\n", i, name.s, desc.s, type_name(type), (*next)++);
+        else
+            printf("device %u: %s - %s [%s], not offered (%d APIR devices at most)\n", i, name.s, desc.s,
+                   type_name(type), APIR_MAX_DEVICES);
         printf("  memory: %llu MiB free of %llu MiB\n", (unsigned long long)(free_mem >> 20),
                (unsigned long long)(total >> 20));
         printf("  buffer type: %s, alignment %llu, max size %llu MiB\n", buft_name.s, (unsigned long long)align,
@@ -224,14 +281,34 @@ static int do_info(const char *endpoint)
     return 0;
 }
 
+/* Every host of the list (one endpoint is a list of one), in order; 1 when
+ * any cannot be reached or fails, after the others are done. */
+static int for_each_host(const char *cmd, const char *spec, int n)
+{
+    struct apir_endpoint_list list;
+    apir_endpoint_list_parse(spec, &list, print_problem, (void *)cmd);
+    const bool ping = !strcmp(cmd, "ping");
+    uint32_t next = 0;
+    int rc = list.n ? 0 : 1;
+    for (uint32_t i = 0; i < list.n; i++) {
+        const char *e = list.endpoint[i][0] ? list.endpoint[i] : NULL;
+        if (list.n > 1 && i > 0)
+            printf("\n");
+        if ((ping ? ping_one(e, n) : info_one(e, &next)) != 0)
+            rc = 1;
+    }
+    return rc;
+}
+
 
 /* ---- apir ping / apir info ------------------------------------------------ */
 
 static void ping_usage(FILE *out)
 {
-    fprintf(out, "usage: apir ping [options] [ENDPOINT]\n"
+    fprintf(out, "usage: apir ping [options] [ENDPOINT[,ENDPOINT...]]\n"
                  "Connects to a host, prints the protocol versions and the round trip of a null call.\n"
-                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]\n"
+                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]; a comma-separated list\n"
+                 "                          (as APIR_HOST takes) pings each host in turn\n"
                  "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
                  "  -n, --count N           null calls to time (default 10000; 1 to 10000000)\n"
                  "  -h, --help              this help\n"
@@ -241,9 +318,11 @@ static void ping_usage(FILE *out)
 
 static void info_usage(FILE *out)
 {
-    fprintf(out, "usage: apir info [options] [ENDPOINT]\n"
-                 "Prints the host's version and its devices: memory, buffer type, alignment.\n"
-                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]\n"
+    fprintf(out, "usage: apir info [options] [ENDPOINT[,ENDPOINT...]]\n"
+                 "Prints the host's version and its devices: memory, buffer type, alignment, and the name\n"
+                 "(APIR0...) a program with the same APIR_HOST gives each.\n"
+                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]; a comma-separated list\n"
+                 "                          (as APIR_HOST takes) shows each host in turn, numbering devices across them\n"
                  "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
                  "  -h, --help              this help\n"
                  "%s",
@@ -290,7 +369,7 @@ static int cmd_ping_info(int argc, char **argv)
     const char *endpoint;
     if (!pick_endpoint(argv[0], given, &endpoint))
         return EXIT_USAGE;
-    return ping ? do_ping(endpoint, (int)n) : do_info(endpoint);
+    return for_each_host(argv[0], endpoint, (int)n);
 }
 
 /* ---- apir run ---------------------------------------------------------------- */
@@ -330,7 +409,8 @@ static void run_usage(FILE *out)
             "runs CMD with GGML_BACKEND_PATH=libggml-apir.so and APIR_HOST set, then stops the host\n"
             "and removes its socket folder ($TMPDIR or /tmp, apir-run-XXXXXX).\n"
             "Options before CMD (those after it are CMD's):\n"
-            "  -H, --host ENDPOINT     use this running host instead of starting one (also $APIR_HOST)\n"
+            "  -H, --host ENDPOINTS    use this running host instead of starting one (also $APIR_HOST); a\n"
+            "                          comma-separated list, as APIR_HOST takes, uses several\n"
             "  -b, --backend NAME      the started host's backend (CPU, CUDA...; default: first GPU, else CPU)\n"
             "  -d, --device N|NAME     ... only this device of it\n"
             "  -t, --threads N         ... CPU threads (default: the cores this process may use)\n"
@@ -734,6 +814,11 @@ static bool control_path(const char *cmd, const char *control, const char *endpo
         fprintf(stderr, "apir %s: '%s': a VM's host is seen on the hypervisor's machine: give its unix:PATH\n", cmd, e);
         return false;
     }
+    if (e && apir_net_is_stream(e)) {
+        fprintf(stderr, "apir %s: '%s': a host's control socket is on its own machine: run apir %s there, with its "
+                "unix:PATH\n", cmd, e, cmd);
+        return false;
+    }
     if (!e) {
         apir_shm_default_path(sock, sizeof(sock));
         e = sock;
@@ -939,8 +1024,8 @@ struct command {
 };
 
 static const struct command commands[] = {
-    { "ping", cmd_ping_info, ping_usage, "ping [ENDPOINT] [-n N]", "round trip to a host" },
-    { "info", cmd_ping_info, info_usage, "info [ENDPOINT]", "the host's version and devices" },
+    { "ping", cmd_ping_info, ping_usage, "ping [ENDPOINTS] [-n N]", "round trip to a host (to each host listed)" },
+    { "info", cmd_ping_info, info_usage, "info [ENDPOINTS]", "the host's version and devices (each host's listed)" },
     { "run", cmd_run, run_usage, "run [options] [--] CMD ...", "run a ggml program on an APIR device" },
     { "stat", cmd_stat_ps, stat_usage, "stat [ENDPOINT] [--json]", "what a running host does: devices, guests, totals" },
     { "ps", cmd_stat_ps, ps_usage, "ps [ENDPOINT] [--json]", "the guests a running host serves" },
@@ -956,6 +1041,7 @@ static void usage(FILE *out)
     fprintf(out, "  apir help COMMAND                a command's options (or: apir COMMAND --help)\n"
                  "  apir --version                   apir's version, the APIR protocol version and the ggml it was built against\n"
                  "ENDPOINT: unix:PATH, /PATH or virtgpu[:NODE]; default $APIR_HOST, else the default socket\n"
+                 "ENDPOINTS: an ENDPOINT or a comma-separated list of them, as APIR_HOST takes (ping, info, run)\n"
                  "%s"
                  "             apir run: CMD's own status; 125, 126, 127 as apir run --help says\n",
             exit_status_text);

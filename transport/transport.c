@@ -1,4 +1,5 @@
 #include "transport.h"
+#include "net.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +32,10 @@ struct apir_transport *apir_transport_open(const char *endpoint, char *err, size
         }
         return apir_virtgpu_connect(endpoint[7] == ':' ? endpoint + 8 : NULL, err, err_len);
     }
+    if (apir_net_is_stream(endpoint))
+        return apir_stream_connect(endpoint, err, err_len);
     if (endpoint[0] == '/')
         return apir_shm_connect(endpoint, err, err_len);
-    snprintf(err, err_len, "unknown endpoint '%s' (use unix:PATH or virtgpu[:NODE])", endpoint);
+    snprintf(err, err_len, "unknown endpoint '%s' (use unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT or virtgpu[:NODE])", endpoint);
     return NULL;
 }

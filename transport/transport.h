@@ -2,7 +2,10 @@
  * The guest's view of a transport: a place to write one command, a way to
  * submit it and read the reply, and shared-memory blobs named by res_id.
  *
- * Implementations: shm (same host, shm_client.c) and virtgpu (VM guests).
+ * Implementations: shm (same host, shm_client.c), virtgpu (VM guests) and
+ * stream (tcp:, vsock:; stream_client.c), whose blobs are not shared memory:
+ * each side has its own copy, and the bytes a command needs travel with it
+ * (stage_in, stage_out).
  * A transport is used by one thread at a time (the caller serializes).
  */
 #ifndef APIR_TRANSPORT_H
@@ -33,6 +36,15 @@ struct apir_transport_ops {
      * cannot pass files (virtio-gpu); -1 when the host refused. */
     int (*blob_share_file)(struct apir_transport *t, int fd, uint64_t offset, uint64_t size, uint64_t skip,
                            uint32_t *res_id);
+    /* Stream transports only (NULL where blobs are shared memory): the next
+     * submit first puts src's size bytes at [offset, offset + size) of the
+     * host's blob res_id (stage_in), and after it reads the host's bytes of
+     * such a range into dst (stage_out).  src and dst are the caller's until
+     * that submit returns.  -1: too many ranges for one command. */
+    int (*stage_in)(struct apir_transport *t, uint32_t res_id, uint64_t offset, const void *src, size_t size);
+    int (*stage_out)(struct apir_transport *t, uint32_t res_id, uint64_t offset, void *dst, size_t size);
+    /* Drops what was staged for a command that will not be sent. */
+    void (*unstage)(struct apir_transport *t);
     void (*close)(struct apir_transport *t);
 };
 
@@ -46,6 +58,11 @@ struct apir_transport {
      * GPU takes ~1 ms, and a sleep plus wake-up costs 50 us or more, so
      * graph waits spin (yielding) much longer than short commands. */
     uint64_t wait_spin_ns;
+    /* The next submit need not wait for its reply (set by the caller for
+     * APIR_POSTED commands, cleared by submit): a transport that can
+     * (stream) answers APIR_FORWARD_BASE at once with no reply items and
+     * reads the real reply later, in order; a failure is logged then. */
+    bool post_next;
 };
 
 /* "unix:PATH" (or a bare path): the shm transport. */
@@ -55,7 +72,11 @@ struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_
  * /run/apir/host.sock. */
 void apir_shm_default_path(char *out, size_t len);
 
-/* Opens an endpoint string: unix:PATH, virtgpu[:/dev/dri/renderD*]. */
+/* "tcp:HOST:PORT", "tls:HOST:PORT" or "vsock:CID:PORT": the stream transport. */
+struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size_t err_len);
+
+/* Opens an endpoint string: unix:PATH, virtgpu[:/dev/dri/renderD*],
+ * tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT. */
 struct apir_transport *apir_transport_open(const char *endpoint, char *err, size_t err_len);
 
 #endif

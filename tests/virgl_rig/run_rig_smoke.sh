@@ -19,7 +19,7 @@ T=$(mktemp -d /tmp/apir-smoke-XXXXXX)
 
 # 1. ping: handshake, LOADLIBRARY, the 0.2 probe, round trips.
 rig_start --ggml-lib "$CPU_LIB" --threads 2 || exit 1
-if rig_guest "$APIR_BUILD/apir" ping virtgpu -n 2000 >"$T/ping.log" 2>&1 && grep -q "APIR 0.3" "$T/ping.log"; then
+if rig_guest "$APIR_BUILD/apir" ping virtgpu -n 2000 >"$T/ping.log" 2>&1 && grep -q "APIR 0.4" "$T/ping.log"; then
   ok "ping over virtgpu: $(grep 'null call' "$T/ping.log")"
 else bad "ping over virtgpu" "$T/ping.log"; fi
 

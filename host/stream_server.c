@@ -1,0 +1,481 @@
+/*
+ * apir-host's stream endpoints (tcp:HOST:PORT, vsock:CID:PORT): guests on
+ * other machines, or in VMs without virtio-gpu.  transport/stream_proto.h
+ * has the wire rules; the accept loop, limits, workers and stats are the
+ * Unix socket's (shm_server.c, workers.c), so a stream guest is served,
+ * counted, sandboxed and shown exactly like a local one.
+ *
+ * Who may connect: a listener on a loopback address (or vsock's local CID)
+ * is reachable from this machine only, like the Unix socket; one that
+ * other machines reach is refused at start unless a token is configured,
+ * and then every guest must present it in its hello (compared in constant
+ * time).  The token travels in clear: it keeps strangers on a trusted
+ * network out, it does not protect a link an attacker can read (there is
+ * no TLS yet; README says so).
+ *
+ * The daemon reads the hello itself - non-blocking, under the handshake
+ * deadline, a fixed 80 bytes - and checks the token before anything is
+ * spent: an unauthenticated peer never gets a worker process or a thread.
+ * Only then is the connection served, by a worker process (the daemon
+ * passes it with --serve-stream-fd) or a thread here.
+ *
+ * Serving: one frame at a time, in order.  The frame's "in" ranges are
+ * read straight into the session's blobs (bounds-checked first: a range
+ * outside a live blob hangs up on the guest), the command runs through the
+ * same dispatch as on every transport, and the reply goes back with the
+ * "out" ranges read from the blobs.  A guest that stops in the middle of a
+ * frame, or stops reading its replies, is hung up on after FRAME_IDLE_MS
+ * without progress; between frames it may idle (a dead peer is noticed by
+ * TCP keepalive: transport/net.c).
+ */
+#include "shm_server_impl.h"
+
+#include "apir_codec.h"
+#include "apir_log.h"
+#include "apir_proto.h"
+#include "net.h"
+#include "stream_proto.h"
+#include "tls.h"
+#include "wait.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* The longest a guest may leave a frame half sent or a reply unread. */
+#define FRAME_IDLE_MS 30000
+
+bool apir_shm_server_set_token(struct apir_shm_server *srv, const char *token, char *err, size_t err_len)
+{
+    size_t n = token ? strlen(token) : 0;
+    if (n == 0 || n > APIR_STREAM_TOKEN_MAX) {
+        snprintf(err, err_len, "the token must be 1 to %u bytes (it is %zu)", APIR_STREAM_TOKEN_MAX, n);
+        return false;
+    }
+    memcpy(srv->token, token, n);
+    srv->token_len = (uint32_t)n;
+    return true;
+}
+
+bool apir_shm_server_set_tls_keys(struct apir_shm_server *srv, struct apir_tls_keys *keys)
+{
+    apir_tls_keys_free(srv->tls_keys);
+    srv->tls_keys = keys;
+    return keys != NULL;
+}
+
+bool apir_shm_server_listen_stream(struct apir_shm_server *srv, const char *endpoint, char *err, size_t err_len)
+{
+    if (srv->n_net == APIR_MAX_NET_LISTENERS) {
+        snprintf(err, err_len, "more than %u stream endpoints", APIR_MAX_NET_LISTENERS);
+        return false;
+    }
+    struct apir_net_addr addr;
+    if (!apir_net_parse(endpoint, &addr, err, err_len))
+        return false;
+    if (addr.tls && !srv->tls_keys) {
+        snprintf(err, err_len, "%s: a tls: listener needs the guests' keys (--tls-psk-file)", endpoint);
+        return false;
+    }
+    bool loopback_only = false;
+    int fd = apir_net_listen(&addr, &loopback_only, err, err_len);
+    if (fd < 0)
+        return false;
+    if (!loopback_only && !srv->token_len && !addr.tls) {
+        close(fd);
+        snprintf(err, err_len,
+                 "%s is reachable from other machines: refused without authentication (serve tls:HOST:PORT with "
+                 "--tls-psk-file, or on a trusted network give a token: --token-file)", endpoint);
+        return false;
+    }
+    struct net_listener *l = &srv->net[srv->n_net++];
+    l->fd = fd;
+    l->loopback_only = loopback_only;
+    l->tls = addr.tls;
+    if (addr.port == 0 && addr.kind == APIR_NET_TCP)  /* the kernel chose: say which (tests read it) */
+        snprintf(l->endpoint, sizeof(l->endpoint), strchr(addr.host, ':') ? "%s:[%s]:%u" : "%s:%s:%u",
+                 addr.tls ? "tls" : "tcp", addr.host, (unsigned)apir_net_local_port(fd));
+    else
+        snprintf(l->endpoint, sizeof(l->endpoint), "%s", endpoint);
+    endpoint = l->endpoint;
+    if (!loopback_only && !addr.tls)
+        APIR_WARN("host", "%s: guests must present the token, which travels in clear: serve it on a trusted network "
+                  "only (tls:HOST:PORT encrypts)", endpoint);
+    APIR_INFO("host", "serving %s (%s)", endpoint,
+              addr.tls ? "TLS 1.3, pre-shared keys" : loopback_only ? "this machine only" : "token required");
+    return true;
+}
+
+void apir_stream_refuse(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls, const char *message)
+{
+    if (tls) {
+        /* Before its handshake a TLS guest could not read a plain refusal. */
+        srv->refused_connections++;
+        APIR_WARN("host", "guest refused (%s): %s", peer_name, message);
+        close(fd);
+        return;
+    }
+    struct apir_stream_hello_reply r = { .magic = APIR_STREAM_MAGIC, .status = 1 };
+    snprintf(r.message, sizeof(r.message), "%s", message);
+    ssize_t n = send(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)n;
+    srv->refused_connections++;
+    APIR_WARN("host", "guest refused (%s): %s", peer_name, message);
+    apir_server_linger_close(srv, fd);
+}
+
+/*
+ * The network has no credentials: a stream peer is counted (admission,
+ * --max-clients-per-uid) under a number derived from its address, so one
+ * address's connections - silent ones included - take only that address's
+ * share, never every stream guest's.  Distinct addresses may share a number
+ * (a 2^24 space): they then share a share, nothing more.
+ */
+static uid_t peer_uid(int fd)
+{
+    struct sockaddr_storage ss = { 0 };
+    socklen_t sl = sizeof(ss);
+    const uint8_t *b = NULL;
+    size_t n = 0;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET) {
+        b = (const uint8_t *)&((struct sockaddr_in *)&ss)->sin_addr;
+        n = 4;
+    } else if (ss.ss_family == AF_INET6) {
+        b = (const uint8_t *)&((struct sockaddr_in6 *)&ss)->sin6_addr;
+        n = 16;
+    }
+    uint32_t h = 2166136261u;  /* FNV-1a: spreading, not secrecy */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 16777619u;
+    return (uid_t)(APIR_NET_PEER_UID_BASE + (h & 0xFFFFFFu));
+}
+
+void apir_stream_accept(struct apir_shm_server *srv, uint32_t listener)
+{
+    int fd = accept4(srv->net[listener].fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    apir_net_tune(fd);
+    char name[64];
+    apir_net_peer_name(fd, name, sizeof(name));
+    const struct ucred peer = { .pid = 0, .uid = peer_uid(fd), .gid = (gid_t)-1 };
+    const char *why = apir_server_admission_refusal(srv, peer.uid);
+    if (why) {
+        apir_stream_refuse(srv, fd, name, srv->net[listener].tls, why);
+    } else if (srv->net[listener].tls) {
+        /* TLS: the handshake is the hello's check; it runs where the guest
+         * is served (its worker process, sandboxed, or its thread), never
+         * in this loop. */
+        if (srv->worker_argv)
+            apir_workers_spawn(srv, fd, &peer, name, true);
+        else
+            apir_stream_start_client(srv, fd, name, true);
+    } else {
+        apir_server_add_pending(srv, fd, &peer, true);
+    }
+}
+
+/* Constant time in the token's length: a guest learns nothing from how
+ * long a wrong token took to refuse. */
+static bool token_matches(const struct apir_shm_server *srv, const struct apir_stream_hello *h)
+{
+    if (!srv->token_len)
+        return true;
+    uint8_t diff = (uint8_t)(h->token_len != srv->token_len);
+    for (uint32_t i = 0; i < APIR_STREAM_TOKEN_MAX; i++)
+        diff |= (uint8_t)((i < srv->token_len ? srv->token[i] : 0) ^ (i < h->token_len ? h->token[i] : 0));
+    return diff == 0;
+}
+
+bool apir_stream_pending(struct apir_shm_server *srv, struct pending_conn *p, short revents, uint64_t now)
+{
+    char name[64];
+    apir_net_peer_name(p->fd, name, sizeof(name));
+    if (revents & POLLIN) {
+        ssize_t n = recv(p->fd, p->hello + p->hello_len, sizeof(p->hello) - p->hello_len, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            APIR_INFO("host", "connection (%s) closed before its hello", name);
+            close(p->fd);
+            return true;
+        }
+        if (n > 0)
+            p->hello_len = (uint8_t)(p->hello_len + n);
+    } else if (revents) {
+        close(p->fd);
+        return true;
+    }
+    if (p->hello_len < sizeof(p->hello)) {
+        if (now < p->deadline_ns)
+            return false;
+        APIR_WARN("host", "connection (%s) sent no hello in %u ms: closed", name,
+                  srv->host->cfg.limits.handshake_timeout_ms);
+        close(p->fd);
+        return true;
+    }
+    struct apir_stream_hello h;
+    memcpy(&h, p->hello, sizeof(h));
+    explicit_bzero(p->hello, sizeof(p->hello));
+    const char *why = NULL;
+    if (h.magic != APIR_STREAM_MAGIC)
+        why = "not an apir stream hello";
+    else if (h.version != APIR_STREAM_VERSION)
+        why = "unsupported stream transport version";
+    else if (h.token_len > APIR_STREAM_TOKEN_MAX)
+        why = "malformed hello";
+    else if (!token_matches(srv, &h))
+        why = h.token_len ? "wrong token" : "a token is required (APIR_TOKEN_FILE or APIR_TOKEN on the guest)";
+    else if (!srv->worker_argv && atomic_load(&srv->n_clients) >= srv->host->cfg.limits.max_clients)
+        why = "too many clients";
+    explicit_bzero(&h.token, sizeof(h.token));
+    if (why) {
+        apir_stream_refuse(srv, p->fd, name, false, why);
+        return true;
+    }
+    if (srv->worker_argv)
+        apir_workers_spawn(srv, p->fd, &p->peer, name, false);
+    else
+        apir_stream_start_client(srv, p->fd, name, false);
+    return true;
+}
+
+/* ---- serving ------------------------------------------------------------ */
+
+static void unmap_release(void *ptr, size_t size, void *user)
+{
+    (void)user;
+    munmap(ptr, size);
+}
+
+/* The host's copy of a guest blob: anonymous memory, counted against the
+ * session's blob quota (apir_session_blob_add); untouched pages cost
+ * nothing until the guest's bytes arrive. */
+static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
+{
+    uint32_t res_id = apir_decode_u32(req);
+    uint64_t size = apir_decode_u64(req);
+    if (req->fatal || res_id < APIR_STREAM_FIRST_RES_ID || size == 0 || size > SIZE_MAX / 2)
+        return 1;
+    /* Over the quota: refused before anything is mapped (blob_add would
+     * refuse it too, after). */
+    const struct apir_limits *lim = &c->srv->host->cfg.limits;
+    if (size > lim->max_blob_bytes - c->session->blob_bytes || c->session->n_blobs >= lim->max_blobs) {
+        APIR_WARN("host", "%s: blob %u of %llu bytes refused: over the blob quota (--max-blobs, --max-blob-mib)",
+                  c->session->name, res_id, (unsigned long long)size);
+        return 1;
+    }
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        APIR_WARN("host", "%s: blob %u of %llu bytes: %s", c->session->name, res_id, (unsigned long long)size,
+                  strerror(errno));
+        return 1;
+    }
+    if (!apir_session_blob_add(c->session, res_id, p, (size_t)size, unmap_release, NULL)) {
+        munmap(p, (size_t)size);
+        return 1;
+    }
+    return 0;
+}
+
+struct stream_io {
+    struct apir_net_reader rd;
+    uint8_t cmd[APIR_MAX_COMMAND_SIZE];
+    uint8_t reply[APIR_REPLY_BLOB_SIZE];
+};
+
+/* Serves one frame whose header was read; false: hang up.  *began: when
+ * its command began (after its bytes were in: a slow link's upload time is
+ * not the command's, which --graph-timeout-ms bounds), 0 if it never ran. */
+static bool serve_frame(struct shm_client *c, struct stream_io *io, const struct apir_stream_frame *f,
+                        uint64_t *began)
+{
+    struct apir_session *s = c->session;
+    const uint32_t n_seg = (uint32_t)f->n_in + f->n_out;
+    if (f->magic != APIR_STREAM_FRAME_MAGIC || f->cmd_len < APIR_CMD_HEADER_SIZE || f->cmd_len > APIR_MAX_COMMAND_SIZE ||
+        n_seg > APIR_STREAM_MAX_SEGMENTS || f->reserved != 0) {
+        APIR_WARN("host", "%s: malformed frame (magic %08x, %u command bytes, %u ranges): hanging up", s->name,
+                  f->magic, f->cmd_len, n_seg);
+        return false;
+    }
+    struct apir_stream_segment seg[APIR_STREAM_MAX_SEGMENTS];
+    if (apir_net_read(&io->rd, seg, n_seg * sizeof(seg[0]), FRAME_IDLE_MS, NULL) != 0 ||
+        apir_net_read(&io->rd, io->cmd, f->cmd_len, FRAME_IDLE_MS, NULL) != 0) {
+        APIR_WARN("host", "%s: frame cut short (%s): hanging up", s->name, strerror(errno));
+        return false;
+    }
+    /* Every range inside a live blob, before a byte of payload lands. */
+    for (uint32_t i = 0; i < n_seg; i++)
+        if (seg[i].reserved != 0 || !apir_session_blob_range(s, seg[i].res_id, seg[i].offset, seg[i].size)) {
+            APIR_WARN("host", "%s: data range %u (blob %u, %llu bytes at %llu) outside its blob: hanging up", s->name, i,
+                      seg[i].res_id, (unsigned long long)seg[i].size, (unsigned long long)seg[i].offset);
+            return false;
+        }
+    for (uint32_t i = 0; i < f->n_in; i++) {
+        uint8_t *dst = apir_session_blob_range(s, seg[i].res_id, seg[i].offset, seg[i].size);
+        if (apir_net_read(&io->rd, dst, (size_t)seg[i].size, FRAME_IDLE_MS, NULL) != 0) {
+            APIR_WARN("host", "%s: upload cut short (%s): hanging up", s->name, strerror(errno));
+            return false;
+        }
+    }
+    *began = apir_now_ns();
+    atomic_store_explicit(&c->busy_since_ns, *began, memory_order_relaxed);
+    struct apir_decoder req;
+    apir_decoder_init(&req, io->cmd, f->cmd_len);
+    struct apir_cmd_header hdr;
+    apir_decode_header(&req, &hdr);
+    struct apir_encoder reply;
+    apir_encoder_init(&reply, io->reply, sizeof(io->reply) - 4);
+    bool handled;
+    uint32_t ret = apir_client_run_command(c, &hdr, &req, &reply, &handled);
+    if (!handled) {
+        switch (hdr.cmd_type) {
+        case APIR_CMD_TYPE_SHM_BLOB_CREATE:
+            ret = blob_create(c, &req);
+            break;
+        case APIR_CMD_TYPE_SHM_BLOB_DESTROY: {
+            uint32_t res_id = apir_decode_u32(&req);
+            ret = !req.fatal && res_id >= APIR_STREAM_FIRST_RES_ID && apir_session_blob_remove(s, res_id) ? 0 : 1;
+            break;
+        }
+        default:
+            APIR_WARN("host", "%s: command type %d is not served on a stream", s->name, hdr.cmd_type);
+            ret = APIR_FORWARD_NO_DISPATCH;
+            break;
+        }
+    }
+    struct apir_stream_reply rh = { .magic = APIR_STREAM_REPLY_MAGIC, .ret = ret,
+                                    .reply_len = (uint32_t)apir_encoder_used(&reply), .n_out = f->n_out };
+    struct iovec iov[2 + APIR_STREAM_MAX_SEGMENTS];
+    int n_iov = 0;
+    iov[n_iov++] = (struct iovec){ &rh, sizeof(rh) };
+    iov[n_iov++] = (struct iovec){ io->reply, rh.reply_len };
+    for (uint32_t i = f->n_in; i < n_seg; i++) {
+        /* Looked up again: the command may have destroyed the blob. */
+        uint8_t *src = apir_session_blob_range(s, seg[i].res_id, seg[i].offset, seg[i].size);
+        if (!src) {
+            APIR_WARN("host", "%s: the command destroyed the blob its download reads: hanging up", s->name);
+            return false;
+        }
+        rh.out_bytes += seg[i].size;
+        iov[n_iov++] = (struct iovec){ src, (size_t)seg[i].size };
+    }
+    if (apir_net_send(c->fd, c->tls, iov, n_iov, FRAME_IDLE_MS) != 0) {
+        APIR_WARN("host", "%s: cannot send the reply (%s): hanging up", s->name, strerror(errno));
+        return false;
+    }
+    /* A keyed graph accepted by this command is computed now, while the
+     * guest goes on; the next frame is read after it. */
+    apir_session_run_deferred(s);
+    return !atomic_load(&c->dead);
+}
+
+/*
+ * A tls: guest, first: the handshake (its key names it), then its hello
+ * inside TLS, answered.  Under the handshake deadline, like any hello.
+ */
+static bool tls_welcome(struct shm_client *c, struct stream_io *io)
+{
+    const int timeout_ms = (int)c->srv->host->cfg.limits.handshake_timeout_ms;
+    char err[200];
+    c->tls = apir_tls_server(c->fd, c->srv->tls_keys, timeout_ms, err, sizeof(err));
+    if (!c->tls) {
+        APIR_WARN("host", "%s: refused: %s", c->session->name, err);
+        return false;
+    }
+    io->rd.tls = c->tls;
+    struct apir_stream_hello h;
+    if (apir_net_read(&io->rd, &h, sizeof(h), timeout_ms, NULL) != 0 || h.magic != APIR_STREAM_MAGIC ||
+        h.version != APIR_STREAM_VERSION) {
+        APIR_WARN("host", "%s: no stream hello after the TLS handshake: closed", c->session->name);
+        return false;
+    }
+    explicit_bzero(&h, sizeof(h));
+    struct apir_stream_hello_reply r = { .magic = APIR_STREAM_MAGIC, .status = 0 };
+    struct iovec iov = { &r, sizeof(r) };
+    if (apir_net_send(c->fd, c->tls, &iov, 1, FRAME_IDLE_MS) != 0)
+        return false;
+    APIR_INFO("host", "%s: TLS 1.3, key \"%s\"", c->session->name, apir_tls_identity(c->tls));
+    return true;
+}
+
+static void *stream_client_worker(void *arg)
+{
+    struct shm_client *c = arg;
+    struct stream_io *io = malloc(sizeof(*io));
+    if (io && !apir_net_reader_init(&io->rd, c->fd, 64 * 1024)) {
+        free(io);
+        io = NULL;
+    }
+    if (io && c->tls_pending && !tls_welcome(c, io)) {
+        apir_net_reader_free(&io->rd);
+        free(io);
+        io = NULL;
+    }
+    while (io && !atomic_load(&c->dead)) {
+        struct apir_stream_frame f;
+        bool eof_clean = false;
+        /* Between frames a guest may idle as long as it likes; once a frame
+         * has begun, its header too must keep coming. */
+        if (!apir_net_wait_readable(&io->rd, -1) ||
+            apir_net_read(&io->rd, &f, sizeof(f), FRAME_IDLE_MS, &eof_clean) != 0) {
+            if (!eof_clean && !atomic_load(&c->dead))
+                APIR_WARN("host", "%s: connection lost (%s)", c->session->name, strerror(errno));
+            break;
+        }
+        uint64_t began = 0;
+        bool go_on = serve_frame(c, io, &f, &began);
+        atomic_store_explicit(&c->busy_since_ns, 0, memory_order_relaxed);
+        if (began)
+            apir_stats_publish(c->stats, c->session, APIR_GUEST_SERVING, began, c->reported_pid);
+        if (!go_on)
+            break;
+    }
+    if (io) {
+        apir_net_reader_free(&io->rd);
+        free(io);
+    }
+    /* Make the main loop notice (it polls for hang-up), then let go. */
+    shutdown(c->fd, SHUT_RDWR);
+    apir_client_put(c);
+    return NULL;
+}
+
+void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls)
+{
+    const struct ucred peer = { .pid = 0, .uid = peer_uid(fd), .gid = (gid_t)-1 };
+    const unsigned long long id = apir_server_next_id(srv);
+    char name[96];
+    snprintf(name, sizeof(name), "guest#%llu(%s)", id, peer_name);
+    const char *why = NULL;
+    struct shm_client *c = apir_client_new(srv, name, &peer, 0, &why);
+    if (!c) {
+        apir_stream_refuse(srv, fd, peer_name, tls, why);
+        return;
+    }
+    c->stream = true;
+    c->id = id;
+    snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
+    snprintf(c->comm, sizeof(c->comm), "%s", peer_name);  /* apir ps: its address (cut to fit) */
+    if (tls) {
+        c->tls_pending = true;
+        if (apir_client_serve(c, fd, stream_client_worker))
+            APIR_INFO("host", "guest#%llu: TLS connection from %s", id, peer_name);
+        return;
+    }
+    struct apir_stream_hello_reply r = { .magic = APIR_STREAM_MAGIC, .status = 0 };
+    struct iovec iov = { &r, sizeof(r) };
+    if (apir_net_write(fd, &iov, 1, FRAME_IDLE_MS) != 0) {
+        c->fd = fd;
+        atomic_init(&c->refs, 1);
+        atomic_fetch_add(&srv->n_clients, 1);
+        apir_client_put(c);
+        return;
+    }
+    if (apir_client_serve(c, fd, stream_client_worker))
+        APIR_INFO("host", "guest#%llu connected: %s", id, peer_name);
+}

@@ -1,0 +1,703 @@
+/*
+ * The weight cache: the directory, the links a session reaches it through,
+ * the daemon's service thread, and the two handlers' work.  What it
+ * guarantees and who may touch the directory: weight_cache.h.
+ */
+#include "weight_cache.h"
+
+#include "apir_log.h"
+#include "apir_proto.h"
+#include "buffers.h"
+#include "ggml-backend.h"
+#include "session.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gnutls/crypto.h>
+#include <gnutls/gnutls.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+/* Bytes read or written per step: bounds the memory a fill or a store uses. */
+#define WCACHE_CHUNK (4u << 20)
+
+/* ---- hashing ------------------------------------------------------------------ */
+
+bool apir_sha256(const void *data, size_t size, struct apir_digest *out)
+{
+    return gnutls_hash_fast(GNUTLS_DIG_SHA256, data, size, out->b) == 0;
+}
+
+void apir_digest_hex(const struct apir_digest *d, char hex[65])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        hex[2 * i] = digits[d->b[i] >> 4];
+        hex[2 * i + 1] = digits[d->b[i] & 15];
+    }
+    hex[64] = '\0';
+}
+
+static bool is_entry_name(const char *name)
+{
+    size_t n = 0;
+    for (; name[n]; n++)
+        if (!((name[n] >= '0' && name[n] <= '9') || (name[n] >= 'a' && name[n] <= 'f')))
+            return false;
+    return n == 64;
+}
+
+/* ---- the directory ---------------------------------------------------------------- */
+
+struct apir_wcache {
+    int dirfd;
+    uint64_t max_bytes;
+    pthread_mutex_t lock;           /* the counters and eviction (threads of a thread-mode host) */
+    struct apir_wcache_counters n;
+    _Atomic uint64_t tmp_serial;
+};
+
+struct apir_wcache *apir_wcache_open(const char *dir, uint64_t max_bytes, char *err, size_t err_len)
+{
+    if (!dir || !*dir) {
+        snprintf(err, err_len, "--weight-cache: no directory given");
+        return NULL;
+    }
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "--weight-cache %s: cannot create it: %s", dir, strerror(errno));
+        return NULL;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(err, err_len, "--weight-cache %s: %s", dir, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    /* Another user able to write here could plant entries (they are still
+     * hashed when read, but could fill the disk or race the renames). */
+    if (st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+        snprintf(err, err_len, "--weight-cache %s: must be this user's own and writable by no one else "
+                 "(owner %u, mode %04o)", dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+        close(fd);
+        return NULL;
+    }
+    struct apir_wcache *c = calloc(1, sizeof(*c));
+    if (!c) {
+        snprintf(err, err_len, "out of memory");
+        close(fd);
+        return NULL;
+    }
+    c->dirfd = fd;
+    c->max_bytes = max_bytes;
+    pthread_mutex_init(&c->lock, NULL);
+    /* What is there: entries counted, temporary files of a host that died
+     * removed, anything else left alone. */
+    int scan_fd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = scan_fd >= 0 ? fdopendir(scan_fd) : NULL;
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (!strncmp(e->d_name, ".tmp-", 5)) {
+                unlinkat(fd, e->d_name, 0);
+                continue;
+            }
+            if (!is_entry_name(e->d_name) || fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+                !S_ISREG(st.st_mode))
+                continue;
+            c->n.entries++;
+            c->n.bytes += (uint64_t)st.st_size;
+        }
+        closedir(d);
+    } else if (scan_fd >= 0) {
+        close(scan_fd);
+    }
+    APIR_INFO("host", "weight cache %s: %llu entries, %.1f MiB (bound: %.1f GiB%s)", dir,
+              (unsigned long long)c->n.entries, (double)c->n.bytes / (1024.0 * 1024.0),
+              (double)max_bytes / (1024.0 * 1024.0 * 1024.0), max_bytes ? "" : ", none");
+    return c;
+}
+
+void apir_wcache_close(struct apir_wcache *c)
+{
+    if (!c)
+        return;
+    close(c->dirfd);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+void apir_wcache_counters(struct apir_wcache *c, struct apir_wcache_counters *out)
+{
+    pthread_mutex_lock(&c->lock);
+    *out = c->n;
+    pthread_mutex_unlock(&c->lock);
+}
+
+int apir_wcache_lookup(struct apir_wcache *c, const struct apir_digest *h, uint64_t size)
+{
+    char name[65];
+    apir_digest_hex(h, name);
+    int fd = openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size)) {
+        APIR_DEBUG("host", "weight cache: entry %.16s... is not %llu bytes: a miss", name, (unsigned long long)size);
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0)
+        futimens(fd, NULL);  /* recently used: evicted last */
+    pthread_mutex_lock(&c->lock);
+    c->n.lookups++;
+    if (fd >= 0)
+        c->n.hits++;
+    pthread_mutex_unlock(&c->lock);
+    return fd;
+}
+
+/* Removes least recently used entries, but `keep` (being replaced), until
+ * `need` more bytes fit (lock held).  The directory is read whole: eviction is rare and the entries
+ * few (weights of at least APIR_HASH_MIN_KB each). */
+static void make_room(struct apir_wcache *c, uint64_t need, const char *keep)
+{
+    while (c->max_bytes && c->n.bytes + need > c->max_bytes && c->n.entries > 0) {
+        int scan_fd = openat(c->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *d = scan_fd >= 0 ? fdopendir(scan_fd) : NULL;
+        if (!d) {
+            if (scan_fd >= 0)
+                close(scan_fd);
+            return;
+        }
+        char oldest[65] = "";
+        struct timespec t_old = { 0, 0 };
+        uint64_t old_size = 0;
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            struct stat st;
+            if (!is_entry_name(e->d_name) || !strcmp(e->d_name, keep) ||
+                fstatat(c->dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+                continue;
+            if (!oldest[0] || st.st_mtim.tv_sec < t_old.tv_sec ||
+                (st.st_mtim.tv_sec == t_old.tv_sec && st.st_mtim.tv_nsec < t_old.tv_nsec)) {
+                memcpy(oldest, e->d_name, 65);  /* an entry name: 64 digits */
+                t_old = st.st_mtim;
+                old_size = (uint64_t)st.st_size;
+            }
+        }
+        closedir(d);
+        if (!oldest[0] || unlinkat(c->dirfd, oldest, 0) != 0) {
+            c->n.entries = 0;  /* the count was off: nothing left to evict */
+            c->n.bytes = 0;
+            return;
+        }
+        APIR_INFO("host", "weight cache: evicted %.16s... (%llu bytes) to make room", oldest,
+                  (unsigned long long)old_size);
+        c->n.entries--;
+        c->n.bytes = c->n.bytes > old_size ? c->n.bytes - old_size : 0;
+        c->n.evicted++;
+    }
+}
+
+static bool write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+static int store_refused(struct apir_wcache *c, int result)
+{
+    pthread_mutex_lock(&c->lock);
+    c->n.refused++;
+    pthread_mutex_unlock(&c->lock);
+    return result;
+}
+
+int apir_wcache_store_fd(struct apir_wcache *c, const struct apir_digest *h, uint64_t size, int src_fd, bool replace)
+{
+    char name[65];
+    apir_digest_hex(h, name);
+    struct stat st;
+    /* The source must hold its bytes: a sparse memfd (a worker can seek and
+     * write one byte) would make this read and write terabytes of zeros. */
+    if (size == 0 || fstat(src_fd, &st) != 0 || (uint64_t)st.st_size < size ||
+        (uint64_t)st.st_blocks * 512u < size)
+        return store_refused(c, APIR_WCACHE_FAILED);
+    if (c->max_bytes && size > c->max_bytes)
+        return store_refused(c, APIR_WCACHE_TOO_LARGE);
+    /* Whatever the bound, the filesystem keeps some room: 5% of it, at most
+     * 1 GiB (what else the host writes there). */
+    struct statvfs vfs;
+    if (fstatvfs(c->dirfd, &vfs) == 0) {
+        uint64_t total = (uint64_t)vfs.f_blocks * vfs.f_frsize, avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        uint64_t reserve = total / 20 < (1ull << 30) ? total / 20 : (1ull << 30);
+        if (avail < reserve || avail - reserve < size) {
+            APIR_WARN("host", "weight cache: %llu bytes not kept: the filesystem is nearly full",
+                      (unsigned long long)size);
+            return store_refused(c, APIR_WCACHE_TOO_LARGE);
+        }
+    }
+    if (!replace && fstatat(c->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size == size)
+        return APIR_WCACHE_PRESENT;
+    uint8_t *buf = malloc(WCACHE_CHUNK);
+    gnutls_hash_hd_t hh;
+    if (!buf || gnutls_hash_init(&hh, GNUTLS_DIG_SHA256) != 0) {
+        free(buf);
+        return store_refused(c, APIR_WCACHE_FAILED);
+    }
+    char tmp[64];
+    snprintf(tmp, sizeof(tmp), ".tmp-%d-%llu", (int)getpid(),
+             (unsigned long long)atomic_fetch_add(&c->tmp_serial, 1));
+    int out = openat(c->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    bool ok = out >= 0;
+    /* Each chunk is copied here once, then hashed and written from this
+     * copy: what the file holds is what was hashed, whatever the sender
+     * does to its memfd meanwhile. */
+    for (uint64_t off = 0; ok && off < size;) {
+        size_t want = size - off < WCACHE_CHUNK ? (size_t)(size - off) : WCACHE_CHUNK;
+        ssize_t r = pread(src_fd, buf, want, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        ok = r > 0 && gnutls_hash(hh, buf, (size_t)r) == 0 && write_all(out, buf, (size_t)r);
+        off += r > 0 ? (uint64_t)r : 0;
+    }
+    struct apir_digest got;
+    gnutls_hash_deinit(hh, got.b);
+    free(buf);
+    if (out >= 0 && close(out) != 0)
+        ok = false;
+    int result = !ok ? APIR_WCACHE_FAILED : memcmp(&got, h, sizeof(got)) != 0 ? APIR_WCACHE_MISMATCH : APIR_WCACHE_STORED;
+    if (result != APIR_WCACHE_STORED) {
+        if (out >= 0)
+            unlinkat(c->dirfd, tmp, 0);
+        if (result == APIR_WCACHE_MISMATCH)
+            APIR_WARN("host", "weight cache: bytes offered as %.16s... hash otherwise: not kept", name);
+        return store_refused(c, result);
+    }
+    pthread_mutex_lock(&c->lock);
+    /* An entry there now (replaced, or stored meanwhile by another
+     * session) goes with the rename. */
+    if (fstatat(c->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+        c->n.entries = c->n.entries ? c->n.entries - 1 : 0;
+        c->n.bytes = c->n.bytes > (uint64_t)st.st_size ? c->n.bytes - (uint64_t)st.st_size : 0;
+    }
+    make_room(c, size, name);
+    if (renameat(c->dirfd, tmp, c->dirfd, name) != 0) {
+        pthread_mutex_unlock(&c->lock);
+        unlinkat(c->dirfd, tmp, 0);
+        return store_refused(c, APIR_WCACHE_FAILED);
+    }
+    c->n.entries++;
+    c->n.bytes += size;
+    c->n.stored++;
+    pthread_mutex_unlock(&c->lock);
+    return APIR_WCACHE_STORED;
+}
+
+/* ---- the daemon's service and the worker's side of it -------------------------- */
+
+/* One request, one reply, fixed sizes (SOCK_SEQPACKET): all the daemon ever
+ * reads from a worker, with at most one descriptor (a store's memfd). */
+enum { WC_LOOKUP = 1, WC_STORE = 2, WC_STORE_REPLACE = 3 };
+struct wc_request {
+    uint32_t op;
+    uint32_t seq;
+    uint64_t size;
+    struct apir_digest hash;
+};
+struct wc_reply {
+    uint32_t seq;
+    int32_t result;     /* lookup: 1 found (a descriptor follows), 0 not; store: an apir_wcache_store */
+};
+
+/* How long a worker waits for the daemon (another worker's store may be
+ * under way); past it, a miss. */
+#define WC_REPLY_TIMEOUT_MS 60000
+
+static ssize_t send_msg(int sock, const void *buf, size_t len, int fd, int flags)
+{
+    struct iovec iov = { (void *)buf, len };
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (fd >= 0) {
+        memset(&ctl, 0, sizeof(ctl));
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof(ctl.b);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t r;
+    do
+        r = sendmsg(sock, &m, MSG_NOSIGNAL | flags);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* One message; *fd the one descriptor it carried (others closed), or -1. */
+static ssize_t recv_msg(int sock, void *buf, size_t len, int *fd, int flags)
+{
+    struct iovec iov = { buf, len };
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(4 * sizeof(int))];
+    } ctl;
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b) };
+    *fd = -1;
+    ssize_t r;
+    do
+        r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | flags);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return r;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (*fd < 0)
+                *fd = got;
+            else
+                close(got);
+        }
+    }
+    if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+        return -2;  /* not a message of ours */
+    return r;
+}
+
+struct apir_wcache_link {
+    struct apir_wcache *local;
+    int fd;                 /* remote: the socket to the daemon */
+    uint32_t seq;
+    pthread_mutex_t lock;
+};
+
+static struct apir_wcache_link *link_new(struct apir_wcache *local, int fd)
+{
+    struct apir_wcache_link *l = calloc(1, sizeof(*l));
+    if (!l)
+        return NULL;
+    l->local = local;
+    l->fd = fd;
+    pthread_mutex_init(&l->lock, NULL);
+    return l;
+}
+
+struct apir_wcache_link *apir_wcache_link_local(struct apir_wcache *c) { return c ? link_new(c, -1) : NULL; }
+struct apir_wcache_link *apir_wcache_link_remote(int fd) { return fd >= 0 ? link_new(NULL, fd) : NULL; }
+
+void apir_wcache_link_free(struct apir_wcache_link *l)
+{
+    if (!l)
+        return;
+    if (l->fd >= 0)
+        close(l->fd);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+/* One round trip to the daemon; the reply's result, *fd a descriptor it
+ * carried.  -1 when the daemon does not answer in time (replies to older
+ * requests, late, are skipped by their sequence number). */
+static int remote_call(struct apir_wcache_link *l, uint32_t op, const struct apir_digest *h, uint64_t size,
+                       int send_fd, int *fd)
+{
+    *fd = -1;
+    pthread_mutex_lock(&l->lock);
+    struct wc_request rq = { .op = op, .seq = ++l->seq, .size = size, .hash = *h };
+    int result = -1;
+    if (l->fd >= 0 && send_msg(l->fd, &rq, sizeof(rq), send_fd, 0) == (ssize_t)sizeof(rq)) {
+        for (;;) {
+            struct pollfd p = { l->fd, POLLIN, 0 };
+            int pr = poll(&p, 1, WC_REPLY_TIMEOUT_MS);
+            if (pr < 0 && errno == EINTR)
+                continue;
+            if (pr <= 0)
+                break;
+            struct wc_reply rp;
+            int got_fd;
+            ssize_t r = recv_msg(l->fd, &rp, sizeof(rp), &got_fd, 0);
+            if (r != (ssize_t)sizeof(rp)) {
+                if (got_fd >= 0)
+                    close(got_fd);
+                break;
+            }
+            if (rp.seq != rq.seq) {
+                if (got_fd >= 0)
+                    close(got_fd);
+                continue;
+            }
+            result = rp.result;
+            *fd = got_fd;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (result < 0)
+        APIR_WARN("host", "weight cache: the daemon did not answer: a miss");
+    return result;
+}
+
+int apir_wcache_link_lookup(struct apir_wcache_link *l, const struct apir_digest *h, uint64_t size)
+{
+    if (l->local)
+        return apir_wcache_lookup(l->local, h, size);
+    int fd;
+    int r = remote_call(l, WC_LOOKUP, h, size, -1, &fd);
+    if (r != 1 && fd >= 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+int apir_wcache_link_store(struct apir_wcache_link *l, const struct apir_digest *h, uint64_t size, int src_fd,
+                           bool replace)
+{
+    if (l->local)
+        return apir_wcache_store_fd(l->local, h, size, src_fd, replace);
+    int fd;
+    int r = remote_call(l, replace ? WC_STORE_REPLACE : WC_STORE, h, size, src_fd, &fd);
+    if (fd >= 0)
+        close(fd);
+    return r < 0 ? APIR_WCACHE_FAILED : r;
+}
+
+/* The service: one thread of the daemon, polling its workers' sockets.  A
+ * new worker's socket comes through a pipe (apir_wcache_service_connect
+ * runs on the accept loop's thread and only writes an int). */
+#define WC_MAX_WORKERS 4096
+
+static struct {
+    struct apir_wcache *c;
+    int add_pipe[2];
+    pthread_t thread;
+    bool running;
+} service = { NULL, { -1, -1 }, 0, false };
+
+/* Answers one request; false when the worker is gone (its socket goes). */
+static bool serve_one(int sock)
+{
+    struct wc_request rq;
+    memset(&rq, 0, sizeof(rq));
+    int fd;
+    ssize_t r = recv_msg(sock, &rq, sizeof(rq), &fd, MSG_DONTWAIT);
+    if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return true;
+    if (r == 0 || r == -1)
+        return false;
+    struct wc_reply rp = { .seq = rq.seq, .result = -1 };
+    int reply_fd = -1;
+    if (r == (ssize_t)sizeof(rq) && rq.op == WC_LOOKUP && fd < 0) {
+        reply_fd = apir_wcache_lookup(service.c, &rq.hash, rq.size);
+        rp.result = reply_fd >= 0 ? 1 : 0;
+    } else if (r == (ssize_t)sizeof(rq) && (rq.op == WC_STORE || rq.op == WC_STORE_REPLACE) && fd >= 0) {
+        rp.result = apir_wcache_store_fd(service.c, &rq.hash, rq.size, fd, rq.op == WC_STORE_REPLACE);
+    } else {
+        APIR_WARN("host", "weight cache: a malformed request from a worker (%zd bytes): refused", r);
+    }
+    if (fd >= 0)
+        close(fd);
+    send_msg(sock, &rp, sizeof(rp), reply_fd, MSG_DONTWAIT);
+    if (reply_fd >= 0)
+        close(reply_fd);
+    return true;
+}
+
+static void *service_main(void *arg)
+{
+    (void)arg;
+    static struct pollfd p[WC_MAX_WORKERS + 1];
+    nfds_t n = 1;
+    p[0] = (struct pollfd){ service.add_pipe[0], POLLIN, 0 };
+    for (;;) {
+        if (poll(p, n, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            APIR_ERROR("host", "weight cache service: poll: %s; the cache is off from now on", strerror(errno));
+            return NULL;
+        }
+        for (nfds_t i = 1; i < n; i++) {
+            if (!p[i].revents)
+                continue;
+            bool keep = !(p[i].revents & POLLIN) || serve_one(p[i].fd);
+            if (!keep || ((p[i].revents & (POLLHUP | POLLERR | POLLNVAL)) && !(p[i].revents & POLLIN))) {
+                close(p[i].fd);
+                p[i--] = p[--n];
+            }
+        }
+        if (p[0].revents & POLLIN) {
+            int fd;
+            while (read(service.add_pipe[0], &fd, sizeof(fd)) == (ssize_t)sizeof(fd)) {
+                if (n < WC_MAX_WORKERS + 1)
+                    p[n++] = (struct pollfd){ fd, POLLIN, 0 };
+                else
+                    close(fd);
+            }
+        }
+    }
+    return NULL;
+}
+
+bool apir_wcache_service_start(struct apir_wcache *c, char *err, size_t err_len)
+{
+    if (pipe2(service.add_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(err, err_len, "weight cache service: pipe: %s", strerror(errno));
+        return false;
+    }
+    service.c = c;
+    int e = pthread_create(&service.thread, NULL, service_main, NULL);
+    if (e != 0) {
+        snprintf(err, err_len, "weight cache service: thread: %s", strerror(e));
+        close(service.add_pipe[0]);
+        close(service.add_pipe[1]);
+        return false;
+    }
+    pthread_detach(service.thread);
+    service.running = true;
+    return true;
+}
+
+int apir_wcache_service_connect(void)
+{
+    if (!service.running)
+        return -1;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return -1;
+    if (write(service.add_pipe[1], &sv[0], sizeof(int)) != (ssize_t)sizeof(int)) {
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    return sv[1];
+}
+
+/* ---- the handlers' work ------------------------------------------------------------ */
+
+uint32_t apir_wcache_fill(struct apir_session *s, struct apir_host_buffer *hb, struct ggml_tensor *t, uint64_t offset,
+                          uint64_t size, const struct apir_digest *h)
+{
+    struct apir_wcache_link *l = s->host->weight_cache;
+    if (!l)
+        return APIR_WCACHE_NONE;
+    int fd = size ? apir_wcache_link_lookup(l, h, size) : -1;
+    if (fd < 0) {
+        s->stats.wcache_misses++;
+        return APIR_WCACHE_MISS;
+    }
+    uint8_t *buf = malloc(WCACHE_CHUNK);
+    gnutls_hash_hd_t hh;
+    if (!buf || gnutls_hash_init(&hh, GNUTLS_DIG_SHA256) != 0) {
+        free(buf);
+        close(fd);
+        s->stats.wcache_misses++;
+        return APIR_WCACHE_MISS;
+    }
+    apir_session_settle(s);
+    apir_buffer_forget_copies(s, hb, (uint8_t *)t->data + offset, (size_t)size);
+    /* Read (the descriptor is fresh: read() from 0; a worker may not
+     * pread), hash, upload; the hash decides at the end.  A miss leaves
+     * the range half-written, which the guest's upload then overwrites. */
+    bool ok = true;
+    for (uint64_t off = 0; ok && off < size;) {
+        size_t want = size - off < WCACHE_CHUNK ? (size_t)(size - off) : WCACHE_CHUNK;
+        ssize_t r = read(fd, buf, want);
+        if (r < 0 && errno == EINTR)
+            continue;
+        ok = r > 0 && gnutls_hash(hh, buf, (size_t)r) == 0;
+        if (ok)
+            ggml_backend_tensor_set(t, buf, (size_t)(offset + off), (size_t)r);
+        off += r > 0 ? (uint64_t)r : 0;
+    }
+    struct apir_digest got;
+    gnutls_hash_deinit(hh, got.b);
+    free(buf);
+    close(fd);
+    if (!ok || memcmp(&got, h, sizeof(got)) != 0) {
+        char hex[65];
+        apir_digest_hex(h, hex);
+        APIR_WARN("host", "%s: weight cache entry %.16s... does not hold what its name says: a miss (the guest's "
+                  "upload replaces it)", s->name, hex);
+        s->wcache_bad = *h;
+        s->wcache_bad_set = true;
+        s->stats.wcache_misses++;
+        return APIR_WCACHE_MISS;
+    }
+    s->stats.wcache_hits++;
+    s->stats.wcache_hit_bytes += size;
+    return APIR_WCACHE_DONE;
+}
+
+uint32_t apir_wcache_keep(struct apir_session *s, struct ggml_tensor *t, const struct apir_digest *h)
+{
+    struct apir_wcache_link *l = s->host->weight_cache;
+    if (!l)
+        return APIR_WCACHE_NONE;
+    const size_t size = ggml_nbytes(t);
+    if (!size)
+        return APIR_WCACHE_MISS;
+    uint8_t *buf = malloc(WCACHE_CHUNK);
+    int fd = buf ? memfd_create("apir-wcache", MFD_CLOEXEC) : -1;
+    bool ok = fd >= 0;
+    if (ok)
+        apir_session_settle(s);
+    /* The tensor as the device holds it, into a memfd the store reads
+     * (the daemon's, through the worker's socket, or this process's). */
+    for (size_t off = 0; ok && off < size; off += WCACHE_CHUNK) {
+        size_t n = size - off < WCACHE_CHUNK ? size - off : WCACHE_CHUNK;
+        ggml_backend_tensor_get(t, buf, off, n);
+        ok = write_all(fd, buf, n);
+    }
+    free(buf);
+    const bool replace = s->wcache_bad_set && !memcmp(&s->wcache_bad, h, sizeof(*h));
+    int r = ok ? apir_wcache_link_store(l, h, size, fd, replace) : APIR_WCACHE_FAILED;
+    if (fd >= 0)
+        close(fd);
+    if (r == APIR_WCACHE_STORED || r == APIR_WCACHE_PRESENT) {
+        if (replace)
+            s->wcache_bad_set = false;
+        s->stats.wcache_kept++;
+        return APIR_WCACHE_DONE;
+    }
+    char hex[65];
+    apir_digest_hex(h, hex);
+    APIR_DEBUG("host", "%s: weight cache: %.16s... (%zu bytes) not kept (%d)", s->name, hex, size, r);
+    return APIR_WCACHE_MISS;
+}
+
+void apir_wcache_log_session(const struct apir_session *s)
+{
+    const struct apir_session_stats *st = &s->stats;
+    if (st->wcache_hits || st->wcache_misses || st->wcache_kept)
+        APIR_INFO("host", "%s: weight cache: %llu hits (%.1f MiB not sent), %llu misses, %llu kept", s->name,
+                  (unsigned long long)st->wcache_hits, (double)st->wcache_hit_bytes / (1024.0 * 1024.0),
+                  (unsigned long long)st->wcache_misses, (unsigned long long)st->wcache_kept);
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Who may connect over the network (issue 17, item 4): a tls: listener
+# accepts the keys in its --tls-psk-file and refuses a wrong key, an unknown
+# identity, a guest without a key and a plain TCP guest; a tcp: listener with
+# a token refuses a wrong or missing token; a listener other machines reach
+# does not start without authentication; the host goes on serving after
+# every refusal.  Each refusal's message names the cause on the side that
+# can act on it.
+#   tests/run_tls.sh BUILD_DIR        (ctest: stream_auth)
+set -uo pipefail
+B=$1
+T=$(mktemp -d /tmp/apir-tls-XXXXXX)
+HOST_PID=
+fails=0 n=0
+cleanup() { [ -n "$HOST_PID" ] && kill "$HOST_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+
+key() { echo "$1:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"; }
+check() { # what, then a command that must succeed
+  local what=$1; shift
+  n=$((n + 1))
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
+}
+# apir ping with the guest environment in front: exit status, stderr in $T/err
+ping_as() { env "$@" "$B/apir" ping -n 3 "$EP" >"$T/out" 2>"$T/err"; }
+err_has() { grep -q -- "$1" "$T/err" || { echo "  stderr: $(cat "$T/err")"; false; }; }
+log_has() { grep -q -- "$1" "$T/host.log" || { echo "  no /$1/ in the host log"; tail -5 "$T/host.log"; false; }; }
+
+start_host() { # extra apir-host options
+  : >"$T/host.log"
+  "$B/apir-host" --listen "unix:$T/h.sock" --threads 1 --log-level info "$@" >"$T/host.log" 2>&1 &
+  HOST_PID=$!
+  EP=
+  for _ in $(seq 1 500); do
+    EP=$(grep -o 'serving t[cl][ps]:[0-9.]*:[0-9]*' "$T/host.log" | head -1 | cut -d' ' -f2)
+    [ -n "$EP" ] && return 0
+    kill -0 "$HOST_PID" 2>/dev/null || break
+    sleep 0.01
+  done
+  echo "apir-host did not start:"; cat "$T/host.log"; exit 1
+}
+stop_host() { kill "$HOST_PID" 2>/dev/null; wait "$HOST_PID" 2>/dev/null; HOST_PID=; }
+
+key alice >"$T/keys"; key bob >>"$T/keys"; chmod 600 "$T/keys"
+head -1 "$T/keys" >"$T/alice.key"
+key alice >"$T/alice-wrong.key"
+key carol >"$T/carol.key"
+
+for isolation in process thread; do
+  echo "== tls:, --isolation $isolation"
+  start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" --isolation "$isolation" --handshake-timeout-ms 2000
+  check "the right key is accepted" ping_as APIR_TLS_PSK_FILE="$T/alice.key"
+  check "  and the host names its identity" log_has 'TLS 1.3, key "alice"'
+  check "a second identity of the file too" ping_as APIR_TLS_PSK="$(sed -n 2p "$T/keys")"
+  check "a wrong key is refused" bash -c "! env APIR_TLS_PSK_FILE='$T/alice-wrong.key' '$B/apir' ping '$EP' 2>'$T/err'"
+  check "  the guest is told" err_has "TLS handshake failed"
+  check "  the host says which identity" log_has 'identity "alice" with a wrong key'
+  check "an unknown identity is refused" bash -c "! env APIR_TLS_PSK_FILE='$T/carol.key' '$B/apir' ping '$EP' 2>'$T/err'"
+  check "  the host names it" log_has 'key identity "carol" is not one'
+  check "no key: refused before connecting" bash -c "! env -u APIR_TLS_PSK_FILE -u APIR_TLS_PSK '$B/apir' ping '$EP' 2>'$T/err'"
+  check "  the guest is told what to set" err_has "APIR_TLS_PSK_FILE"
+  plain=tcp:${EP#tls:}
+  check "a plain TCP guest is refused" bash -c "! '$B/apir' ping '$plain' 2>'$T/err'"
+  check "  (it reads no hello)" err_has "no hello"
+  # A silent peer holds nothing past the handshake deadline.
+  exec 7<>"/dev/tcp/127.0.0.1/${EP##*:}"
+  sleep 2.5
+  check "a silent peer is closed at the handshake deadline" log_has "no answer in 2000 ms"
+  exec 7>&-
+  check "the host still serves after all that" ping_as APIR_TLS_PSK_FILE="$T/alice.key"
+  stop_host
+done
+
+echo "== tcp: with a token"
+echo "s3cret-token-for-tests" >"$T/token"; chmod 600 "$T/token"
+start_host --listen tcp:127.0.0.1:0 --token-file "$T/token"
+check "the token is accepted" ping_as APIR_TOKEN_FILE="$T/token"
+check "a wrong token is refused" bash -c "! env APIR_TOKEN=nope '$B/apir' ping '$EP' 2>'$T/err'"
+check "  the guest is told" err_has "wrong token"
+check "no token is refused" bash -c "! env -u APIR_TOKEN -u APIR_TOKEN_FILE '$B/apir' ping '$EP' 2>'$T/err'"
+check "  the guest is told" err_has "token is required"
+check "a TLS guest on a plain listener fails" bash -c "! env APIR_TLS_PSK_FILE='$T/alice.key' '$B/apir' ping 'tls:${EP#tcp:}' 2>'$T/err'"
+check "the host still serves" ping_as APIR_TOKEN_FILE="$T/token"
+stop_host
+
+echo "== listeners other machines reach"
+"$B/apir-host" --listen "unix:$T/x.sock" --listen tcp:0.0.0.0:0 --isolation thread >"$T/out" 2>"$T/err"
+check "tcp:0.0.0.0 without a token does not start" bash -c "[ $? = 1 ] && grep -q 'refused without authentication' '$T/err'"
+"$B/apir-host" --listen "unix:$T/y.sock" --listen tls:0.0.0.0:0 --isolation thread >"$T/out" 2>"$T/err"
+check "tls: without --tls-psk-file does not start" bash -c "[ $? = 1 ] && grep -q 'needs the guests. keys' '$T/err'"
+start_host --listen tls:0.0.0.0:0 --tls-psk-file "$T/keys" --isolation thread
+check "tls:0.0.0.0 with keys starts (no token needed)" log_has "serving tls:0.0.0.0"
+stop_host
+chmod 644 "$T/keys"
+start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" --isolation thread
+check "a key file others may read is warned about" log_has "readable by others"
+stop_host
+
+echo "stream_auth: $((n - fails)) passed, $fails failed"
+[ "$fails" = 0 ]
