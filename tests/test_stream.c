@@ -463,8 +463,8 @@ static struct apir_stream_hello good_hello(const char *token)
     h.version = APIR_STREAM_VERSION;
     h.pid = (int32_t)getpid();
     if (token) {
-        h.token_len = (uint32_t)strlen(token);
-        memcpy(h.token, token, h.token_len);
+        h.token_len = (uint32_t)strlen(token);  /* may say more than fits: a hostile hello */
+        memcpy(h.token, token, h.token_len < sizeof(h.token) ? h.token_len : sizeof(h.token));
     }
     return h;
 }
@@ -498,9 +498,11 @@ static bool send_frame(int fd, struct apir_stream_frame f, const struct apir_str
     size_t n = 0;
     memcpy(buf, &f, sizeof(f));
     n += sizeof(f);
-    memcpy(buf + n, seg, n_seg * sizeof(*seg));
+    if (n_seg)  /* seg and cmd may be NULL when empty */
+        memcpy(buf + n, seg, n_seg * sizeof(*seg));
     n += n_seg * sizeof(*seg);
-    memcpy(buf + n, cmd, cmd_len);
+    if (cmd_len)
+        memcpy(buf + n, cmd, cmd_len);
     n += cmd_len;
     if (payload_len)
         memcpy(buf + n, payload, payload_len);
@@ -523,7 +525,8 @@ static bool read_reply(int fd, uint32_t *ret, void *items, size_t cap)
     static uint8_t tmp[65536];
     if (!read_full(fd, tmp, h.reply_len, 10000))
         return false;
-    memcpy(items, tmp, h.reply_len < cap ? h.reply_len : cap);
+    if (items && cap)
+        memcpy(items, tmp, h.reply_len < cap ? h.reply_len : cap);
     for (uint64_t left = h.out_bytes; left;) {
         size_t k = left < sizeof(tmp) ? (size_t)left : sizeof(tmp);
         if (!read_full(fd, tmp, k, 10000))
