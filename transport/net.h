@@ -60,6 +60,7 @@ void apir_net_peer_name(int fd, char *buf, size_t len);
 struct apir_net_reader {
     int fd;
     struct apir_tls *tls;   /* NULL: the socket itself; set after init for TLS */
+    uint64_t spin_ns;       /* how long a wait spins before sleeping (net.c); 0 after init */
     uint8_t *buf;
     size_t cap, head, tail;
 };
