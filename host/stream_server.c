@@ -7,17 +7,21 @@
  *
  * Who may connect: a listener on a loopback address (or vsock's local CID)
  * is reachable from this machine only, like the Unix socket; one that
- * other machines reach is refused at start unless a token is configured,
- * and then every guest must present it in its hello (compared in constant
- * time).  The token travels in clear: it keeps strangers on a trusted
- * network out, it does not protect a link an attacker can read (there is
- * no TLS yet; README says so).
+ * other machines reach is refused at start without authentication.  A
+ * tls: listener's guests prove a pre-shared key in the TLS handshake
+ * (transport/tls.c), run where the guest is served (tls_welcome).  A tcp:
+ * listener's guests present a token in their hello (compared in constant
+ * time); it travels in clear: it keeps strangers on a trusted network out,
+ * it does not protect a link an attacker can read (README says so).
  *
- * The daemon reads the hello itself - non-blocking, under the handshake
- * deadline, a fixed 80 bytes - and checks the token before anything is
- * spent: an unauthenticated peer never gets a worker process or a thread.
- * Only then is the connection served, by a worker process (the daemon
- * passes it with --serve-stream-fd) or a thread here.
+ * tcp: and vsock: - the daemon reads the hello itself (non-blocking, under
+ * the handshake deadline, a fixed 80 bytes) and checks the token before
+ * anything is spent: an unauthenticated peer never gets a worker process or
+ * a thread.  Only then is the connection served, by a worker process (the
+ * daemon passes it with --serve-stream-fd) or a thread here.  tls: - the
+ * handshake runs in the sandboxed worker (or thread) at once, so that a
+ * TLS library fault is contained; the spawn rate and the handshake
+ * deadline bound what an unauthenticated peer costs.
  *
  * Serving: one frame at a time, in order.  The frame's "in" ranges are
  * read straight into the session's blobs (bounds-checked first: a range
