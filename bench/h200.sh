@@ -53,6 +53,14 @@ for deb in "$ROOT"/.devcarry/lib*[0-9]_*.deb; do
   case $lib in libseccomp2) continue;; esac
   dpkg-query -W -f='${Status}' "$lib" 2>/dev/null | grep -q installed || dpkg -x "$deb" /
 done
+# A -dev package's libX.so link names Debian 12's exact soname version; where the machine's own
+# runtime library has another, the link dangles and pkg-config's -lX would pick the static archive
+# (which then lacks its dependencies): point such links at the library the machine has.
+for so in /usr/lib/x86_64-linux-gnu/lib{gnutls,nettle,hogweed,gmp,idn2,p11-kit,tasn1,unistring}.so; do
+  [ -L "$so" ] && [ ! -e "$so" ] || continue
+  real=$(ls "$so".[0-9]* 2>/dev/null | grep -v '\.a$' | head -1)
+  [ -n "$real" ] && ln -sf "$(basename "$real")" "$so"
+done
 ldconfig 2>/dev/null
 export NCCL_NVLS_ENABLE=0
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/h200.log"; }
@@ -293,6 +301,9 @@ net)
   M=/tmp/models; mkdir -p $M
   [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
   [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
+  # NET_PARTS picks the steps (a device call is 10 minutes; after a build, split them over two calls).
+  parts=" ${NET_PARTS:-bench 1b-f16 8b-q4_0 wcache} "
+  if [[ $parts == *" bench "* ]]; then
   build/apir-host --listen unix:/tmp/apir-net.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info \
     >"$OUT/host-net.log" 2>&1 &
   hp=$!; sleep 3
@@ -301,11 +312,14 @@ net)
   build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
   build/apir-bench --endpoint unix:/tmp/apir-net.sock --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
   kill $hp; wait $hp 2>/dev/null
+  fi
   for m in 1b-f16 8b-q4_0; do
+    [[ $parts == *" $m "* ]] || continue
     log "llama-bench $m: native CUDA vs apir (unix) vs apir over TCP vs ggml-rpc (-ngl 99 -fa 1); $(left) s left"
     room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 240)" bash bench/llama_bench_compare.sh \
       --model $M/$m.gguf --backend CUDA --fa 1 -p 2048 -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp 2>&1 | tee -a "$OUT/h200.log"
   done
+  [[ $parts == *" wcache "* ]] || { log "done, $(left) s left"; exit 0; }
   log "8B Q4_0 loaded twice over TCP against a host with --weight-cache (first: misses and stores; then hits); $(left) s left"
   rm -rf /tmp/wcache; mkdir -m 700 /tmp/wcache
   build/apir-host --listen unix:/tmp/apir-wc.sock --listen tcp:127.0.0.1:0 --backend CUDA --weight-cache /tmp/wcache \

@@ -98,6 +98,9 @@ enum {
     OPT_WEIGHT_CACHE,
     OPT_TOKEN_FILE,
     OPT_TLS_PSK_FILE,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_TLS_CLIENT_CA,
     OPT_WEIGHT_CACHE_MAX_GIB,
     /* internal: how the daemon starts a worker (workers.c) */
     OPT_SERVE_FD,
@@ -156,6 +159,9 @@ static const struct option long_opts[] = {
     { "peer-name", required_argument, NULL, OPT_PEER_NAME },
     { "token-file", required_argument, NULL, OPT_TOKEN_FILE },
     { "tls-psk-file", required_argument, NULL, OPT_TLS_PSK_FILE },
+    { "tls-cert", required_argument, NULL, OPT_TLS_CERT },
+    { "tls-key", required_argument, NULL, OPT_TLS_KEY },
+    { "tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA },
     { "stream-tls", no_argument, NULL, OPT_STREAM_TLS },
     { "client-id", required_argument, NULL, OPT_CLIENT_ID },
     { "worker-slot", required_argument, NULL, OPT_WORKER_SLOT },
@@ -181,8 +187,14 @@ static void usage(FILE *out, const char *default_socket, const char *backend_dir
             "  -H, --host ENDPOINT      the same (rpc-server's -H)\n"
             "  -p, --port N             refused: say --listen tcp:HOST:PORT\n"
             "                           tls:HOST:PORT  the same over TLS 1.3, guests authenticated by key\n"
+            "                                      or certificate\n"
             "      --tls-psk-file FILE  tls: guests' keys, lines IDENTITY:HEXKEY (16-64 bytes; psktool's format);\n"
             "                           a guest gives its own line (APIR_TLS_PSK_FILE); logs name the identity\n"
+            "      --tls-cert FILE      tls: the host's certificate chain (PEM; guests check it with\n"
+            "                           APIR_TLS_CA_FILE), with --tls-key FILE, its private key (PEM)\n"
+            "      --tls-client-ca FILE tls: CA certificates (PEM) guests' certificates must chain to; logs name\n"
+            "                           the subject.  Without it any guest gets in: loopback addresses only.\n"
+            "                           Keys and certificates may be given together (a guest uses either)\n"
             "      --token-file FILE    tcp: guests must present this token (first line, 1-64 bytes; the\n"
             "                           guest's APIR_TOKEN_FILE or APIR_TOKEN); it travels in clear: trusted\n"
             "                           networks only (tls: encrypts)\n"
@@ -316,6 +328,7 @@ struct args {
     unsigned n_streams;
     const char *token_file;
     const char *tls_psk_file;    /* --tls-psk-file: IDENTITY:HEXKEY lines */
+    const char *tls_cert, *tls_key, *tls_client_ca;  /* --tls-cert, --tls-key, --tls-client-ca (PEM) */
     bool stream_tls;             /* a worker: handshake first (--stream-tls) */
     int weight_cache_fd;         /* a worker's line to the daemon's weight cache (weight_cache.h), or -1 */
     unsigned long long worker_slot, client_id;
@@ -370,6 +383,11 @@ static int parse_args(struct args *a, int argc, char **argv)
             break;
         case OPT_TLS_PSK_FILE:
             a->tls_psk_file = optarg;
+            break;
+        case OPT_TLS_CERT:
+        case OPT_TLS_KEY:
+        case OPT_TLS_CLIENT_CA:  /* checked together, when loaded (load_tls) */
+            *(c == OPT_TLS_CERT ? &a->tls_cert : c == OPT_TLS_KEY ? &a->tls_key : &a->tls_client_ca) = optarg;
             break;
         case OPT_STREAM_TLS:
             a->stream_tls = true;
@@ -654,6 +672,51 @@ static bool read_token_file(const char *path, char *token, size_t len)
     return true;
 }
 
+/* An option's value, else its environment variable's; NULL if neither. */
+static const char *opt_or_env(const char *opt, const char *env)
+{
+    const char *v = opt ? opt : getenv(env);
+    return v && *v ? v : NULL;
+}
+
+/* A file that holds a secret and that others may read: said in the log. */
+static void warn_readable(const char *what, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 0077))
+        APIR_WARN("host", "%s %s is readable by others (mode %04o): chmod 600 it", what, path,
+                  (unsigned)(st.st_mode & 07777));
+}
+
+/*
+ * The tls: credentials: --tls-psk-file's keys and/or --tls-cert, --tls-key
+ * and --tls-client-ca (or their APIR_HOST_TLS_* variables).  The daemon
+ * loads them to check them (and uses them with --isolation thread); a
+ * worker loads them again, before its sandbox.  False with err on a file
+ * that does not load or options that do not go together; *out NULL when
+ * nothing is named.
+ */
+static bool load_tls(const struct args *a, struct apir_tls_keys **out, char *err, size_t err_len)
+{
+    const char *psk = opt_or_env(a->tls_psk_file, "APIR_HOST_TLS_PSK_FILE");
+    const char *cert = opt_or_env(a->tls_cert, "APIR_HOST_TLS_CERT_FILE");
+    const char *key = opt_or_env(a->tls_key, "APIR_HOST_TLS_KEY_FILE");
+    const char *ca = opt_or_env(a->tls_client_ca, "APIR_HOST_TLS_CLIENT_CA_FILE");
+    *out = NULL;
+    if (!cert != !key || (ca && !cert)) {
+        snprintf(err, err_len, "%s", ca && !cert ? "--tls-client-ca needs the host's certificate: --tls-cert and --tls-key"
+                                                 : "--tls-cert and --tls-key go together: give both");
+        return false;
+    }
+    struct apir_tls_keys *k = psk ? apir_tls_keys_load(psk, false, err, err_len) : NULL;
+    if (psk && !k)
+        return false;
+    if (cert && !(k = apir_tls_keys_add_certs(k, cert, key, ca, err, err_len)))
+        return false;
+    *out = k;
+    return true;
+}
+
 /* --token-file and the stream listeners (--listen tcp:/vsock:). */
 static bool setup_streams(const struct args *a, struct apir_shm_server *srv)
 {
@@ -665,20 +728,26 @@ static bool setup_streams(const struct args *a, struct apir_shm_server *srv)
         if (!ok)
             return false;
     }
-    const char *psk = a->tls_psk_file ? a->tls_psk_file : getenv("APIR_HOST_TLS_PSK_FILE");
-    if (psk && *psk) {
-        struct apir_tls_keys *keys = apir_tls_keys_load(psk, false, err, sizeof(err));
-        if (!keys) {
-            fprintf(stderr, "apir-host: %s\n", err);
-            return false;
-        }
-        struct stat st;
-        if (stat(psk, &st) == 0 && (st.st_mode & 0077))
-            APIR_WARN("host", "--tls-psk-file %s is readable by others (mode %04o): chmod 600 it", psk,
-                      (unsigned)(st.st_mode & 07777));
-        APIR_INFO("host", "%zu TLS key(s) from %s", apir_tls_keys_count(keys), psk);
-        apir_shm_server_set_tls_keys(srv, keys);
+    struct apir_tls_keys *keys;
+    if (!load_tls(a, &keys, err, sizeof(err))) {
+        fprintf(stderr, "apir-host: %s\n", err);
+        return false;
     }
+    const char *psk = opt_or_env(a->tls_psk_file, "APIR_HOST_TLS_PSK_FILE");
+    const char *key = opt_or_env(a->tls_key, "APIR_HOST_TLS_KEY_FILE");
+    if (psk) {
+        warn_readable("--tls-psk-file", psk);
+        APIR_INFO("host", "%zu TLS key(s) from %s", apir_tls_keys_count(keys), psk);
+    }
+    if (apir_tls_keys_has_cert(keys)) {
+        warn_readable("--tls-key", key);
+        APIR_INFO("host", "TLS certificate from %s%s%s", opt_or_env(a->tls_cert, "APIR_HOST_TLS_CERT_FILE"),
+                  apir_tls_keys_has_ca(keys) ? "; guests' certificates must chain to " : "; no --tls-client-ca: guests "
+                  "are not asked for a certificate", apir_tls_keys_has_ca(keys) ?
+                  opt_or_env(a->tls_client_ca, "APIR_HOST_TLS_CLIENT_CA_FILE") : "");
+    }
+    if (keys)
+        apir_shm_server_set_tls_keys(srv, keys);
     for (unsigned i = 0; i < a->n_streams; i++)
         if (!apir_shm_server_listen_stream(srv, a->streams[i], err, sizeof(err))) {
             fprintf(stderr, "apir-host: %s\n", err);
@@ -754,13 +823,15 @@ int main(int argc, char **argv)
         /* The stats page the daemon made for this worker: mapped now,
          * before the sandbox; its descriptor is not kept. */
         struct apir_stats_page *stats = map_stats_page(a.stats_fd);
-        /* A tls: guest's keys, read while the file can still be opened. */
+        /* A tls: guest's keys and certificates, read while files can
+         * still be opened. */
         struct apir_tls_keys *tls_keys = NULL;
-        if (a.serve_stream_fd >= 0 && a.stream_tls &&
-            !(tls_keys = apir_tls_keys_load(a.tls_psk_file ? a.tls_psk_file : getenv("APIR_HOST_TLS_PSK_FILE"), false,
-                                            err, sizeof(err)))) {
-            fprintf(stderr, "apir-host worker: %s\n", err);
-            return EXIT_FAIL;
+        if (a.serve_stream_fd >= 0 && a.stream_tls) {
+            const bool loaded = load_tls(&a, &tls_keys, err, sizeof(err));
+            if (!loaded || !tls_keys) {
+                fprintf(stderr, "apir-host worker: %s\n", loaded ? "--stream-tls without TLS keys or certificates" : err);
+                return EXIT_FAIL;
+            }
         }
         /* The weight cache is the daemon's: this worker asks it over its
          * socket (weight_cache.h), never opens the directory. */

@@ -152,8 +152,10 @@ bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, 
     for (uint32_t i = 0; i < host->n_devices; i++) {
         APIR_INFO("host", "serving device %u: %s (%s)", i, ggml_backend_dev_name(host->devices[i]),
                   ggml_backend_dev_description(host->devices[i]));
-        if (cfg->pin_shared_memory && !ggml_backend_buft_is_host(ggml_backend_dev_buffer_type(host->devices[i])))
-            host->pin_shared = true;
+        if (!ggml_backend_buft_is_host(ggml_backend_dev_buffer_type(host->devices[i]))) {
+            host->device_memory = true;
+            host->pin_shared = cfg->pin_shared_memory;
+        }
     }
     return true;
 }

@@ -66,7 +66,8 @@ struct apir_host {
     ggml_backend_reg_t reg;
     uint32_t n_devices;
     ggml_backend_dev_t devices[APIR_HOST_MAX_DEVICES];
-    bool pin_shared;   /* a device has its own memory: page-lock shared memory (pin.c) */
+    bool device_memory; /* a device has its own memory (a GPU): its work leaves the CPU idle */
+    bool pin_shared;   /* device_memory, and page-locking shared memory is on (pin.c) */
     /* How sessions reach the weight cache (weight_cache.h), set by whoever
      * opened or was given it (apir_host_main.c); NULL: no cache. */
     struct apir_wcache_link *weight_cache;

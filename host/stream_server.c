@@ -8,8 +8,11 @@
  * Who may connect: a listener on a loopback address (or vsock's local CID)
  * is reachable from this machine only, like the Unix socket; one that
  * other machines reach is refused at start without authentication.  A
- * tls: listener's guests prove a pre-shared key in the TLS handshake
- * (transport/tls.c), run where the guest is served (tls_welcome).  A tcp:
+ * tls: listener's guests prove a pre-shared key, or present a certificate
+ * from the client CA, in the TLS handshake (transport/tls.c), run where the
+ * guest is served (tls_welcome); a host certificate without a client CA
+ * authenticates the host only, so it too is refused where other machines
+ * reach it.  A tcp:
  * listener's guests present a token in their hello (compared in constant
  * time); it travels in clear: it keeps strangers on a trusted network out,
  * it does not protect a link an attacker can read (README says so).
@@ -83,19 +86,27 @@ bool apir_shm_server_listen_stream(struct apir_shm_server *srv, const char *endp
     struct apir_net_addr addr;
     if (!apir_net_parse(endpoint, &addr, err, err_len))
         return false;
-    if (addr.tls && !srv->tls_keys) {
-        snprintf(err, err_len, "%s: a tls: listener needs the guests' keys (--tls-psk-file)", endpoint);
+    if (addr.tls && !apir_tls_keys_count(srv->tls_keys) && !apir_tls_keys_has_cert(srv->tls_keys)) {
+        snprintf(err, err_len, "%s: a tls: listener needs the guests' keys (--tls-psk-file) or a certificate "
+                 "(--tls-cert, --tls-key, --tls-client-ca)", endpoint);
         return false;
     }
+    /* With a certificate and no client CA, a guest without a key or a
+     * certificate gets in. */
+    const bool anyone = addr.tls ? apir_tls_keys_has_cert(srv->tls_keys) && !apir_tls_keys_has_ca(srv->tls_keys)
+                                 : !srv->token_len;
     bool loopback_only = false;
     int fd = apir_net_listen(&addr, &loopback_only, err, err_len);
     if (fd < 0)
         return false;
-    if (!loopback_only && !srv->token_len && !addr.tls) {
+    if (!loopback_only && anyone) {
         close(fd);
         snprintf(err, err_len,
-                 "%s is reachable from other machines: refused without authentication (serve tls:HOST:PORT with "
-                 "--tls-psk-file, or on a trusted network give a token: --token-file)", endpoint);
+                 addr.tls ? "%s is reachable from other machines: refused without authentication of the guests (give "
+                            "--tls-client-ca, the CA of their certificates, or keys: --tls-psk-file)"
+                          : "%s is reachable from other machines: refused without authentication (serve "
+                            "tls:HOST:PORT with --tls-psk-file or certificates, or on a trusted network give a token: "
+                            "--token-file)", endpoint);
         return false;
     }
     struct net_listener *l = &srv->net[srv->n_net++];
@@ -111,8 +122,13 @@ bool apir_shm_server_listen_stream(struct apir_shm_server *srv, const char *endp
     if (!loopback_only && !addr.tls)
         APIR_WARN("host", "%s: guests must present the token, which travels in clear: serve it on a trusted network "
                   "only (tls:HOST:PORT encrypts)", endpoint);
-    APIR_INFO("host", "serving %s (%s)", endpoint,
-              addr.tls ? "TLS 1.3, pre-shared keys" : loopback_only ? "this machine only" : "token required");
+    const bool psk = apir_tls_keys_count(srv->tls_keys) > 0, certs = apir_tls_keys_has_cert(srv->tls_keys);
+    const char *how = !addr.tls                    ? (loopback_only ? "this machine only" : "token required")
+                      : psk && certs && !anyone    ? "TLS 1.3, pre-shared keys or client certificates"
+                      : certs && !anyone           ? "TLS 1.3, client certificates"
+                      : certs                      ? "TLS 1.3, host certificate, guests not authenticated: this machine only"
+                                                   : "TLS 1.3, pre-shared keys";
+    APIR_INFO("host", "serving %s (%s)", endpoint, how);
     return true;
 }
 
@@ -379,13 +395,13 @@ static bool serve_frame(struct shm_client *c, struct stream_io *io, const struct
 }
 
 /*
- * A tls: guest, first: the handshake (its key names it), then its hello
+ * A tls: guest, first: the handshake (its key or certificate names it), then its hello
  * inside TLS, answered.  Under the handshake deadline, like any hello.
  */
 static bool tls_welcome(struct shm_client *c, struct stream_io *io)
 {
     const int timeout_ms = (int)c->srv->host->cfg.limits.handshake_timeout_ms;
-    char err[200];
+    char err[1024];
     c->tls = apir_tls_server(c->fd, c->srv->tls_keys, timeout_ms, err, sizeof(err));
     if (!c->tls) {
         APIR_WARN("host", "%s: refused: %s", c->session->name, err);
@@ -403,7 +419,7 @@ static bool tls_welcome(struct shm_client *c, struct stream_io *io)
     struct iovec iov = { &r, sizeof(r) };
     if (apir_net_send(c->fd, c->tls, &iov, 1, FRAME_IDLE_MS) != 0)
         return false;
-    APIR_INFO("host", "%s: TLS 1.3, key \"%s\"", c->session->name, apir_tls_identity(c->tls));
+    APIR_INFO("host", "%s: TLS 1.3, %s", c->session->name, apir_tls_identity(c->tls));
     return true;
 }
 
@@ -415,13 +431,17 @@ static void *stream_client_worker(void *arg)
         free(io);
         io = NULL;
     }
-    /* The next frame: spun for briefly (the guest's APIR_SPIN_US, 100 us:
-     * back-to-back commands), then slept for.  Not the shm transport's 2 ms
-     * (APIR_HOST_SPIN_US): a stream guest's next command is a round trip
-     * away, and over loopback a long spin takes the cores a CPU host and
-     * its guest share (tg32 0.95 of native with it here). */
+    /* The next frame: spun for, then slept for.  A host whose devices have
+     * their own memory (a GPU: host->device_memory) spins as long as the shm
+     * transport does (APIR_HOST_SPIN_US, 2 ms): between two tokens the
+     * guest's own work often outlasts a short spin, and a wake-up from
+     * sleep costs more than the spin's idle core (1B F16 tg over loopback
+     * TCP on an H200: 0.89 of native with 100 us).  A CPU host spins
+     * briefly (APIR_SPIN_US, 100 us: back-to-back commands): over loopback a
+     * long spin takes the cores it and its guest compute on (tg32 0.95 of
+     * native with 2 ms on 2 cores). */
     if (io)
-        io->rd.spin_ns = (uint64_t)apir_spin_us() * 1000;
+        io->rd.spin_ns = (uint64_t)(c->srv->host->device_memory ? apir_host_spin_us() : apir_spin_us()) * 1000;
     if (io && c->tls_pending && !tls_welcome(c, io)) {
         apir_net_reader_free(&io->rd);
         free(io);

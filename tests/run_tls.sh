@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Who may connect over the network (issue 17, item 4): a tls: listener
 # accepts the keys in its --tls-psk-file and refuses a wrong key, an unknown
-# identity, a guest without a key and a plain TCP guest; a tcp: listener with
-# a token refuses a wrong or missing token; a listener other machines reach
-# does not start without authentication; the host goes on serving after
-# every refusal.  Each refusal's message names the cause on the side that
-# can act on it.
+# identity, a guest without a key and a plain TCP guest; with certificates
+# (made here with certtool, Debian's gnutls-bin: missing, the test fails) it
+# accepts a client certificate of its --tls-client-ca and refuses one of
+# another CA or none, and a guest refuses a host certificate of a CA it
+# does not trust or for another name; a tcp: listener with a token refuses a
+# wrong or missing token; a listener other machines reach does not start
+# without authentication; the host goes on serving after every refusal.
+# Each refusal's message names the cause on the side that can act on it.
 #   tests/run_tls.sh BUILD_DIR        (ctest: stream_auth)
 set -uo pipefail
 B=$1
@@ -70,6 +73,109 @@ for isolation in process thread; do
   check "the host still serves after all that" ping_as APIR_TLS_PSK_FILE="$T/alice.key"
   stop_host
 done
+
+echo "== tls: with certificates"
+if ! command -v certtool >/dev/null; then
+  echo "FAIL certtool not found: install gnutls-bin (scripts/setup.sh does) - the certificate checks cannot run"
+  exit 1
+fi
+# cert NAME CA|self TEMPLATE-LINES...: NAME.key, NAME.pem (ECDSA, a day)
+cert() {
+  local name=$1 ca=$2; shift 2
+  printf '%s\n' "$@" "expiration_days = 1" >"$T/$name.tmpl"
+  certtool --generate-privkey --key-type ecdsa --outfile "$T/$name.key" 2>>"$T/certtool.log" || return 1
+  if [ "$ca" = self ]; then
+    certtool --generate-self-signed --load-privkey "$T/$name.key" --template "$T/$name.tmpl" \
+      --outfile "$T/$name.pem" 2>>"$T/certtool.log"
+  else
+    certtool --generate-certificate --load-privkey "$T/$name.key" --load-ca-certificate "$T/$ca.pem" \
+      --load-ca-privkey "$T/$ca.key" --template "$T/$name.tmpl" --outfile "$T/$name.pem" 2>>"$T/certtool.log"
+  fi
+}
+if ! { cert ca self 'cn = "apir test CA"' ca cert_signing_key &&
+  cert server ca 'cn = "apir test host"' 'dns_name = "localhost"' 'ip_address = "127.0.0.1"' tls_www_server signing_key &&
+  cert client ca 'cn = "guest-1"' 'organization = "apir tests"' tls_www_client signing_key &&
+  cert other-ca self 'cn = "another CA"' ca cert_signing_key &&
+  cert rogue other-ca 'cn = "rogue-guest"' tls_www_client signing_key; }; then
+  echo "FAIL certtool could not make the test certificates:"; tail -5 "$T/certtool.log"; exit 1
+fi
+guest_ca="APIR_TLS_CA_FILE=$T/ca.pem"
+guest_cert="APIR_TLS_CERT_FILE=$T/client.pem APIR_TLS_KEY_FILE=$T/client.key"
+refused() { # guest environment...: apir ping must fail
+  ! env -u APIR_TLS_PSK_FILE -u APIR_TLS_PSK "$@" "$B/apir" ping "$EP" >"$T/out" 2>"$T/err"
+}
+for isolation in process thread; do
+  echo "== tls: certificates, --isolation $isolation"
+  if [ "$isolation" = process ]; then
+    start_host --listen tls:127.0.0.1:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key" \
+      --tls-client-ca "$T/ca.pem" --isolation process --handshake-timeout-ms 2000
+  else  # the environment's names for the same
+    APIR_HOST_TLS_CERT_FILE=$T/server.pem APIR_HOST_TLS_KEY_FILE=$T/server.key \
+      APIR_HOST_TLS_CLIENT_CA_FILE=$T/ca.pem start_host --listen tls:127.0.0.1:0 --isolation thread
+  fi
+  check "the host says it wants client certificates" log_has "TLS 1.3, client certificates"
+  # shellcheck disable=SC2086 # the guest's variables, one word each
+  check "the right certificates are accepted (ping)" ping_as $guest_ca $guest_cert
+  # shellcheck disable=SC2086
+  check "  and a command round trip (info)" env $guest_ca $guest_cert "$B/apir" info "$EP" >"$T/out" 2>"$T/err"
+  check "  the host names the guest's subject" log_has 'TLS 1.3, certificate "CN=guest-1,O=apir tests"'
+  # shellcheck disable=SC2086
+  check "the host reached by its name (localhost) too" env $guest_ca $guest_cert "$B/apir" ping "tls:localhost:${EP##*:}" >"$T/out" 2>"$T/err"
+  check "a client certificate of another CA is refused" refused "$guest_ca" APIR_TLS_CERT_FILE="$T/rogue.pem" APIR_TLS_KEY_FILE="$T/rogue.key"
+  check "  the host names it and why" log_has 'certificate "CN=rogue-guest": not signed by a trusted CA'
+  check "  the guest is told" err_has "refused: TLS alert"
+  check "no client certificate is refused" refused "$guest_ca"
+  check "  the host says so" log_has "presented no certificate"
+  check "  the guest is told" err_has 'refused: TLS alert "Certificate is required"'
+  # shellcheck disable=SC2086
+  check "a host certificate of a CA the guest does not trust is refused" refused APIR_TLS_CA_FILE="$T/other-ca.pem" $guest_cert
+  check "  the guest says why" err_has "host's certificate \"CN=apir test host\": not signed by a trusted CA"
+  # shellcheck disable=SC2086
+  check "a host certificate for another name is refused" refused $guest_ca $guest_cert APIR_TLS_SERVER_NAME=gpu.example.org
+  check "  the guest says why" err_has 'is not for "gpu.example.org"'
+  # shellcheck disable=SC2086
+  check "APIR_TLS_SERVER_NAME names the host as its certificate does" ping_as $guest_ca $guest_cert APIR_TLS_SERVER_NAME=localhost
+  check "a guest with a key only is refused" refused APIR_TLS_PSK_FILE="$T/alice.key"
+  check "a guest without a CA is told what to set" refused
+  check "  (APIR_TLS_CA_FILE)" err_has "APIR_TLS_CA_FILE"
+  # shellcheck disable=SC2086
+  check "the host still serves after all that" ping_as $guest_ca $guest_cert
+  stop_host
+done
+
+echo "== tls: keys and certificates together"
+start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" --tls-cert "$T/server.pem" --tls-key "$T/server.key" \
+  --tls-client-ca "$T/ca.pem" --handshake-timeout-ms 2000
+check "the host offers both" log_has "pre-shared keys or client certificates"
+check "a key is accepted" ping_as APIR_TLS_PSK_FILE="$T/alice.key"
+check "  named" log_has 'TLS 1.3, key "alice"'
+# shellcheck disable=SC2086
+check "a certificate is accepted" ping_as $guest_ca $guest_cert
+check "  named" log_has 'TLS 1.3, certificate "CN=guest-1'
+check "a wrong key is still refused" refused APIR_TLS_PSK_FILE="$T/alice-wrong.key"
+check "no client certificate is still refused" refused "$guest_ca"
+stop_host
+
+echo "== tls: a host certificate without --tls-client-ca"
+"$B/apir-host" --listen "unix:$T/z.sock" --listen tls:0.0.0.0:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key" \
+  --isolation thread >"$T/out" 2>"$T/err"
+check "on an address other machines reach: does not start" bash -c "[ $? = 1 ] && grep -q 'without authentication of the guests' '$T/err'"
+"$B/apir-host" --listen "unix:$T/z.sock" --listen tls:0.0.0.0:0 --tls-psk-file "$T/keys" --tls-cert "$T/server.pem" \
+  --tls-key "$T/server.key" --isolation thread >"$T/out" 2>"$T/err"
+check "  not even beside keys (a guest without one would get in)" bash -c "[ $? = 1 ] && grep -q 'without authentication of the guests' '$T/err'"
+"$B/apir-host" --listen "unix:$T/z.sock" --listen tls:127.0.0.1:0 --tls-client-ca "$T/ca.pem" --isolation thread >"$T/out" 2>"$T/err"
+check "--tls-client-ca without --tls-cert does not start" bash -c "[ $? = 1 ] && grep -q 'needs the host.s certificate' '$T/err'"
+"$B/apir-host" --listen "unix:$T/z.sock" --listen tls:127.0.0.1:0 --tls-cert "$T/server.pem" --tls-key "$T/client.key" \
+  --isolation thread >"$T/out" 2>"$T/err"
+check "a key that is not the certificate's does not start" bash -c "[ $? = 1 ] && grep -q 'with key' '$T/err'"
+start_host --listen tls:0.0.0.0:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key" --tls-client-ca "$T/ca.pem" --isolation thread
+check "tls:0.0.0.0 with --tls-client-ca starts" log_has "serving tls:0.0.0.0"
+stop_host
+start_host --listen tls:127.0.0.1:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key"
+check "on loopback it starts, saying so" log_has "guests not authenticated: this machine only"
+check "  a guest with the CA only is served" ping_as "$guest_ca"
+check "  the log says it had no certificate" log_has "TLS 1.3, no client certificate"
+stop_host
 
 echo "== tcp: with a token"
 echo "s3cret-token-for-tests" >"$T/token"; chmod 600 "$T/token"

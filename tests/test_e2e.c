@@ -9,15 +9,14 @@
 #include "calls.h"
 #include "remote.h"
 #include "shm_proto.h"
+#include "test_host.h"
 #include "test_util.h"
 #include "transport.h"
 #include "wait.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,91 +31,28 @@ static void start_host(void)
     char sock[128];
     snprintf(sock, sizeof(sock), "%s/h.sock", sock_dir);
     unlink(sock);
-    host_pid = fork();
-    if (host_pid == 0) {
-        execl(host_bin, host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--max-clients", "8",
-              "--isolation", isolation, (char *)NULL);
-        _exit(127);
-    }
-    struct stat st;
-    for (int i = 0; i < 500 && stat(sock, &st) != 0; i++)
-        usleep(10000);
-    CHECK(stat(sock, &st) == 0);
+    const char *argv[] = { host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--max-clients",
+                           "8", "--isolation", isolation, NULL };
+    host_pid = host_spawn(argv, NULL);
+    CHECK(wait_for_path(sock, 5000));
 }
 
 static void stop_host(int sig)
 {
-    int status = 0;
-    kill(host_pid, sig);
-    waitpid(host_pid, &status, 0);
+    const int rc = host_reap(host_pid, sig);
     if (sig == SIGTERM)
-        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "host exit status %d", status);
-}
-
-static long rss_of(int pid, int *ppid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    long kib = 0;
-    *ppid = -1;
-    while (f && fgets(line, sizeof(line), f)) {
-        sscanf(line, "VmRSS: %ld kB", &kib);
-        sscanf(line, "PPid: %d", ppid);
-    }
-    if (f)
-        fclose(f);
-    return kib;
+        CHECK_MSG(rc == 0, "host exit status %d", rc);
 }
 
 /* The host's memory: the daemon and, with process isolation, its workers. */
 static long host_rss_kib(void)
 {
-    int ppid;
-    long kib = rss_of((int)host_pid, &ppid);
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int pid = atoi(e->d_name);
-        if (pid <= 0 || pid == (int)host_pid)
-            continue;
-        long k = rss_of(pid, &ppid);
-        if (ppid == (int)host_pid)
-            kib += k;
-    }
-    if (d)
-        closedir(d);
-    return kib;
+    return proc_tree_rss_kib((int)host_pid);
 }
 
 static bool open_remote(struct apir_remote *r)
 {
-    char err[256];
-    bool ok = apir_remote_open(r, endpoint, 0, err, sizeof(err));
-    if (!ok)
-        fprintf(stderr, "connect: %s\n", err);
-    return ok;
-}
-
-static uint64_t alloc(struct apir_remote *r, uint64_t size)
-{
-    uint64_t buft = 0, buf = 0;
-    apir_call_DEVICE_GET_BUFFER_TYPE(r, &buft);
-    apir_call_BUFFER_TYPE_ALLOC_BUFFER(r, buft, size, &buf);
-    return buf;
-}
-
-static struct apir_tensor_rec rec_f32(uint64_t buffer, uint64_t offset, uint32_t n)
-{
-    struct apir_tensor_rec t;
-    memset(&t, 0, sizeof(t));
-    t.id = 1;
-    t.type = 0; /* F32 */
-    t.buffer = buffer;
-    t.ne[0] = n; t.ne[1] = t.ne[2] = t.ne[3] = 1;
-    t.nb[0] = 4; t.nb[1] = t.nb[2] = t.nb[3] = 4 * n;
-    t.data = offset;
-    return t;
+    return guest_open(r, endpoint, NULL, 0);
 }
 
 /* Handshake, and every command a client tool uses. */
@@ -129,9 +65,9 @@ static void test_handshake_and_commands(void)
     CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
     struct apir_string name;
     CHECK(apir_call_DEVICE_GET_NAME(&r, &name) == APIR_HANDLER_OK && !strcmp(name.s, "CPU"));
-    uint64_t buf = alloc(&r, 1 << 20);
+    uint64_t buf = guest_alloc(&r, 1 << 20);
     CHECK(buf != 0);
-    struct apir_tensor_rec t = rec_f32(buf, 4096, 1000);
+    struct apir_tensor_rec t = rec_f32(1, buf, 4096, 1000);
     for (int i = 0; i < 4000; i++)
         r.data[i] = (uint8_t)i;
     CHECK(apir_call_BUFFER_SET_TENSOR(&r, buf, &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK);
@@ -167,7 +103,7 @@ static void test_file_blob(void)
         uint64_t buf = 0, buft = 0;
         CHECK(apir_call_DEVICE_BUFFER_FROM_PTR(&r, res_id, 8192 - 64, 8192 - 64, &buf, &buft) == APIR_HANDLER_OK &&
               buf != 0);
-        struct apir_tensor_rec t = rec_f32(buf, 0, 1000);
+        struct apir_tensor_rec t = rec_f32(1, buf, 0, 1000);
         memset(r.data, 0, 4000);
         CHECK(apir_call_BUFFER_GET_TENSOR(&r, buf, &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK);
         CHECK(memcmp(r.data, bytes + 4096 + 64, 4000) == 0);
@@ -225,7 +161,7 @@ static void test_many_shared_buffers(void)
     }
     /* every buffer still reads back through the host, in the data area */
     for (int i = 0; i < N_BUFFERS; i++) {
-        struct apir_tensor_rec t = rec_f32(buf[i], SIZE - 4000, 1000);
+        struct apir_tensor_rec t = rec_f32(1, buf[i], SIZE - 4000, 1000);
         memset(r.data, 0, 4000);
         CHECK_MSG(apir_call_BUFFER_GET_TENSOR(&r, buf[i], &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK &&
                       r.data[0] == (uint8_t)(0x10 + i) && r.data[3999] == (uint8_t)(0x10 + i),
@@ -246,16 +182,16 @@ static void test_isolation(void)
 {
     struct apir_remote a, b;
     CHECK(open_remote(&a) && open_remote(&b));
-    uint64_t buf = alloc(&a, 4096);
+    uint64_t buf = guest_alloc(&a, 4096);
     uint64_t base = 0;
     CHECK(buf != 0);
     CHECK(apir_call_BUFFER_GET_BASE(&b, buf, &base) == APIR_HANDLER_BAD_HANDLE);
     CHECK(apir_call_BUFFER_CLEAR(&b, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
-    struct apir_tensor_rec t = rec_f32(buf, 0, 16);
+    struct apir_tensor_rec t = rec_f32(1, buf, 0, 16);
     CHECK(apir_call_BUFFER_GET_TENSOR(&b, buf, &t, b.data_res_id, 0, 64) != APIR_HANDLER_OK);
     CHECK(apir_call_BUFFER_GET_BASE(&a, buf, &base) == APIR_HANDLER_OK && base != 0);
     /* b's own buffer does not collide with a's handle */
-    uint64_t buf_b = alloc(&b, 4096);
+    uint64_t buf_b = guest_alloc(&b, 4096);
     CHECK(buf_b != 0 && buf_b != buf);
     apir_remote_close(&a);
     apir_remote_close(&b);
@@ -274,7 +210,7 @@ static void test_killed_client_frees(void)
         struct apir_remote r;
         if (!open_remote(&r))
             _exit(1);
-        uint64_t buf = alloc(&r, 256u << 20);
+        uint64_t buf = guest_alloc(&r, 256u << 20);
         /* touch it so it is resident: clear the whole buffer */
         apir_call_BUFFER_CLEAR(&r, buf, 7u);
         char c = buf ? 'y' : 'n';
@@ -340,19 +276,19 @@ static void test_malformed_messages(void)
     CHECK(raw_forward(&bad, APIR_CMD_BUFFER_SET_TENSOR, junk, 4) == APIR_FORWARD_BASE + APIR_HANDLER_BAD_REQUEST);
     CHECK(raw_forward(&bad, 4242, junk, 0) == APIR_FORWARD_BASE + APIR_HANDLER_INVALID_INDEX);
     /* stale handle */
-    uint64_t buf = alloc(&bad, 4096);
+    uint64_t buf = guest_alloc(&bad, 4096);
     CHECK(apir_call_BUFFER_FREE_BUFFER(&bad, buf) == APIR_HANDLER_OK);
     CHECK(apir_call_BUFFER_CLEAR(&bad, buf, 0u) == APIR_HANDLER_BAD_HANDLE);
     /* tensor outside its buffer */
-    buf = alloc(&bad, 4096);
-    struct apir_tensor_rec t = rec_f32(buf, 4000, 100);
+    buf = guest_alloc(&bad, 4096);
+    struct apir_tensor_rec t = rec_f32(1, buf, 4000, 100);
     CHECK(apir_call_BUFFER_SET_TENSOR(&bad, buf, &t, bad.data_res_id, 0, 4) == APIR_HANDLER_BAD_REQUEST);
     /* huge counts in a graph, and a cyclic graph */
     uint32_t huge[4] = { 0xffffffffu, 0, 0, 0 };
     memcpy(bad.data, huge, sizeof(huge));
     uint32_t status = 0;
     CHECK(apir_call_BACKEND_GRAPH_COMPUTE(&bad, bad.data_res_id, 16, &status) == APIR_HANDLER_BAD_REQUEST);
-    struct apir_tensor_rec g[2] = { rec_f32(buf, 0, 16), rec_f32(buf, 64, 16) };
+    struct apir_tensor_rec g[2] = { rec_f32(1, buf, 0, 16), rec_f32(1, buf, 64, 16) };
     g[0].id = 1; g[1].id = 2;
     g[0].op = g[1].op = 2; /* ADD */
     g[0].src[0] = 2; g[1].src[0] = 1;
@@ -408,21 +344,9 @@ static void test_host_killed(void)
 static void test_too_many_clients(void)
 {
     struct apir_remote r[9];
-    int opened = 0;
     char err[256] = "";
-    /* Clients of earlier tests are freed asynchronously (slowly under the
-     * sanitizers): retry until all eight slots are free again. */
-    for (int attempt = 0; attempt < 50; attempt++) {
-        opened = 0;
-        for (int i = 0; i < 9; i++)
-            if (apir_remote_open(&r[opened], endpoint, 0, err, sizeof(err)))
-                opened++;
-        if (opened >= 8)
-            break;
-        for (int i = 0; i < opened; i++)
-            apir_remote_close(&r[i]);
-        usleep(100000);
-    }
+    /* nine against --max-clients 8, once earlier tests' clients are freed */
+    const int opened = guests_fill(r, 9, endpoint, err, sizeof(err));
     CHECK(opened == 8);
     CHECK_MSG(strstr(err, "too many clients") != NULL, "opened %d, last error: %s", opened, err);
     for (int i = 0; i < opened; i++)

@@ -20,6 +20,7 @@
 #include "ggml.h"
 #include "remote.h"
 #include "shm_proto.h"
+#include "test_host.h"
 #include "test_util.h"
 #include "transport.h"
 #include "wait.h"
@@ -65,15 +66,8 @@ static bool start_host_with(const char *bin, const char *const *extra)
     for (int i = 0; extra && extra[i] && n < 46; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    host_pid = fork();
-    if (host_pid == 0) {
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    struct stat st;
-    for (int i = 0; i < 500 && stat(sock_path, &st) != 0; i++)
-        usleep(10000);
-    if (stat(sock_path, &st) != 0)
+    host_pid = host_spawn(argv, NULL);
+    if (!wait_for_path(sock_path, 5000))
         return false;
     chmod(sock_path, 0777);  /* other uids may connect (the cross-uid cases) */
     return true;
@@ -86,10 +80,7 @@ static bool start_host(const char *const *extra)
 
 static void stop_host(void)
 {
-    if (host_pid <= 0)
-        return;
-    kill(host_pid, SIGTERM);
-    waitpid(host_pid, NULL, 0);
+    host_reap(host_pid, SIGTERM);
     host_pid = -1;
 }
 
@@ -98,52 +89,10 @@ static bool host_alive(void)
     return host_pid > 0 && waitpid(host_pid, NULL, WNOHANG) == 0;
 }
 
-/* A /proc/PID/status field ("VmRSS:", "PPid:", "Uid:"...), or -1. */
-static long status_field(int pid, const char *field)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    long v = -1;
-    size_t len = strlen(field);
-    while (f && fgets(line, sizeof(line), f))
-        if (!strncmp(line, field, len))
-            v = atol(line + len);
-    if (f)
-        fclose(f);
-    return v;
-}
-
 /* The daemon's worker processes (its children). */
 static int host_workers(int *pids, int max)
 {
-    int n = 0;
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int pid = atoi(e->d_name);
-        if (pid > 0 && pid != host_pid && status_field(pid, "PPid:") == host_pid) {
-            if (n < max)
-                pids[n] = pid;
-            n++;
-        }
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
-/* The host's resident memory, daemon and workers (KiB). */
-static long host_rss_kib(void)
-{
-    int pids[256];
-    int n = host_workers(pids, 256);
-    long kib = status_field(host_pid, "VmRSS:");
-    for (int i = 0; i < n && i < 256; i++) {
-        long k = status_field(pids[i], "VmRSS:");
-        kib += k > 0 ? k : 0;
-    }
-    return kib;
+    return proc_children(host_pid, pids, max);
 }
 
 /* ---- guests ---- */
@@ -183,15 +132,9 @@ static void refusal_of(int fd, int wait_ms, char *out, size_t out_len)
 static double time_to_serve(int limit_ms, char *err, size_t err_len)
 {
     uint64_t t0 = apir_now_ns();
-    while (apir_now_ns() - t0 < (uint64_t)limit_ms * 1000000ull) {
-        struct apir_remote r;
-        if (open_guest(&r, err, err_len)) {
-            int32_t n = 0;
-            bool ok = apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1;
-            apir_remote_close(&r);
-            if (ok)
-                return (double)(apir_now_ns() - t0) / 1e6;
-        }
+    while (ms_since(t0) < limit_ms) {
+        if (guest_served(endpoint, err, err_len))
+            return ms_since(t0);
         usleep(20000);
     }
     return -1;
@@ -424,13 +367,13 @@ static void test_sparse_blob(void)
         stop_host();
         return;
     }
-    long before = host_rss_kib();
+    long before = proc_tree_rss_kib(host_pid);
     int fd = make_memfd(1ull << 30, false);
     CHECK(fd >= 0);
     int rc = send_blob(&r, fd, 1000, 1ull << 30);
     close(fd);
     usleep(100000);
-    long after = host_rss_kib();
+    long after = proc_tree_rss_kib(host_pid);
     printf("figure: sparse sealed 1 GiB memfd blob: %s; host RSS %ld -> %ld KiB (+%ld MiB)\n",
            rc == 0 ? "taken" : "refused", before, after, (after - before) / 1024);
     CHECK_MSG(rc != 0, "a sparse blob was taken");
@@ -447,50 +390,17 @@ static void test_sparse_blob(void)
 
 /* ---- a long graph ---- */
 
-enum { MM_K = 4096, MM_M = 4096, MM_N = 1024, MM_NODES = 24 };
-
-static struct apir_tensor_rec rec_f32_2d(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t ne0, uint32_t ne1)
-{
-    struct apir_tensor_rec t;
-    memset(&t, 0, sizeof(t));
-    t.id = id;
-    t.type = GGML_TYPE_F32;
-    t.buffer = buffer;
-    t.ne[0] = ne0; t.ne[1] = ne1; t.ne[2] = t.ne[3] = 1;
-    t.nb[0] = 4; t.nb[1] = 4 * ne0; t.nb[2] = t.nb[3] = 4 * ne0 * ne1;
-    t.data = offset;
-    return t;
-}
-
-/* MM_NODES MUL_MATs of [K x M] by [K x N] (~34 GFLOP each) into one result:
- * seconds to minutes of one thread.  Sends it and returns only if the host
+/* The long graph (test_host.h), computed: returns only if the host
  * answers. */
 static uint32_t run_long_graph(struct apir_remote *r)
 {
-    uint64_t buft = 0, buf = 0;
-    const uint64_t a_size = 4ull * MM_K * MM_M, b_size = 4ull * MM_K * MM_N, c_size = 4ull * MM_M * MM_N;
-    apir_call_DEVICE_GET_BUFFER_TYPE(r, &buft);
-    apir_call_BUFFER_TYPE_ALLOC_BUFFER(r, buft, a_size + b_size + c_size, &buf);
+    uint64_t buf = guest_alloc(r, MM_BYTES);
     if (!buf)
         return 0xffffffffu;
     apir_call_BUFFER_CLEAR(r, buf, 0);
-    static struct apir_tensor_rec recs[2 + MM_NODES];
-    recs[0] = rec_f32_2d(1, buf, 0, MM_K, MM_M);
-    recs[1] = rec_f32_2d(2, buf, a_size, MM_K, MM_N);
-    struct apir_encoder e;
-    apir_encoder_init(&e, r->data, r->data_size);
-    apir_encode_u32(&e, MM_NODES);
-    for (int i = 0; i < MM_NODES; i++) {
-        recs[2 + i] = rec_f32_2d(10 + (uint64_t)i, buf, a_size + b_size, MM_M, MM_N);
-        recs[2 + i].op = GGML_OP_MUL_MAT;
-        recs[2 + i].flags = GGML_TENSOR_FLAG_COMPUTE;
-        recs[2 + i].src[0] = 1;
-        recs[2 + i].src[1] = 2;
-        apir_encode_u64(&e, 10 + (uint64_t)i);
-    }
-    apir_encode_tensor_list(&e, 2 + MM_NODES, recs);
+    const size_t size = mul_mat_graph(r->data, r->data_size, buf);
     uint32_t status = 0xffffffffu;
-    int rc = apir_call_BACKEND_GRAPH_COMPUTE(r, r->data_res_id, apir_encoder_used(&e), &status);
+    int rc = apir_call_BACKEND_GRAPH_COMPUTE(r, r->data_res_id, size, &status);
     return rc == APIR_HANDLER_OK && status != GGML_STATUS_SUCCESS ? 0x10000u + status : (uint32_t)rc;
 }
 
@@ -548,7 +458,7 @@ static void leave_case(const char *isolation)
         if (cpu - last > 0.01)
             busy_until = (double)(apir_now_ns() - t0) / 1e9;
         last = cpu;
-        if (workers > 0 && worker_gone < 0 && status_field(pids[0], "PPid:") != host_pid)
+        if (workers > 0 && worker_gone < 0 && proc_status_field(pids[0], "PPid:") != host_pid)
             worker_gone = (double)(apir_now_ns() - t0) / 1e9;
         if (t - busy_until > 1.0 && (workers == 0 || worker_gone >= 0))
             break;
@@ -666,10 +576,10 @@ static void run_attack(const char *dir, const char *const *extra, char *report, 
     CHECK(host_workers(pids, 8) == 1);
     int victim_pid = pids[0];
     /* Its worker is sandboxed: own uid, seccomp filter, no new privileges. */
-    CHECK_MSG(status_field(victim_pid, "Uid:") == (long)WORKER_UID_BASE, "victim uid %ld",
-              status_field(victim_pid, "Uid:"));
-    CHECK(status_field(victim_pid, "Seccomp:") == 2);
-    CHECK(status_field(victim_pid, "NoNewPrivs:") == 1);
+    CHECK_MSG(proc_status_field(victim_pid, "Uid:") == (long)WORKER_UID_BASE, "victim uid %ld",
+              proc_status_field(victim_pid, "Uid:"));
+    CHECK(proc_status_field(victim_pid, "Seccomp:") == 2);
+    CHECK(proc_status_field(victim_pid, "NoNewPrivs:") == 1);
     char path[384];
     snprintf(path, sizeof(path), "%s/target", dir);
     FILE *f = fopen(path, "w");
@@ -695,7 +605,7 @@ static void run_attack(const char *dir, const char *const *extra, char *report, 
     CHECK(host_alive());
     int32_t n = 0;
     CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&victim, &n) == APIR_HANDLER_OK && n == 1);
-    CHECK(status_field(victim_pid, "PPid:") == host_pid);
+    CHECK(proc_status_field(victim_pid, "PPid:") == host_pid);
     apir_remote_close(&victim);
     stop_host();
     clear_dir(dir);

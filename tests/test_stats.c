@@ -32,6 +32,7 @@
 #include "ggml.h"
 #include "remote.h"
 #include "shm_proto.h"
+#include "test_host.h"
 #include "test_util.h"
 #include "transport.h"
 #include "wait.h"
@@ -412,67 +413,27 @@ static struct jval *stat_until(unsigned long long id, const char *path, unsigned
 static void start_host(const char *extra1, const char *extra2)
 {
     unlink(sock);
-    host_pid = fork();
-    if (host_pid == 0) {
-        execl(host_bin, host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--isolation",
-              isolation, "--metrics-file", prom, "--metrics-interval", "1", "--max-buffers", "100", "--max-alloc-mib",
-              "64", "--max-blobs", "50", "--max-blob-mib", "512", "--max-clients", "8", extra1, extra2, (char *)NULL);
-        _exit(127);
-    }
+    const char *argv[] = { host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--isolation",
+                           isolation, "--metrics-file", prom, "--metrics-interval", "1", "--max-buffers", "100",
+                           "--max-alloc-mib", "64", "--max-blobs", "50", "--max-blob-mib", "512", "--max-clients", "8",
+                           extra1, extra2, NULL };
+    host_pid = host_spawn(argv, NULL);
     /* The daemon binds the guest socket first and its control socket after:
      * with the default control path, wait for both. */
-    struct stat st;
-    for (int i = 0; i < 500 && stat(sock, &st) != 0; i++)
-        usleep(10000);
-    CHECK(stat(sock, &st) == 0);
-    for (int i = 0; !extra1 && i < 500 && lstat(ctl, &st) != 0; i++)
-        usleep(10000);
+    CHECK(wait_for_path(sock, 5000));
+    if (!extra1)
+        wait_for_path(ctl, 5000);
 }
 
 static void stop_host(void)
 {
-    int status = 0;
-    kill(host_pid, SIGTERM);
-    waitpid(host_pid, &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "host exit status %d", status);
+    const int rc = host_reap(host_pid, SIGTERM);
+    CHECK_MSG(rc == 0, "host exit status %d", rc);
 }
 
 static bool open_remote(struct apir_remote *r)
 {
-    char err[256];
-    bool ok = apir_remote_open(r, endpoint, 0, err, sizeof(err));
-    if (!ok)
-        fprintf(stderr, "connect: %s\n", err);
-    return ok;
-}
-
-static struct apir_tensor_rec rec_f32(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t n)
-{
-    struct apir_tensor_rec t;
-    memset(&t, 0, sizeof(t));
-    t.id = id;
-    t.type = GGML_TYPE_F32;
-    t.buffer = buffer;
-    t.ne[0] = n; t.ne[1] = t.ne[2] = t.ne[3] = 1;
-    t.nb[0] = 4; t.nb[1] = t.nb[2] = t.nb[3] = 4 * n;
-    t.data = offset;
-    return t;
-}
-
-/* c = a + b in buf, written into the data area; its size. */
-static size_t add_graph(struct apir_remote *r, uint64_t buf)
-{
-    struct apir_tensor_rec recs[3] = { rec_f32(1, buf, 0, 16), rec_f32(2, buf, 64, 16), rec_f32(3, buf, 128, 16) };
-    recs[2].op = GGML_OP_ADD;
-    recs[2].flags = GGML_TENSOR_FLAG_COMPUTE;
-    recs[2].src[0] = 1;
-    recs[2].src[1] = 2;
-    struct apir_encoder e;
-    apir_encoder_init(&e, r->data, r->data_size);
-    apir_encode_u32(&e, 1);
-    apir_encode_u64(&e, 3);
-    apir_encode_tensor_list(&e, 3, recs);
-    return apir_encoder_used(&e);
+    return guest_open(r, endpoint, NULL, 0);
 }
 
 /* ---- the metrics file -------------------------------------------------------- */
@@ -690,12 +651,12 @@ static void test_guests_and_numbers(void)
     sent++;
     uint32_t status = 0;
     for (int i = 0; i < N_PLAIN_GRAPHS; i++) {
-        size_t size = add_graph(&a, bufs[0]);
+        size_t size = add_graph(a.data, a.data_size, bufs[0]);
         CHECK(apir_call_BACKEND_GRAPH_COMPUTE(&a, a.data_res_id, size, &status) == APIR_HANDLER_OK &&
               status == GGML_STATUS_SUCCESS);
         sent++;
     }
-    size_t size = add_graph(&a, bufs[0]);
+    size_t size = add_graph(a.data, a.data_size, bufs[0]);
     CHECK(apir_call_BACKEND_GRAPH_COMPUTE_KEYED(&a, a.data_res_id, 0, size, 0x4242, &status) == APIR_HANDLER_OK &&
           status == GGML_STATUS_SUCCESS);
     sent++;
@@ -976,8 +937,7 @@ static void test_control_options(void)
     char path[140];
     snprintf(path, sizeof(path), "%s/other.ctl", dir);
     struct stat st;
-    for (int i = 0; i < 100 && lstat(path, &st) != 0; i++)
-        usleep(10000);
+    wait_for_path(path, 1000);
     CHECK(lstat(path, &st) == 0 && (st.st_mode & 07777) == 0660 && st.st_gid == getgid());
     CHECK(access(ctl, F_OK) != 0);  /* not also beside the socket */
     char ep[160];

@@ -29,6 +29,7 @@
 #include "remote.h"
 #include "shm_proto.h"
 #include "stream_proto.h"
+#include "test_host.h"
 #include "test_util.h"
 #include "transport.h"
 #include "wait.h"
@@ -66,11 +67,6 @@ struct host {
 static struct host main_host, tok_host;
 
 /* ---- small helpers -------------------------------------------------------- */
-
-static double ms_since(uint64_t t0)
-{
-    return (double)(apir_now_ns() - t0) / 1e6;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng(void)
@@ -201,17 +197,7 @@ static bool start_host(struct host *h, const char *name, const char *tcp_listen,
     for (int i = 0; extra && extra[i] && n < 38; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    h->pid = fork();
-    if (h->pid == 0) {
-        int lf = open(h->log, O_WRONLY | O_APPEND);
-        if (lf >= 0) {
-            dup2(lf, 1);
-            dup2(lf, 2);
-            close(lf);
-        }
-        execv(host_bin, (char *const *)argv);
-        _exit(127);
-    }
+    h->pid = host_spawn(argv, h->log);
     h->port = 0;
     h->exit_status = -1;
     uint64_t t0 = apir_now_ns();
@@ -248,55 +234,16 @@ static bool start_host(struct host *h, const char *name, const char *tcp_listen,
 /* Signals the host and reaps it: its exit status (128 + signal if killed). */
 static int stop_host(struct host *h, int sig)
 {
-    if (h->pid <= 0)
-        return -1;
-    int status = 0;
-    kill(h->pid, sig);
-    waitpid(h->pid, &status, 0);
+    const int rc = host_reap(h->pid, sig);
     h->pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    return rc;
 }
 
 /* ---- guests --------------------------------------------------------------- */
 
-static bool open_guest(struct apir_remote *r, const char *endpoint, char *err, size_t err_len)
-{
-    bool ok = apir_remote_open(r, endpoint, 0, err, err_len);
-    if (!ok)
-        fprintf(stderr, "connect %s: %s\n", endpoint, err);
-    return ok;
-}
-
 static bool open_main(struct apir_remote *r)
 {
-    char err[256];
-    return open_guest(r, main_host.endpoint, err, sizeof(err));
-}
-
-static uint64_t alloc(struct apir_remote *r, uint64_t size)
-{
-    uint64_t buft = 0, buf = 0;
-    apir_call_DEVICE_GET_BUFFER_TYPE(r, &buft);
-    apir_call_BUFFER_TYPE_ALLOC_BUFFER(r, buft, size, &buf);
-    return buf;
-}
-
-static struct apir_tensor_rec rec_2d(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t ne0, uint32_t ne1)
-{
-    struct apir_tensor_rec t;
-    memset(&t, 0, sizeof(t));
-    t.id = id;
-    t.type = GGML_TYPE_F32;
-    t.buffer = buffer;
-    t.ne[0] = ne0; t.ne[1] = ne1; t.ne[2] = t.ne[3] = 1;
-    t.nb[0] = 4; t.nb[1] = 4 * ne0; t.nb[2] = t.nb[3] = 4 * ne0 * ne1;
-    t.data = offset;
-    return t;
-}
-
-static struct apir_tensor_rec rec_f32(uint64_t id, uint64_t buffer, uint64_t offset, uint32_t n)
-{
-    return rec_2d(id, buffer, offset, n, 1);
+    return guest_open(r, main_host.endpoint, NULL, 0);
 }
 
 /* Tensor I/O through the data area a chunk at a time, as the guest library
@@ -335,22 +282,6 @@ static int graph_compute(struct apir_remote *r, const void *bytes, size_t size, 
                  : apir_call_BACKEND_GRAPH_COMPUTE_locked(r, r->data_res_id, size, status);
     pthread_mutex_unlock(&r->lock);
     return rc;
-}
-
-/* c = a + b: three 16-float tensors at 0, 64 and 128 of buf. */
-static size_t add_graph(uint8_t *out, size_t cap, uint64_t buf)
-{
-    struct apir_tensor_rec recs[3] = { rec_f32(1, buf, 0, 16), rec_f32(2, buf, 64, 16), rec_f32(3, buf, 128, 16) };
-    recs[2].op = GGML_OP_ADD;
-    recs[2].flags = GGML_TENSOR_FLAG_COMPUTE;
-    recs[2].src[0] = 1;
-    recs[2].src[1] = 2;
-    struct apir_encoder e;
-    apir_encoder_init(&e, out, cap);
-    apir_encode_u32(&e, 1);
-    apir_encode_u64(&e, 3);
-    apir_encode_tensor_list(&e, 3, recs);
-    return e.fatal ? 0 : apir_encoder_used(&e);
 }
 
 /* A FORWARD that waits for its reply even when the command is posted (the
@@ -601,12 +532,10 @@ static int raw_forward(int fd, enum apir_command cmd, const uint8_t *items, size
 /* A guest of the main host still served: a fresh connection and a command. */
 static bool main_serves(void)
 {
-    struct apir_remote r;
-    if (!open_main(&r))
-        return false;
-    int32_t n = 0;
-    bool ok = apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1;
-    apir_remote_close(&r);
+    char err[256] = "";
+    const bool ok = guest_served(main_host.endpoint, err, sizeof(err));
+    if (!ok)
+        fprintf(stderr, "main host: not served: %s\n", err[0] ? err : "its answer was wrong");
     return ok;
 }
 
@@ -674,7 +603,7 @@ static void test_commands(void)
     CHECK(apir_call_DEVICE_GET_NAME(&r, &name) == APIR_HANDLER_OK && !strcmp(name.s, "CPU"));
 
     enum { SIZE = 8 << 20 };
-    uint64_t buf = alloc(&r, SIZE);
+    uint64_t buf = guest_alloc(&r, SIZE);
     CHECK(buf != 0);
     uint8_t *shadow = calloc(1, SIZE), *data = malloc(SIZE), *back = malloc(SIZE);
     if (!buf || !shadow || !data || !back) {
@@ -736,7 +665,7 @@ static void test_graph(void)
         CHECK(false);
         return;
     }
-    uint64_t buf = alloc(&r, 4096);
+    uint64_t buf = guest_alloc(&r, 4096);
     CHECK(buf != 0);
     const struct apir_tensor_rec ta = rec_f32(1, buf, 0, 16), tb = rec_f32(2, buf, 64, 16), tc = rec_f32(3, buf, 128, 16);
     float a[16], b[16], c[16];
@@ -794,7 +723,7 @@ static void test_posted(void)
         CHECK(false);
         return;
     }
-    uint64_t buf = alloc(&r, 4 * N);
+    uint64_t buf = guest_alloc(&r, 4 * N);
     CHECK(buf != 0);
     const struct apir_tensor_rec t = rec_f32(1, buf, 0, N);
     uint32_t v[N], back[N];
@@ -840,7 +769,7 @@ static void test_advisories(void)
         CHECK(false);
         return;
     }
-    uint64_t buf = alloc(&a, 4096), buf2 = alloc(&a, 4096), buf_b = alloc(&b, 4096);
+    uint64_t buf = guest_alloc(&a, 4096), buf2 = guest_alloc(&a, 4096), buf_b = guest_alloc(&b, 4096);
     CHECK(buf && buf2 && buf_b && buf_b != buf);
     struct apir_tensor_rec t = rec_f32(1, buf, 0, 256);
     /* write-what-where through set_tensor (CVE-2024-42479): one byte past */
@@ -863,19 +792,9 @@ static void test_advisories(void)
     /* a graph naming a tensor id it does not carry (graph_compute's
      * unchecked ids) */
     uint8_t g[4096];
-    size_t gsize = add_graph(g, sizeof(g), buf);
-    struct apir_tensor_rec recs[3] = { rec_f32(1, buf, 0, 16), rec_f32(2, buf, 64, 16), rec_f32(3, buf, 128, 16) };
-    recs[2].op = GGML_OP_ADD;
-    recs[2].flags = GGML_TENSOR_FLAG_COMPUTE;
-    recs[2].src[0] = 1;
-    recs[2].src[1] = 99;
-    struct apir_encoder e;
-    apir_encoder_init(&e, g, sizeof(g));
-    apir_encode_u32(&e, 1);
-    apir_encode_u64(&e, 3);
-    apir_encode_tensor_list(&e, 3, recs);
+    size_t gsize = add_graph_src(g, sizeof(g), buf, 99);
     uint32_t status = 0;
-    CHECK(graph_compute(&a, g, apir_encoder_used(&e), 0, &status) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(graph_compute(&a, g, gsize, 0, &status) == APIR_HANDLER_BAD_REQUEST);
     /* a graph key never sent */
     CHECK(apir_call_BACKEND_GRAPH_RECOMPUTE(&a, 0xdead, &status) == APIR_HANDLER_STALE);
     /* another guest's buffer handle */
@@ -1151,11 +1070,11 @@ static void test_endpoints(void)
     CHECK(log_count(&h, "serving tcp:[::1]:") == 1 && log_count(&h, "(this machine only)") == 1);
     snprintf(ep, sizeof(ep), "tcp:[::1]:%u", (unsigned)h.port);
     int32_t n = 0;
-    const bool opened = open_guest(&r, ep, err, sizeof(err));
+    const bool opened = guest_open(&r, ep, err, sizeof(err));
     CHECK(opened);
     if (opened) {
         CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
-        uint64_t buf = alloc(&r, 4096);
+        uint64_t buf = guest_alloc(&r, 4096);
         const struct apir_tensor_rec t = rec_f32(1, buf, 0, 1024);
         uint8_t out[3000], in[3000];
         fill_random(out, sizeof(out));
@@ -1212,13 +1131,13 @@ static void test_token(void)
     int32_t n = 0;
     /* right: from a file (first line, CRLF cut), and from APIR_TOKEN */
     setenv("APIR_TOKEN_FILE", guest_file, 1);
-    CHECK(open_guest(&r, tok_host.endpoint, err, sizeof(err)));
+    CHECK(guest_open(&r, tok_host.endpoint, err, sizeof(err)));
     CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
     apir_remote_close(&r);
     unsetenv("APIR_TOKEN_FILE");
     setenv("APIR_TOKEN", TOKEN, 1);
     struct apir_remote kept;  /* stays connected through the refusals */
-    bool kept_ok = open_guest(&kept, tok_host.endpoint, err, sizeof(err));
+    bool kept_ok = guest_open(&kept, tok_host.endpoint, err, sizeof(err));
     CHECK(kept_ok);
     /* wrong: longer, shorter, other */
     const char *wrong[] = { TOKEN "x", "s3cret", "S3CRET-STREAM-TOKEN" };
@@ -1274,7 +1193,7 @@ static void test_token(void)
     if (kept_ok)
         apir_remote_close(&kept);
     setenv("APIR_TOKEN", TOKEN, 1);
-    CHECK(open_guest(&r, tok_host.endpoint, err, sizeof(err)));
+    CHECK(guest_open(&r, tok_host.endpoint, err, sizeof(err)));
     CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n) == APIR_HANDLER_OK && n == 1);
     apir_remote_close(&r);
     unsetenv("APIR_TOKEN");
@@ -1286,21 +1205,9 @@ static void test_token(void)
 static void test_too_many_clients(void)
 {
     struct apir_remote r[9];
-    int opened = 0;
     char err[256] = "";
-    /* guests of earlier cases are freed asynchronously: retry until all
-     * eight slots are free again */
-    for (int attempt = 0; attempt < 50; attempt++) {
-        opened = 0;
-        for (int i = 0; i < 9; i++)
-            if (apir_remote_open(&r[opened], main_host.endpoint, 0, err, sizeof(err)))
-                opened++;
-        if (opened >= 8)
-            break;
-        for (int i = 0; i < opened; i++)
-            apir_remote_close(&r[i]);
-        usleep(100000);
-    }
+    /* nine against --max-clients 8, once earlier cases' guests are freed */
+    const int opened = guests_fill(r, 9, main_host.endpoint, err, sizeof(err));
     CHECK(opened == 8);
     /* (process mode: the worker pool's refusal must be a stream hello reply) */
     CHECK_MSG(strstr(err, "too many clients") != NULL, "opened %d, last error: %s", opened, err);
@@ -1330,7 +1237,7 @@ static void test_guest_killed(void)
             struct apir_remote r;
             if (!open_main(&r))
                 _exit(1);
-            uint64_t buf = alloc(&r, 32u << 20);
+            uint64_t buf = guest_alloc(&r, 32u << 20);
             apir_call_BUFFER_CLEAR(&r, buf, 7u);
             int32_t n = 0;
             apir_call_DEVICE_GET_COUNT(&r, &n);
@@ -1368,10 +1275,8 @@ static void test_guest_killed(void)
     CHECK(main_serves());
 }
 
-/* MUL_MATs of [4096 x 4096] by [4096 x 1024] (~34 GFLOP each): seconds of
- * one thread.  Sent unkeyed: the reply comes after the compute. */
-enum { MM_K = 4096, MM_M = 4096, MM_N = 1024, MM_NODES = 24 };
-
+/* The long graph (test_host.h) runs in a thread here; sent unkeyed: the
+ * reply comes after the compute. */
 struct long_graph {
     struct apir_remote *r;
     int rc;
@@ -1383,29 +1288,14 @@ static void *run_long_graph(void *arg)
 {
     struct long_graph *lg = arg;
     struct apir_remote *r = lg->r;
-    const uint64_t a_size = 4ull * MM_K * MM_M, b_size = 4ull * MM_K * MM_N;
-    uint64_t buf = alloc(r, a_size + b_size + 4ull * MM_M * MM_N);
+    uint64_t buf = guest_alloc(r, MM_BYTES);
     lg->rc = -2;
     if (buf) {
-        static struct apir_tensor_rec recs[2 + MM_NODES];
         static uint8_t g[64 * 1024];
-        recs[0] = rec_2d(1, buf, 0, MM_K, MM_M);
-        recs[1] = rec_2d(2, buf, a_size, MM_K, MM_N);
-        struct apir_encoder e;
-        apir_encoder_init(&e, g, sizeof(g));
-        apir_encode_u32(&e, MM_NODES);
-        for (int i = 0; i < MM_NODES; i++) {
-            recs[2 + i] = rec_2d(10 + (uint64_t)i, buf, a_size + b_size, MM_M, MM_N);
-            recs[2 + i].op = GGML_OP_MUL_MAT;
-            recs[2 + i].flags = GGML_TENSOR_FLAG_COMPUTE;
-            recs[2 + i].src[0] = 1;
-            recs[2 + i].src[1] = 2;
-            apir_encode_u64(&e, 10 + (uint64_t)i);
-        }
-        apir_encode_tensor_list(&e, 2 + MM_NODES, recs);
+        const size_t size = mul_mat_graph(g, sizeof(g), buf);
         uint32_t status = 0;
         lg->sending = true;
-        lg->rc = graph_compute(r, g, apir_encoder_used(&e), 0, &status);
+        lg->rc = graph_compute(r, g, size, 0, &status);
     }
     lg->returned_ns = apir_now_ns();
     return NULL;

@@ -209,12 +209,14 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     if (drain_posted(s, 0) != 0)
         return -1;
     int timeout_ms = timeout_ns ? (int)(timeout_ns / 1000000ull) : -1;
-    /* Every reply: the short spin, then sleep.  Not the long spin a graph
-     * gets on shared memory (wait_spin_ns): across a link the wake-up is
-     * small against the round trip, and a CPU host on this machine (over
-     * loopback) computes on the cores a long spin would take (measured:
-     * tg32 0.94 of native with it, 0.99 without). */
-    s->rd.spin_ns = s->spin_ns;
+    /* A reply: the short spin, then sleep; a graph on a device with its own
+     * memory the caller's longer spin (wait_spin_ns, as on shared memory: a
+     * wake-up from sleep at each token costs more than the spin's idle core;
+     * 1B F16 tg over loopback TCP on an H200 was 0.89 of native without).
+     * The caller leaves it 0 for a CPU host, which over loopback computes on
+     * the cores a long spin would take (tg32 0.94 of native with it, 0.99
+     * without, 2 cores). */
+    s->rd.spin_ns = t->wait_spin_ns ? t->wait_spin_ns : s->spin_ns;
     uint32_t len;
     if (read_reply(s, s->out, n_out, timeout_ms, ret, &len) != 0)
         return -1;
@@ -309,18 +311,40 @@ static int guest_token(uint8_t *out, char *err, size_t err_len)
     return (int)n;
 }
 
-/* A tls: guest's key: APIR_TLS_PSK_FILE's first IDENTITY:HEXKEY line, else
- * APIR_TLS_PSK. */
+static const char *env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* A tls: guest's credentials: a key - APIR_TLS_PSK_FILE's first
+ * IDENTITY:HEXKEY line, else APIR_TLS_PSK - or else certificates: the CAs
+ * the host's certificate must chain to (APIR_TLS_CA_FILE; required: a host
+ * not checked could be anyone) and the guest's own certificate and key
+ * (APIR_TLS_CERT_FILE, APIR_TLS_KEY_FILE) for a host that asks for one. */
 static struct apir_tls_keys *guest_tls_keys(char *err, size_t err_len)
 {
-    const char *file = getenv("APIR_TLS_PSK_FILE"), *line = getenv("APIR_TLS_PSK");
-    if (file && *file)
+    const char *file = env_set("APIR_TLS_PSK_FILE"), *line = env_set("APIR_TLS_PSK");
+    const char *ca = env_set("APIR_TLS_CA_FILE"), *cert = env_set("APIR_TLS_CERT_FILE"),
+               *key = env_set("APIR_TLS_KEY_FILE");
+    if ((file || line) && (ca || cert || key))
+        APIR_WARN("guest", "both a TLS key (APIR_TLS_PSK%s) and certificates (APIR_TLS_CA_FILE...) are set: using "
+                  "the key", file ? "_FILE" : "");
+    if (file)
         return apir_tls_keys_load(file, true, err, err_len);
-    if (line && *line)
+    if (line)
         return apir_tls_keys_parse(line, err, err_len);
-    snprintf(err, err_len, "a tls: host needs a key: set APIR_TLS_PSK_FILE (a file whose first line is "
-             "IDENTITY:HEXKEY) or APIR_TLS_PSK");
-    return NULL;
+    if (!ca) {
+        snprintf(err, err_len, "a tls: host needs a key - set APIR_TLS_PSK_FILE (a file whose first line is "
+                 "IDENTITY:HEXKEY) or APIR_TLS_PSK - or certificates: APIR_TLS_CA_FILE (the CA of the host's "
+                 "certificate) and, if the host asks for one, APIR_TLS_CERT_FILE and APIR_TLS_KEY_FILE");
+        return NULL;
+    }
+    if (!cert != !key) {
+        snprintf(err, err_len, "APIR_TLS_CERT_FILE and APIR_TLS_KEY_FILE go together: set both or neither");
+        return NULL;
+    }
+    return apir_tls_keys_add_certs(NULL, cert, key, ca, err, err_len);
 }
 
 struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size_t err_len)
@@ -349,9 +373,12 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
         goto fail;
     }
     if (addr.tls) {
-        char why[200];
+        char why[1024];
+        /* The name the host's certificate must carry: the endpoint's, unless
+         * it is reached by another (an address, a tunnel). */
+        const char *name = env_set("APIR_TLS_SERVER_NAME") ? env_set("APIR_TLS_SERVER_NAME") : addr.host;
         struct apir_tls_keys *keys = guest_tls_keys(why, sizeof(why));
-        s->tls = keys ? apir_tls_client(s->fd, keys, HELLO_MS, why, sizeof(why)) : NULL;
+        s->tls = keys ? apir_tls_client(s->fd, keys, name, HELLO_MS, why, sizeof(why)) : NULL;
         apir_tls_keys_free(keys);
         if (!s->tls) {
             snprintf(err, err_len, "%s: %s", endpoint, why);
@@ -366,8 +393,12 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
     (void)apir_net_send(s->fd, s->tls, &iov, 1, HELLO_MS);
     memset(&hello.token, 0, sizeof(hello.token));
     if (apir_net_read(&s->rd, &r, sizeof(r), HELLO_MS, NULL) != 0) {
-        snprintf(err, err_len, "no hello from the host at %s (%s)", endpoint,
-                 errno == EPIPE ? "it closed the connection" : strerror(errno));
+        if (s->tls && errno == EPROTO && *apir_tls_alert(s->tls))
+            snprintf(err, err_len, "host at %s refused: TLS alert \"%s\" (the host's log says why)", endpoint,
+                     apir_tls_alert(s->tls));
+        else
+            snprintf(err, err_len, "no hello from the host at %s (%s)", endpoint,
+                     errno == EPIPE ? "it closed the connection" : strerror(errno));
         goto fail;
     }
     if (r.magic != APIR_STREAM_MAGIC) {

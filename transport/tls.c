@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,15 +17,20 @@
 #include <sys/uio.h>
 
 /* TLS 1.3 only, and only PSK with an ephemeral key exchange (forward
- * secrecy): nothing older or weaker is negotiable. */
+ * secrecy): nothing older or weaker is negotiable.  With certificates, the
+ * certificate "key exchanges" too: in TLS 1.3 they only allow certificate
+ * authentication (the exchange itself is always ephemeral). */
 #define PRIORITY "NORMAL:-VERS-ALL:+VERS-TLS1.3:-KX-ALL:+ECDHE-PSK:+DHE-PSK"
+#define PRIORITY_CERT PRIORITY ":+ECDHE-RSA:+ECDHE-ECDSA"
 #define MAX_KEYS 1024
 #define MAX_IDENTITY 128
+#define MAX_DN 256      /* a certificate subject in log lines; longer ones are cut */
+#define MAX_NAME 256    /* the host name a guest checks the host's certificate for */
 #define MIN_KEY_BYTES 16
 #define MAX_KEY_BYTES 64
 
 /*
- * GnuTLS is loaded when a key is first loaded (dlopen), not linked: the
+ * GnuTLS is loaded when a key or certificate is first loaded (dlopen), not linked: the
  * guest library needs nothing beyond the C library unless a program uses a
  * tls: endpoint, and a host worker loads it before its sandbox forbids
  * opening files.  The entry points used, by name: */
@@ -57,7 +63,24 @@
     X(ssize_t, gnutls_record_recv, (gnutls_session_t, void *, size_t))                                         \
     X(ssize_t, gnutls_record_send, (gnutls_session_t, const void *, size_t))                                   \
     X(size_t, gnutls_record_check_pending, (gnutls_session_t))                                                 \
-    X(int, gnutls_record_get_direction, (gnutls_session_t))
+    X(int, gnutls_record_get_direction, (gnutls_session_t))                                                    \
+    X(gnutls_credentials_type_t, gnutls_auth_get_type, (gnutls_session_t))                                    \
+    X(int, gnutls_certificate_allocate_credentials, (gnutls_certificate_credentials_t *))                      \
+    X(void, gnutls_certificate_free_credentials, (gnutls_certificate_credentials_t))                           \
+    X(int, gnutls_certificate_set_x509_key_file,                                                               \
+      (gnutls_certificate_credentials_t, const char *, const char *, gnutls_x509_crt_fmt_t))                   \
+    X(int, gnutls_certificate_set_x509_trust_file,                                                             \
+      (gnutls_certificate_credentials_t, const char *, gnutls_x509_crt_fmt_t))                                 \
+    X(void, gnutls_certificate_server_set_request, (gnutls_session_t, gnutls_certificate_request_t))           \
+    X(void, gnutls_certificate_send_x509_rdn_sequence, (gnutls_session_t, int))                                \
+    X(void, gnutls_session_set_verify_cert2, (gnutls_session_t, gnutls_typed_vdata_st *, unsigned, unsigned))  \
+    X(unsigned, gnutls_session_get_verify_cert_status, (gnutls_session_t))                                     \
+    X(const gnutls_datum_t *, gnutls_certificate_get_peers, (gnutls_session_t, unsigned *))                    \
+    X(int, gnutls_x509_crt_init, (gnutls_x509_crt_t *))                                                        \
+    X(void, gnutls_x509_crt_deinit, (gnutls_x509_crt_t))                                                       \
+    X(int, gnutls_x509_crt_import, (gnutls_x509_crt_t, const gnutls_datum_t *, gnutls_x509_crt_fmt_t))         \
+    X(int, gnutls_x509_crt_get_dn3, (gnutls_x509_crt_t, gnutls_datum_t *, unsigned))                          \
+    X(int, gnutls_alert_send_appropriate, (gnutls_session_t, int))
 
 static struct gnutls_api {
     pthread_once_t once;
@@ -67,6 +90,7 @@ static struct gnutls_api {
     GNUTLS_FUNCTIONS(X)
 #undef X
     gnutls_alloc_function *malloc_fn;  /* gnutls_malloc: what a key handed to GnuTLS must come from */
+    gnutls_free_function *free_fn;     /* gnutls_free: what frees what GnuTLS hands out */
 } gt = { .once = PTHREAD_ONCE_INIT };
 
 static void gnutls_load(void)
@@ -82,7 +106,8 @@ static void gnutls_load(void)
     GNUTLS_FUNCTIONS(X)
 #undef X
     gt.malloc_fn = dlsym(lib, "gnutls_malloc");
-    if (!ok || !gt.malloc_fn) {
+    gt.free_fn = dlsym(lib, "gnutls_free");
+    if (!ok || !gt.malloc_fn || !gt.free_fn) {
         snprintf(gt.why, sizeof(gt.why), "libgnutls.so.30 lacks an entry point apir uses (GnuTLS 3.6 or newer needed)");
         return;
     }
@@ -104,8 +129,14 @@ struct tls_key {
 };
 
 struct apir_tls_keys {
-    struct tls_key *keys;
+    struct tls_key *keys;     /* pre-shared keys; n may be 0 with certificates */
     size_t n;
+    /* Certificates: this side's chain and key (own_cert) and the CAs the
+     * peer's certificate must chain to (peer_ca); NULL: keys only.  Shared
+     * by every session of the set (read-only once loaded). */
+    gnutls_certificate_credentials_t cert;
+    bool own_cert, peer_ca;
+    char ca_file[256];         /* for messages: where the trusted CAs came from */
 };
 
 struct apir_tls {
@@ -116,6 +147,12 @@ struct apir_tls {
     int fd;
     char identity[MAX_IDENTITY];
     int identity_known;       /* server: -1 none asked, 0 unknown, 1 one of ours */
+    /* What the peer's certificate is checked for (GnuTLS keeps pointers to
+     * them for the session's life): the host name and the key purpose. */
+    gnutls_typed_vdata_st verify[2];
+    char server_name[MAX_NAME];
+    char peer[MAX_DN + 32];   /* who the peer proved to be, for log lines */
+    char alert[96];           /* a fatal alert the peer sent after the handshake, in words; "" if none */
 };
 
 static int hexval(int c)
@@ -165,12 +202,72 @@ void apir_tls_keys_free(struct apir_tls_keys *k)
     if (k->keys)
         explicit_bzero(k->keys, k->n * sizeof(*k->keys));
     free(k->keys);
+    if (k->cert)
+        gt.gnutls_certificate_free_credentials(k->cert);
     free(k);
 }
 
 size_t apir_tls_keys_count(const struct apir_tls_keys *k)
 {
     return k ? k->n : 0;
+}
+
+bool apir_tls_keys_has_cert(const struct apir_tls_keys *k)
+{
+    return k && k->own_cert;
+}
+
+bool apir_tls_keys_has_ca(const struct apir_tls_keys *k)
+{
+    return k && k->peer_ca;
+}
+
+struct apir_tls_keys *apir_tls_keys_add_certs(struct apir_tls_keys *k, const char *cert_file, const char *key_file,
+                                              const char *ca_file, char *err, size_t err_len)
+{
+    const bool cert = cert_file && *cert_file, key = key_file && *key_file, ca = ca_file && *ca_file;
+    if (cert != key || (!cert && !ca)) {
+        snprintf(err, err_len, "TLS certificates: %s", cert != key ? "a certificate and its key go together (give both)"
+                                                                  : "no certificate and no CA file named");
+        apir_tls_keys_free(k);
+        return NULL;
+    }
+    if (!gnutls_ready(err, err_len)) {
+        apir_tls_keys_free(k);
+        return NULL;
+    }
+    if (!k && !(k = calloc(1, sizeof(*k)))) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    int rc = k->cert ? 0 : gt.gnutls_certificate_allocate_credentials(&k->cert);
+    if (rc == 0 && cert) {
+        /* The chain (the certificate first, then any intermediates) and the
+         * key; GnuTLS checks that they match. */
+        rc = gt.gnutls_certificate_set_x509_key_file(k->cert, cert_file, key_file, GNUTLS_X509_FMT_PEM);
+        if (rc != 0)
+            snprintf(err, err_len, "TLS certificate %s with key %s: %s", cert_file, key_file, gt.gnutls_strerror(rc));
+        else
+            k->own_cert = true;
+    } else if (rc != 0) {
+        snprintf(err, err_len, "TLS certificates: %s", gt.gnutls_strerror(rc));
+    }
+    if (rc == 0 && ca) {
+        rc = gt.gnutls_certificate_set_x509_trust_file(k->cert, ca_file, GNUTLS_X509_FMT_PEM);
+        if (rc <= 0)
+            snprintf(err, err_len, "TLS CA file %s: %s", ca_file,
+                     rc == 0 ? "no PEM certificate in it" : gt.gnutls_strerror(rc));
+        rc = rc > 0 ? 0 : -1;
+        if (rc == 0) {
+            k->peer_ca = true;
+            snprintf(k->ca_file, sizeof(k->ca_file), "%s", ca_file);
+        }
+    }
+    if (rc != 0) {
+        apir_tls_keys_free(k);
+        return NULL;
+    }
+    return k;
 }
 
 struct apir_tls_keys *apir_tls_keys_parse(const char *line, char *err, size_t err_len)
@@ -317,8 +414,128 @@ void apir_tls_free(struct apir_tls *t)
     free(t);
 }
 
-static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_keys *keys, int timeout_ms, char *err,
-                                  size_t err_len)
+/* The subject of the peer's certificate (the first of its chain) into
+ * out, unprintable bytes replaced: a certificate's name is the peer's to
+ * choose.  False if it sent none. */
+static bool peer_subject(struct apir_tls *t, char *out, size_t len)
+{
+    unsigned n = 0;
+    const gnutls_datum_t *chain = gt.gnutls_certificate_get_peers(t->session, &n);
+    if (!chain || n == 0)
+        return false;
+    gnutls_x509_crt_t crt;
+    gnutls_datum_t dn = { NULL, 0 };
+    if (gt.gnutls_x509_crt_init(&crt) != 0)
+        return false;
+    /* RFC 4514's order (CN=...,O=...), as certtool -i shows it. */
+    if (gt.gnutls_x509_crt_import(crt, &chain[0], GNUTLS_X509_FMT_DER) == 0 && gt.gnutls_x509_crt_get_dn3(crt, &dn, 0) == 0)
+        snprintf(out, len, "%.*s", (int)(dn.size < len ? dn.size : len - 1), dn.data ? (const char *)dn.data : "");
+    else
+        snprintf(out, len, "(unreadable)");
+    if (dn.data)
+        (*gt.free_fn)(dn.data);
+    gt.gnutls_x509_crt_deinit(crt);
+    for (char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
+    return true;
+}
+
+/* Why a certificate failed its check (GnuTLS's status bits), in words. */
+static const char *cert_problem(unsigned status)
+{
+    static const struct { unsigned bit; const char *why; } problems[] = {
+        { GNUTLS_CERT_SIGNER_NOT_FOUND, "not signed by a trusted CA" },
+        { GNUTLS_CERT_SIGNER_NOT_CA, "signed by a certificate that is not a CA" },
+        { GNUTLS_CERT_UNEXPECTED_OWNER, "issued for another name" },
+        { GNUTLS_CERT_EXPIRED, "expired" },
+        { GNUTLS_CERT_NOT_ACTIVATED, "not valid yet" },
+        { GNUTLS_CERT_REVOKED, "revoked" },
+        { GNUTLS_CERT_PURPOSE_MISMATCH, "not for this use (its key purpose)" },
+        { GNUTLS_CERT_INSECURE_ALGORITHM, "signed with an insecure algorithm" },
+        { GNUTLS_CERT_SIGNATURE_FAILURE, "its signature does not verify" },
+        { GNUTLS_CERT_SIGNER_CONSTRAINTS_FAILURE, "outside its CA's constraints" },
+    };
+    for (size_t i = 0; i < sizeof(problems) / sizeof(problems[0]); i++)
+        if (status & problems[i].bit)
+            return problems[i].why;
+    return "refused by the certificate check";
+}
+
+/* A failed handshake's cause, as far as this side can tell, into err. */
+static void handshake_failure(struct apir_tls *t, bool server, int rc, char *err, size_t err_len)
+{
+    /* The alert the peer sent, if any, says more than the error code. */
+    const char *alert = rc == GNUTLS_E_FATAL_ALERT_RECEIVED ? gt.gnutls_alert_get_name(gt.gnutls_alert_get(t->session))
+                                                            : NULL;
+    char who[1024] = "", subject[MAX_DN] = "?";
+    const bool certs = t->keys && !t->keys->n;  /* a guest uses certificates only without a key */
+    if (rc == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR) {
+        const unsigned status = gt.gnutls_session_get_verify_cert_status(t->session);
+        peer_subject(t, subject, sizeof(subject));
+        if (!server && (status & GNUTLS_CERT_UNEXPECTED_OWNER))
+            snprintf(who, sizeof(who), " - the host's certificate \"%s\" is not for \"%s\" (APIR_TLS_SERVER_NAME "
+                     "names the host as its certificate does)", subject, t->server_name);
+        else
+            snprintf(who, sizeof(who), " - the %s's certificate \"%s\": %s%s%s", server ? "guest" : "host", subject,
+                     cert_problem(status), status & GNUTLS_CERT_SIGNER_NOT_FOUND ? " in " : "",
+                     status & GNUTLS_CERT_SIGNER_NOT_FOUND ? t->keys->ca_file : "");
+    } else if (server && (rc == GNUTLS_E_NO_CERTIFICATE_FOUND || rc == GNUTLS_E_CERTIFICATE_REQUIRED)) {
+        snprintf(who, sizeof(who), " - the guest presented no certificate (APIR_TLS_CERT_FILE, APIR_TLS_KEY_FILE)");
+    } else if (server && t->identity_known == 0) {
+        snprintf(who, sizeof(who), " - key identity \"%s\" is not one of the host's", t->identity);
+    } else if (server && t->identity_known == 1) {
+        snprintf(who, sizeof(who), " - identity \"%s\" with a wrong key?", t->identity);
+    } else if (server && alert) {
+        snprintf(who, sizeof(who), " - the guest refused%s (its error says why)",
+                 t->keys->own_cert ? " (the host's certificate?)" : "");
+    } else if (!server) {
+        snprintf(who, sizeof(who), " (%s? the host's log says why it refused)",
+                 certs ? "a certificate the host does not accept, or a host without certificates"
+                       : "a key the host does not have");
+    }
+    snprintf(err, err_len, "TLS handshake failed: %s%s%s%s%s", gt.gnutls_strerror(rc), alert ? " (" : "",
+             alert ? alert : "", alert ? ")" : "", who);
+}
+
+/* Who the peer proved to be, into t->peer, for log lines. */
+static void name_peer(struct apir_tls *t, bool server)
+{
+    char subject[MAX_DN];
+    if (gt.gnutls_auth_get_type(t->session) == GNUTLS_CRD_PSK) {
+        const char *id = server ? gt.gnutls_psk_server_get_username(t->session) : t->keys->keys[0].identity;
+        snprintf(t->peer, sizeof(t->peer), "key \"%s\"", id ? id : "?");
+    } else if (peer_subject(t, subject, sizeof(subject))) {
+        snprintf(t->peer, sizeof(t->peer), "certificate \"%s\"", subject);
+    } else {
+        snprintf(t->peer, sizeof(t->peer), "no %s certificate", server ? "client" : "host");
+    }
+}
+
+/* Certificate credentials on a session: the host asks for (and checks) a
+ * guest's certificate when it has CAs for them; a guest checks the host's
+ * against its CAs and the host's name. */
+static int use_certs(struct apir_tls *t, bool server, const struct apir_tls_keys *keys)
+{
+    int rc = gt.gnutls_credentials_set(t->session, GNUTLS_CRD_CERTIFICATE, keys->cert);
+    if (rc != 0 || (server && !keys->peer_ca))
+        return rc;
+    t->verify[0] = (gnutls_typed_vdata_st){ .type = GNUTLS_DT_KEY_PURPOSE_OID,
+                                            .data = (void *)(server ? GNUTLS_KP_TLS_WWW_CLIENT : GNUTLS_KP_TLS_WWW_SERVER) };
+    t->verify[1] = (gnutls_typed_vdata_st){ .type = GNUTLS_DT_DNS_HOSTNAME, .data = (void *)t->server_name };
+    if (server) {
+        gt.gnutls_certificate_server_set_request(t->session, GNUTLS_CERT_REQUIRE);
+        /* No list of the CAs it trusts: a guest then sends its certificate
+         * even from another CA, and the host's log says what was wrong
+         * with it (instead of "no certificate"). */
+        gt.gnutls_certificate_send_x509_rdn_sequence(t->session, 1);
+    }
+    gt.gnutls_session_set_verify_cert2(t->session, t->verify, server ? 1 : 2, 0);
+    return 0;
+}
+
+static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_keys *keys, const char *server_name,
+                                  int timeout_ms, char *err, size_t err_len)
 {
     if (!gnutls_ready(err, err_len))
         return NULL;
@@ -329,15 +546,19 @@ static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_key
     }
     t->fd = fd;
     t->identity_known = -1;
+    t->keys = keys;
+    snprintf(t->server_name, sizeof(t->server_name), "%s", server_name ? server_name : "");
+    /* A host offers each way it has (a guest may use either); a guest one:
+     * its key if it has one, else certificates. */
+    const bool psk = keys->n > 0, certs = keys->cert && (server || !psk);
     int rc = gt.gnutls_init(&t->session, (server ? GNUTLS_SERVER : GNUTLS_CLIENT) | GNUTLS_NONBLOCK);
-    if (rc == 0 && server) {
-        t->keys = keys;
+    if (rc == 0 && server && psk) {
         rc = gt.gnutls_psk_allocate_server_credentials(&t->server_cred);
         if (rc == 0) {
             gt.gnutls_psk_set_server_credentials_function(t->server_cred, server_key);
             rc = gt.gnutls_credentials_set(t->session, GNUTLS_CRD_PSK, t->server_cred);
         }
-    } else if (rc == 0) {
+    } else if (rc == 0 && psk) {
         rc = gt.gnutls_psk_allocate_client_credentials(&t->client_cred);
         const gnutls_datum_t key = { (unsigned char *)keys->keys[0].key, keys->keys[0].key_len };
         if (rc == 0)
@@ -345,8 +566,11 @@ static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_key
         if (rc == 0)
             rc = gt.gnutls_credentials_set(t->session, GNUTLS_CRD_PSK, t->client_cred);
     }
+    /* The verification data is set after the priorities: GnuTLS asks so. */
     if (rc == 0)
-        rc = gt.gnutls_priority_set_direct(t->session, PRIORITY, NULL);
+        rc = gt.gnutls_priority_set_direct(t->session, certs ? PRIORITY_CERT : PRIORITY, NULL);
+    if (rc == 0 && certs)
+        rc = use_certs(t, server, keys);
     if (rc != 0) {
         snprintf(err, err_len, "TLS setup: %s", gt.gnutls_strerror(rc));
         apir_tls_free(t);
@@ -365,48 +589,45 @@ static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_key
         }
     } while (rc < 0 && !gt.gnutls_error_is_fatal(rc));
     if (rc < 0) {
-        /* The alert the peer sent, if any, says more than the error code. */
-        const char *alert = rc == GNUTLS_E_FATAL_ALERT_RECEIVED
-                                ? gt.gnutls_alert_get_name(gt.gnutls_alert_get(t->session))
-                                : NULL;
-        char who[MAX_IDENTITY + 64] = "";
-        if (server && t->identity_known == 0)
-            snprintf(who, sizeof(who), " - key identity \"%s\" is not one of the host's", t->identity);
-        else if (server && t->identity_known == 1)
-            snprintf(who, sizeof(who), " - identity \"%s\" with a wrong key?", t->identity);
-        snprintf(err, err_len, "TLS handshake failed: %s%s%s%s%s", gt.gnutls_strerror(rc), alert ? " (" : "",
-                 alert ? alert : "", alert ? ")" : "",
-                 server ? who : " (a key the host does not have? the host's log says why it refused)");
+        handshake_failure(t, server, rc, err, err_len);
+        /* Tell the peer too (best effort): a guest refused only after its
+         * side of the handshake was done learns it from this alert. */
+        if (rc != GNUTLS_E_FATAL_ALERT_RECEIVED)
+            gt.gnutls_alert_send_appropriate(t->session, rc);
         apir_tls_free(t);
         return NULL;
     }
+    name_peer(t, server);
     t->keys = NULL;
-    if (server) {
-        const char *id = gt.gnutls_psk_server_get_username(t->session);
-        snprintf(t->identity, sizeof(t->identity), "%s", id ? id : "?");
-    } else {
-        snprintf(t->identity, sizeof(t->identity), "%s", keys->keys[0].identity);
-    }
     return t;
 }
 
-struct apir_tls *apir_tls_client(int fd, const struct apir_tls_keys *keys, int timeout_ms, char *err, size_t err_len)
+struct apir_tls *apir_tls_client(int fd, const struct apir_tls_keys *keys, const char *server_name, int timeout_ms,
+                                 char *err, size_t err_len)
 {
-    if (!keys || !keys->n) {
-        snprintf(err, err_len, "no TLS key");
+    if (!keys || (!keys->n && !keys->peer_ca)) {
+        snprintf(err, err_len, "no TLS key, and no CA to check the host's certificate with");
         return NULL;
     }
-    return handshake(fd, false, keys, timeout_ms, err, err_len);
+    if (!keys->n && (!server_name || !*server_name || strlen(server_name) >= MAX_NAME)) {
+        snprintf(err, err_len, "the host's name (to check its certificate for) must be 1 to %d bytes", MAX_NAME - 1);
+        return NULL;
+    }
+    return handshake(fd, false, keys, server_name, timeout_ms, err, err_len);
 }
 
 struct apir_tls *apir_tls_server(int fd, const struct apir_tls_keys *keys, int timeout_ms, char *err, size_t err_len)
 {
-    return handshake(fd, true, keys, timeout_ms, err, err_len);
+    if (!keys || (!keys->n && !keys->own_cert)) {
+        snprintf(err, err_len, "no TLS keys and no certificate to serve with");
+        return NULL;
+    }
+    return handshake(fd, true, keys, NULL, timeout_ms, err, err_len);
 }
 
 const char *apir_tls_identity(const struct apir_tls *t)
 {
-    return t->identity;
+    return t->peer;
 }
 
 static ssize_t map_result(ssize_t rc)
@@ -425,7 +646,15 @@ static ssize_t map_result(ssize_t rc)
 
 ssize_t apir_tls_recv(struct apir_tls *t, void *buf, size_t len)
 {
-    return map_result(gt.gnutls_record_recv(t->session, buf, len));
+    ssize_t rc = gt.gnutls_record_recv(t->session, buf, len);
+    if (rc == GNUTLS_E_FATAL_ALERT_RECEIVED)
+        snprintf(t->alert, sizeof(t->alert), "%s", gt.gnutls_alert_get_name(gt.gnutls_alert_get(t->session)));
+    return map_result(rc);
+}
+
+const char *apir_tls_alert(const struct apir_tls *t)
+{
+    return t->alert;
 }
 
 ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len)

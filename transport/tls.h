@@ -1,14 +1,25 @@
 /*
  * TLS 1.3 for the stream transport ("tls:HOST:PORT"), through GnuTLS: the
- * link between a guest and a host on another machine, encrypted and
- * mutually authenticated by a pre-shared key (PSK, with an ephemeral
- * (EC)DHE exchange for forward secrecy).  No certificate authority to run:
- * the operator gives each guest (or group of guests) an identity and a
- * key, the host a file of them, and the host's logs name the identity.
+ * link between a guest and a host on another machine, encrypted (always an
+ * ephemeral (EC)DHE exchange: forward secrecy) and authenticated in one of
+ * two ways:
  *
- * Key files hold lines "IDENTITY:HEXKEY" (GnuTLS psktool's format; the key
- * 16 to 64 bytes); '#' starts a comment.  A guest uses the first line of
- * its file.
+ *  - a pre-shared key (PSK), mutual: no certificate authority to run; the
+ *    operator gives each guest (or group of guests) an identity and a key,
+ *    the host a file of them, and the host's logs name the identity.  Key
+ *    files hold lines "IDENTITY:HEXKEY" (GnuTLS psktool's format; the key
+ *    16 to 64 bytes); '#' starts a comment.  A guest uses the first line of
+ *    its file.
+ *  - X.509 certificates: the host presents its certificate, which a guest
+ *    checks against its CA file and the host's name; with a client CA the
+ *    host asks every guest for a certificate chaining to it (the logs name
+ *    its subject).  Without a client CA any guest gets in: the host allows
+ *    that on a loopback address only (stream_server.c).
+ *
+ * A host may have both (each guest uses either); a guest uses its key if it
+ * has one, else certificates.  Everything is read when loaded (a host
+ * worker loads before its sandbox forbids opening files): a handshake
+ * opens no file.
  *
  * Sockets are non-blocking underneath: every call returns rather than wait
  * (the caller polls with its own deadline, transport/net.c).
@@ -21,24 +32,38 @@
 #include <sys/types.h>
 
 struct apir_tls;
-struct apir_tls_keys;
+struct apir_tls_keys;   /* one side's credentials: pre-shared keys and/or certificates */
 
 /* The keys of a file (host: all lines; guest: the first).  NULL with err,
- * also when GnuTLS cannot be loaded (it is loaded here, at the first key:
- * before a worker's sandbox). */
+ * also when GnuTLS cannot be loaded (it is loaded here, at the first key or
+ * certificate: before a worker's sandbox). */
 struct apir_tls_keys *apir_tls_keys_load(const char *path, bool first_only, char *err, size_t err_len);
 /* A guest's key from a string "IDENTITY:HEXKEY" (APIR_TLS_PSK). */
 struct apir_tls_keys *apir_tls_keys_parse(const char *line, char *err, size_t err_len);
 void apir_tls_keys_free(struct apir_tls_keys *k);
-size_t apir_tls_keys_count(const struct apir_tls_keys *k);
+size_t apir_tls_keys_count(const struct apir_tls_keys *k);  /* pre-shared keys */
+
+/* Certificates (PEM files) added to k, or to a new set if k is NULL: this
+ * side's chain (its certificate first, then intermediates) and private key,
+ * both or neither, and/or ca_file, the CAs the peer's certificate must
+ * chain to.  NULL (k freed) with err on failure: a file unreadable, a key
+ * that does not match, a CA file without a certificate. */
+struct apir_tls_keys *apir_tls_keys_add_certs(struct apir_tls_keys *k, const char *cert_file, const char *key_file,
+                                              const char *ca_file, char *err, size_t err_len);
+bool apir_tls_keys_has_cert(const struct apir_tls_keys *k);  /* a chain and key to present */
+bool apir_tls_keys_has_ca(const struct apir_tls_keys *k);    /* CAs to check the peer's certificate */
 
 /* Handshakes on connected socket fd, waiting at most timeout_ms for the
- * peer at each step.  NULL with err set (a wrong key, a peer speaking
- * something else, a timeout).  The session does not own fd. */
-struct apir_tls *apir_tls_client(int fd, const struct apir_tls_keys *keys, int timeout_ms, char *err, size_t err_len);
+ * peer at each step.  NULL with err set (a wrong key or certificate, a peer
+ * speaking something else, a timeout).  The session does not own fd.  A
+ * guest with certificates checks the host's for server_name (a DNS name or
+ * an IP address); a guest with a key ignores it. */
+struct apir_tls *apir_tls_client(int fd, const struct apir_tls_keys *keys, const char *server_name, int timeout_ms,
+                                 char *err, size_t err_len);
 struct apir_tls *apir_tls_server(int fd, const struct apir_tls_keys *keys, int timeout_ms, char *err, size_t err_len);
 
-/* The identity the peer authenticated with (server side), for log lines. */
+/* Who the peer proved to be, for log lines: key "IDENTITY", certificate
+ * "SUBJECT DN", or no client certificate (a host without a client CA). */
 const char *apir_tls_identity(const struct apir_tls *t);
 
 /* As recv/send with MSG_DONTWAIT: bytes moved; 0 from recv when the peer
@@ -46,6 +71,10 @@ const char *apir_tls_identity(const struct apir_tls *t);
  * error, the connection is done). */
 ssize_t apir_tls_recv(struct apir_tls *t, void *buf, size_t len);
 ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len);
+/* The fatal alert that ended a recv with EPROTO, in GnuTLS's words (a host
+ * refusing a guest's certificate, which TLS 1.3 does after the guest's
+ * handshake is done); "" if none came. */
+const char *apir_tls_alert(const struct apir_tls *t);
 /* Decrypted bytes waiting inside the session (poll would not see them). */
 bool apir_tls_pending(struct apir_tls *t);
 /* What an EAGAIN waits for: true to write, false to read. */
