@@ -2,11 +2,15 @@
  * apir-bench: what apir adds, measured side by side against the same host.
  *
  *   apir-bench [--endpoint unix:PATH] [--frontend build/libggml-apir.so]
- *              [--mib N] [--nodes N] [--calls N]
+ *              [--mib N] [--nodes N] [--calls N] [--read-kib N] [--native DEV]
  *
  *   1. null call: DEVICE_GET_COUNT round trips, p50/p99;
  *   2. tensor upload/download through APIR0 (ggml_backend_tensor_set/get of
  *      one big tensor) against memcpy and against the CPU backend natively;
+ *   2b. one tensor of --read-kib KiB (default 513: a token's logits for a
+ *      128256-word vocabulary) read 200 times, then written 200 times
+ *      (each write followed by a 1-byte read, so a posted write is paid
+ *      for), median microseconds through APIR0 and natively;
  *   3. graph compute: a chain of N small ADD nodes through APIR0 and on the
  *      CPU backend; the difference per node and per graph, first compute
  *      (graph sent) and recomputes (graph kept by the host).
@@ -56,30 +60,89 @@ static void bench_null_call(const char *endpoint, int n)
 }
 
 /* Best of `reps` for set and get of `bytes` through a backend's buffer. */
-static void tensor_io(ggml_backend_dev_t dev, size_t bytes, int reps, double *set_gbs, double *get_gbs)
+/* One I8 tensor of `bytes` in a buffer of dev's buffer type (buf NULL when
+ * the device cannot have it). */
+struct one_tensor {
+    struct ggml_context *ctx;
+    struct ggml_tensor *t;
+    ggml_backend_buffer_t buf;
+};
+
+static void one_tensor_alloc(struct one_tensor *o, ggml_backend_dev_t dev, size_t bytes)
 {
     struct ggml_init_params p = { .mem_size = ggml_tensor_overhead() * 2, .no_alloc = true };
-    struct ggml_context *ctx = ggml_init(p);
-    struct ggml_tensor *t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)bytes);
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(dev));
+    o->ctx = ggml_init(p);
+    o->t = ggml_new_tensor_1d(o->ctx, GGML_TYPE_I8, (int64_t)bytes);
+    o->buf = ggml_backend_alloc_ctx_tensors_from_buft(o->ctx, ggml_backend_dev_buffer_type(dev));
+}
+
+static void one_tensor_free(struct one_tensor *o)
+{
+    if (o->buf)
+        ggml_backend_buffer_free(o->buf);
+    ggml_free(o->ctx);
+}
+
+static void tensor_io(ggml_backend_dev_t dev, size_t bytes, int reps, double *set_gbs, double *get_gbs)
+{
+    struct one_tensor o;
+    one_tensor_alloc(&o, dev, bytes);
     uint8_t *src = malloc(bytes);
     memset(src, 1, bytes);
     uint64_t best_set = UINT64_MAX, best_get = UINT64_MAX;
-    for (int i = 0; i < reps && buf; i++) {
+    for (int i = 0; i < reps && o.buf; i++) {
         uint64_t t0 = apir_now_ns();
-        ggml_backend_tensor_set(t, src, 0, bytes);
+        ggml_backend_tensor_set(o.t, src, 0, bytes);
         uint64_t t1 = apir_now_ns();
-        ggml_backend_tensor_get(t, src, 0, bytes);
+        ggml_backend_tensor_get(o.t, src, 0, bytes);
         uint64_t t2 = apir_now_ns();
         if (t1 - t0 < best_set) best_set = t1 - t0;
         if (t2 - t1 < best_get) best_get = t2 - t1;
     }
-    *set_gbs = buf ? (double)bytes / 1e9 / secs(best_set) : 0;
-    *get_gbs = buf ? (double)bytes / 1e9 / secs(best_get) : 0;
+    *set_gbs = o.buf ? (double)bytes / 1e9 / secs(best_set) : 0;
+    *get_gbs = o.buf ? (double)bytes / 1e9 / secs(best_get) : 0;
     free(src);
-    if (buf)
-        ggml_backend_buffer_free(buf);
-    ggml_free(ctx);
+    one_tensor_free(&o);
+}
+
+/* Medians of `reps` reads and writes of one tensor of `bytes`, in
+ * microseconds: a token's read-back of its logits (128256 floats, 513 KB,
+ * for a Llama-3 vocabulary) is this size, and over a stream transport it is
+ * most of what a token costs beyond native. */
+static void small_io(ggml_backend_dev_t dev, size_t bytes, int reps, double *set_us, double *get_us)
+{
+    struct one_tensor o;
+    one_tensor_alloc(&o, dev, bytes);
+    uint8_t *data = malloc(bytes);
+    uint64_t *set_ns = malloc(sizeof(uint64_t) * (size_t)reps), *get_ns = malloc(sizeof(uint64_t) * (size_t)reps);
+    *set_us = *get_us = 0;
+    if (o.buf && data && set_ns && get_ns) {
+        memset(data, 3, bytes);
+        /* Reads alone, then writes each followed by a 1-byte read: a stream
+         * transport posts a write and goes on, and its cost would otherwise
+         * land in whatever call comes next. */
+        ggml_backend_tensor_set(o.t, data, 0, bytes);
+        for (int i = 0; i < reps; i++) {
+            uint64_t t0 = apir_now_ns();
+            ggml_backend_tensor_get(o.t, data, 0, bytes);
+            get_ns[i] = apir_now_ns() - t0;
+        }
+        uint8_t one;
+        for (int i = 0; i < reps; i++) {
+            uint64_t t0 = apir_now_ns();
+            ggml_backend_tensor_set(o.t, data, 0, bytes);
+            ggml_backend_tensor_get(o.t, &one, 0, 1);
+            set_ns[i] = apir_now_ns() - t0;
+        }
+        qsort(set_ns, (size_t)reps, sizeof(uint64_t), cmp_u64);
+        qsort(get_ns, (size_t)reps, sizeof(uint64_t), cmp_u64);
+        *set_us = (double)set_ns[reps / 2] / 1e3;
+        *get_us = (double)get_ns[reps / 2] / 1e3;
+    }
+    free(set_ns);
+    free(get_ns);
+    free(data);
+    one_tensor_free(&o);
 }
 
 static double memcpy_gbs(size_t bytes, int reps)
@@ -148,16 +211,17 @@ int main(int argc, char **argv)
     const char *frontend = NULL;
     const char *native_name = "CPU";
     size_t mib = 256;
-    int nodes = 1000, calls = 100000;
+    int nodes = 1000, calls = 100000, read_kib = 513;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) endpoint = argv[++i];
         else if (!strcmp(argv[i], "--frontend") && i + 1 < argc) frontend = argv[++i];
         else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--nodes") && i + 1 < argc) nodes = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--calls") && i + 1 < argc) calls = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--read-kib") && i + 1 < argc) read_kib = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--native") && i + 1 < argc) native_name = argv[++i];
         else {
-            fprintf(stderr, "usage: apir-bench [--endpoint unix:PATH] [--frontend libggml-apir.so] [--mib N] [--nodes N] [--calls N]\n");
+            fprintf(stderr, "usage: apir-bench [--endpoint unix:PATH] [--frontend libggml-apir.so] [--mib N] [--nodes N] [--calls N] [--read-kib N]\n");
             return 2;
         }
     }
@@ -183,6 +247,14 @@ int main(int argc, char **argv)
            mib, as, native_name, cs, mc, as / mc, as / cs);
     printf("tensor download %zu MiB: APIR0 %.2f GB/s, %s %.2f GB/s, memcpy %.2f GB/s -> apir/memcpy %.2f, apir/native %.2f\n",
            mib, ag, native_name, cg, mc, ag / mc, ag / cg);
+
+    if (read_kib > 0) {
+        double aw, ar, nw, nr;
+        small_io(apir, (size_t)read_kib << 10, 200, &aw, &ar);
+        small_io(cpu, (size_t)read_kib << 10, 200, &nw, &nr);
+        printf("tensor of %d KiB, median of 200: read APIR0 %.1f us, %s %.1f us (+%.1f us); write APIR0 %.1f us, %s %.1f us (+%.1f us)\n",
+               read_kib, ar, native_name, nr, ar - nr, aw, native_name, nw, aw - nw);
+    }
 
     double af, aa, cf, ca;
     graph_chain(cpu, nodes, 50, &cf, &ca);

@@ -28,6 +28,9 @@
 #   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP vs native CUDA vs ggml-rpc
 #                              (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP (null call,
 #                              upload/download), a reload of the 8B model against a weight cache
+#   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
+#                              socket with the guest's copies on one thread (APIR_COPY_THREADS=1) and spread
+#                              (the default), and over loopback TCP (the 513 KiB read-back of a token's logits)
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -334,6 +337,24 @@ net)
   kill $hp; wait $hp 2>/dev/null
   grep -E 'weight cache|hits' "$OUT/host-wc.log" | tail -4 | tee -a "$OUT/h200.log"
   log "done, $(left) s left"
+  ;;
+io)
+  build/apir-host --listen unix:/tmp/apir-io.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info \
+    >"$OUT/host-io.log" 2>&1 &
+  hp=$!; sleep 3
+  ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-io.log" | head -1 | cut -d' ' -f2)
+  for round in 1 2; do
+    for threads in 1 default; do
+      log "apir-bench, Unix socket, guest copy threads: $threads (round $round)"
+      ( [ $threads = default ] || export APIR_COPY_THREADS=$threads
+        build/apir-bench --endpoint unix:/tmp/apir-io.sock --frontend build/libggml-apir.so --native CUDA0 --mib 256 \
+          --calls 20000 2>&1 | grep -E '^tensor' | tee -a "$OUT/h200.log" )
+    done
+  done
+  log "apir-bench over $ep"
+  build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 --calls 20000 2>&1 \
+    | grep -E '^(null|tensor)' | tee -a "$OUT/h200.log"
+  kill $hp; wait $hp 2>/dev/null
   ;;
 net2)
   M=/tmp/models; mkdir -p $M

@@ -1,5 +1,6 @@
 #include "remote.h"
 #include "calls.h"
+#include "bulk_copy.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -122,7 +123,7 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
     }
     if (get_dst) {
         uint64_t c0 = r->profile ? apir_now_ns() : 0;
-        memcpy(get_dst, r->data + r->get_offset, r->get_size);
+        apir_bulk_copy(get_dst, r->data + r->get_offset, r->get_size);
         if (r->profile) {
             r->copy_ns += apir_now_ns() - c0;
             r->copy_bytes += r->get_size;
@@ -142,7 +143,7 @@ bool apir_remote_put_data_locked(struct apir_remote *r, uint64_t offset, const v
         return r->t->ops->stage_in(r->t, r->data_res_id, offset, src, size) == 0;
     if (r->data + offset != src) {
         uint64_t c0 = r->profile ? apir_now_ns() : 0;
-        memcpy(r->data + offset, src, size);
+        apir_bulk_copy(r->data + offset, src, size);
         if (r->profile) {
             r->copy_ns += apir_now_ns() - c0;
             r->copy_bytes += size;

@@ -7,6 +7,7 @@
 
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "apir_tree_digest.h"
 #include "buffers.h"
 #include "ggml-backend.h"
 #include "session.h"
@@ -38,6 +39,59 @@ bool apir_sha256(const void *data, size_t size, struct apir_digest *out)
     return gnutls_hash_fast(GNUTLS_DIG_SHA256, data, size, out->b) == 0;
 }
 
+/* The tree digest's SHA-256 (apir_tree_digest.h). */
+static bool sha256_parts(const void *const *parts, const size_t *lens, int n, uint8_t out[32])
+{
+    gnutls_hash_hd_t hh;
+    if (gnutls_hash_init(&hh, GNUTLS_DIG_SHA256) != 0)
+        return false;
+    bool ok = true;
+    for (int i = 0; i < n; i++)
+        ok = ok && gnutls_hash(hh, parts[i], lens[i]) == 0;
+    gnutls_hash_deinit(hh, out);
+    return ok;
+}
+
+uint32_t apir_wcache_kind_of(uint32_t minor)
+{
+    return minor >= APIR_WCACHE_TREE_MINOR ? APIR_DIGEST_TREE : APIR_DIGEST_SHA256;
+}
+
+bool apir_wcache_digest(uint32_t kind, const void *data, uint64_t size, unsigned threads, struct apir_digest *out)
+{
+    if (kind == APIR_DIGEST_TREE)
+        return apir_tree_digest(sha256_parts, data, -1, -1, size, threads, out->b);
+    return kind == APIR_DIGEST_SHA256 && size <= SIZE_MAX && apir_sha256(data, (size_t)size, out);
+}
+
+/* The digest of kind of src_fd's first size bytes (pread: its offset is
+ * left alone), each byte also written to dst_fd (-1: none) from the same
+ * private copy it was hashed from, so a sender changing its memfd
+ * meanwhile cannot make the file hold bytes other than those hashed.  Plain
+ * SHA-256 is one chain, one thread; the tree's leaves go to
+ * apir_hash_threads() threads. */
+static bool digest_fd(uint32_t kind, int src_fd, int dst_fd, uint64_t size, struct apir_digest *out)
+{
+    if (kind == APIR_DIGEST_TREE)
+        return apir_tree_digest(sha256_parts, NULL, src_fd, dst_fd, size, apir_hash_threads(), out->b);
+    uint8_t *buf = malloc(WCACHE_CHUNK);
+    gnutls_hash_hd_t hh;
+    if (!buf || gnutls_hash_init(&hh, GNUTLS_DIG_SHA256) != 0) {
+        free(buf);
+        return false;
+    }
+    bool ok = true;
+    for (uint64_t off = 0; ok && off < size;) {
+        size_t want = size - off < WCACHE_CHUNK ? (size_t)(size - off) : WCACHE_CHUNK;
+        ok = apir_tree_io(src_fd, buf, want, off, false) && gnutls_hash(hh, buf, want) == 0 &&
+             (dst_fd < 0 || apir_tree_io(dst_fd, buf, want, off, true));
+        off += want;
+    }
+    gnutls_hash_deinit(hh, out->b);
+    free(buf);
+    return ok;
+}
+
 void apir_digest_hex(const struct apir_digest *d, char hex[65])
 {
     static const char digits[] = "0123456789abcdef";
@@ -48,8 +102,20 @@ void apir_digest_hex(const struct apir_digest *d, char hex[65])
     hex[64] = '\0';
 }
 
+/* An entry's name: the hex digest, "t-" before it for the tree digest, so
+ * a digest is only ever compared with one of its own kind. */
+#define ENTRY_NAME_MAX 67
+static void entry_name(uint32_t kind, const struct apir_digest *h, char name[ENTRY_NAME_MAX])
+{
+    const size_t p = kind == APIR_DIGEST_TREE ? 2 : 0;
+    memcpy(name, "t-", p);
+    apir_digest_hex(h, name + p);
+}
+
 static bool is_entry_name(const char *name)
 {
+    if (!strncmp(name, "t-", 2))
+        name += 2;
     size_t n = 0;
     for (; name[n]; n++)
         if (!((name[n] >= '0' && name[n] <= '9') || (name[n] >= 'a' && name[n] <= 'f')))
@@ -59,13 +125,98 @@ static bool is_entry_name(const char *name)
 
 /* ---- the directory ---------------------------------------------------------------- */
 
+/* Entries this process hashed (stored, or read back and checked), by
+ * their file's identity: while the file is the same (device, inode, size,
+ * modification and change times), a hit need not read it twice.  What this
+ * trusts (the directory is the host's own): docs/SECURITY.md.  Bounded: when
+ * all are used the slots are reused in turn; an entry not remembered is only
+ * hashed again. */
+#define WCACHE_VERIFIED_MAX 4096
+struct wc_verified {
+    bool used;
+    uint32_t kind;
+    struct apir_digest h;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtim, ctim;
+};
+
 struct apir_wcache {
     int dirfd;
     uint64_t max_bytes;
-    pthread_mutex_t lock;           /* the counters and eviction (threads of a thread-mode host) */
+    pthread_mutex_t lock;           /* the counters, eviction, `verified` (threads of a thread-mode host) */
     struct apir_wcache_counters n;
     _Atomic uint64_t tmp_serial;
+    struct wc_verified *verified;   /* WCACHE_VERIFIED_MAX slots; NULL: every hit is hashed */
+    unsigned verified_next;
+    /* Stores written by a thread of their own (store_queue): the guest's
+     * next upload goes on meanwhile.  At most backlog_max bytes wait (their
+     * memfds, the tensors' copies), so memory stays bounded. */
+    pthread_mutex_t qlock;
+    pthread_cond_t qwork, qroom;
+    struct wc_job *head, *tail;
+    uint64_t backlog, backlog_max;
+    pthread_t store_thread;
+    bool store_running, stopping;
 };
+
+struct wc_job {
+    struct wc_job *next;
+    uint32_t kind;
+    struct apir_digest h;
+    uint64_t size;
+    int fd;
+    bool replace;
+};
+
+static bool same_time(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/* The slot of (kind, h), or NULL (lock held). */
+static struct wc_verified *verified_find(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h)
+{
+    for (unsigned i = 0; c->verified && i < WCACHE_VERIFIED_MAX; i++)
+        if (c->verified[i].used && c->verified[i].kind == kind && !memcmp(&c->verified[i].h, h, sizeof(*h)))
+            return &c->verified[i];
+    return NULL;
+}
+
+/* True when (kind, h) was hashed by this process as the file st is now. */
+static bool verified_is(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, const struct stat *st)
+{
+    pthread_mutex_lock(&c->lock);
+    const struct wc_verified *v = verified_find(c, kind, h);
+    bool yes = v && v->dev == st->st_dev && v->ino == st->st_ino && v->size == st->st_size &&
+               same_time(&v->mtim, &st->st_mtim) && same_time(&v->ctim, &st->st_ctim);
+    pthread_mutex_unlock(&c->lock);
+    return yes;
+}
+
+/* Remembers (kind, h) as the file st (hashed by this process), or with st
+ * NULL forgets it. */
+static void verified_set(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, const struct stat *st)
+{
+    pthread_mutex_lock(&c->lock);
+    struct wc_verified *v = verified_find(c, kind, h);
+    if (!st) {
+        if (v)
+            v->used = false;
+    } else if (c->verified) {
+        if (!v) {
+            for (unsigned i = 0; !v && i < WCACHE_VERIFIED_MAX; i++)
+                if (!c->verified[i].used)
+                    v = &c->verified[i];
+            if (!v)
+                v = &c->verified[c->verified_next++ % WCACHE_VERIFIED_MAX];
+        }
+        *v = (struct wc_verified){ .used = true, .kind = kind, .h = *h, .dev = st->st_dev, .ino = st->st_ino,
+                                   .size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim };
+    }
+    pthread_mutex_unlock(&c->lock);
+}
 
 struct apir_wcache *apir_wcache_open(const char *dir, uint64_t max_bytes, char *err, size_t err_len)
 {
@@ -101,7 +252,17 @@ struct apir_wcache *apir_wcache_open(const char *dir, uint64_t max_bytes, char *
     }
     c->dirfd = fd;
     c->max_bytes = max_bytes;
+    c->verified = calloc(WCACHE_VERIFIED_MAX, sizeof(*c->verified));
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->qlock, NULL);
+    pthread_cond_init(&c->qwork, NULL);
+    pthread_cond_init(&c->qroom, NULL);
+    /* APIR_HOST_WEIGHT_CACHE_BACKLOG_MIB: how much may wait to be written
+     * (default 512; 0: every store is written before it is answered). */
+    const char *bl = getenv("APIR_HOST_WEIGHT_CACHE_BACKLOG_MIB");
+    char *bl_end = NULL;
+    unsigned long long bl_mib = bl && *bl ? strtoull(bl, &bl_end, 10) : 512;
+    c->backlog_max = (bl && *bl && (!bl_end || *bl_end)) || bl_mib > (1ull << 20) ? 512ull << 20 : bl_mib << 20;
     /* What is there: entries counted, temporary files of a host that died
      * removed, anything else left alone. */
     int scan_fd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -133,8 +294,19 @@ void apir_wcache_close(struct apir_wcache *c)
 {
     if (!c)
         return;
+    /* The stores waiting are written first. */
+    pthread_mutex_lock(&c->qlock);
+    c->stopping = true;
+    pthread_cond_broadcast(&c->qwork);
+    pthread_mutex_unlock(&c->qlock);
+    if (c->store_running)
+        pthread_join(c->store_thread, NULL);
     close(c->dirfd);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->qlock);
+    pthread_cond_destroy(&c->qwork);
+    pthread_cond_destroy(&c->qroom);
+    free(c->verified);
     free(c);
 }
 
@@ -145,21 +317,43 @@ void apir_wcache_counters(struct apir_wcache *c, struct apir_wcache_counters *ou
     pthread_mutex_unlock(&c->lock);
 }
 
-int apir_wcache_lookup(struct apir_wcache *c, const struct apir_digest *h, uint64_t size)
+int apir_wcache_lookup(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, uint64_t size, bool *bad)
 {
-    char name[65];
-    apir_digest_hex(h, name);
-    int fd = openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    *bad = false;
+    char name[ENTRY_NAME_MAX];
+    entry_name(kind, h, name);
+    int fd = size ? openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size)) {
-        APIR_DEBUG("host", "weight cache: entry %.16s... is not %llu bytes: a miss", name, (unsigned long long)size);
+        APIR_DEBUG("host", "weight cache: entry %.20s... is not %llu bytes: a miss", name, (unsigned long long)size);
         close(fd);
         fd = -1;
+        verified_set(c, kind, h, NULL);  /* changed: hashed again when it comes back */
     }
-    if (fd >= 0)
+    /* Hashed here, by the directory's owner, before a descriptor is given
+     * out: the session (a sandboxed worker) then only copies.  Not again
+     * while the file is the one this process hashed. */
+    struct apir_digest got;
+    const bool check = fd >= 0 && !verified_is(c, kind, h, &st);
+    if (check && (!digest_fd(kind, fd, -1, size, &got) || memcmp(&got, h, sizeof(got)))) {
+        APIR_WARN("host", "weight cache: entry %.20s... does not hold what its name says: a miss (the guest's upload "
+                  "replaces it)", name);
+        close(fd);
+        fd = -1;
+        *bad = true;
+        verified_set(c, kind, h, NULL);
+    }
+    if (fd >= 0) {
         futimens(fd, NULL);  /* recently used: evicted last */
+        /* Its times as this process left them: a later change shows. */
+        if (fstat(fd, &st) == 0)
+            verified_set(c, kind, h, &st);
+        else
+            verified_set(c, kind, h, NULL);
+    }
     pthread_mutex_lock(&c->lock);
     c->n.lookups++;
+    c->n.checked += check;
     if (fd >= 0)
         c->n.hits++;
     pthread_mutex_unlock(&c->lock);
@@ -179,7 +373,7 @@ static void make_room(struct apir_wcache *c, uint64_t need, const char *keep)
                 close(scan_fd);
             return;
         }
-        char oldest[65] = "";
+        char oldest[ENTRY_NAME_MAX] = "";
         struct timespec t_old = { 0, 0 };
         uint64_t old_size = 0;
         struct dirent *e;
@@ -190,7 +384,7 @@ static void make_room(struct apir_wcache *c, uint64_t need, const char *keep)
                 continue;
             if (!oldest[0] || st.st_mtim.tv_sec < t_old.tv_sec ||
                 (st.st_mtim.tv_sec == t_old.tv_sec && st.st_mtim.tv_nsec < t_old.tv_nsec)) {
-                memcpy(oldest, e->d_name, 65);  /* an entry name: 64 digits */
+                memcpy(oldest, e->d_name, strlen(e->d_name) + 1);  /* an entry name: it fits */
                 t_old = st.st_mtim;
                 old_size = (uint64_t)st.st_size;
             }
@@ -231,10 +425,92 @@ static int store_refused(struct apir_wcache *c, int result)
     return result;
 }
 
-int apir_wcache_store_fd(struct apir_wcache *c, const struct apir_digest *h, uint64_t size, int src_fd, bool replace)
+static int store_now(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, uint64_t size, int src_fd,
+                     const char *name);
+
+/* The store thread: the queue's jobs in order; a job whose entry is there
+ * by now (two sessions kept the same weight) is not written twice. */
+static void *store_main(void *arg)
 {
-    char name[65];
-    apir_digest_hex(h, name);
+    struct apir_wcache *c = arg;
+    pthread_mutex_lock(&c->qlock);
+    for (;;) {
+        while (!c->head && !c->stopping)
+            pthread_cond_wait(&c->qwork, &c->qlock);
+        struct wc_job *j = c->head;
+        if (!j)
+            break;
+        c->head = j->next;
+        if (!c->head)
+            c->tail = NULL;
+        pthread_mutex_unlock(&c->qlock);
+        char name[ENTRY_NAME_MAX];
+        entry_name(j->kind, &j->h, name);
+        struct stat st;
+        if (j->replace || fstatat(c->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+            (uint64_t)st.st_size != j->size)
+            store_now(c, j->kind, &j->h, j->size, j->fd, name);
+        close(j->fd);
+        pthread_mutex_lock(&c->qlock);
+        c->backlog -= j->size;
+        pthread_cond_broadcast(&c->qroom);
+        free(j);
+    }
+    pthread_mutex_unlock(&c->qlock);
+    return NULL;
+}
+
+/* Queues a store for the store thread (started on first use), waiting
+ * while the backlog is full; false: write it now (no backlog allowed, no
+ * memory, no thread). */
+static bool store_queue(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, uint64_t size, int src_fd,
+                        bool replace)
+{
+    if (!c->backlog_max)
+        return false;
+    struct wc_job *j = malloc(sizeof(*j));
+    int fd = j ? fcntl(src_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd < 0) {
+        free(j);
+        return false;
+    }
+    *j = (struct wc_job){ .kind = kind, .h = *h, .size = size, .fd = fd, .replace = replace };
+    pthread_mutex_lock(&c->qlock);
+    if (!c->store_running && !c->stopping)
+        c->store_running = pthread_create(&c->store_thread, NULL, store_main, c) == 0;
+    if (!c->store_running || c->stopping) {
+        pthread_mutex_unlock(&c->qlock);
+        close(fd);
+        free(j);
+        return false;
+    }
+    /* One store larger than the bound still goes, alone. */
+    while (c->backlog && c->backlog + size > c->backlog_max)
+        pthread_cond_wait(&c->qroom, &c->qlock);
+    c->backlog += size;
+    if (c->tail)
+        c->tail->next = j;
+    else
+        c->head = j;
+    c->tail = j;
+    pthread_cond_signal(&c->qwork);
+    pthread_mutex_unlock(&c->qlock);
+    return true;
+}
+
+void apir_wcache_flush(struct apir_wcache *c)
+{
+    pthread_mutex_lock(&c->qlock);
+    while (c->backlog)
+        pthread_cond_wait(&c->qroom, &c->qlock);
+    pthread_mutex_unlock(&c->qlock);
+}
+
+int apir_wcache_store_fd(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, uint64_t size, int src_fd,
+                         bool replace)
+{
+    char name[ENTRY_NAME_MAX];
+    entry_name(kind, h, name);
     struct stat st;
     /* The source must hold its bytes: a sparse memfd (a worker can seek and
      * write one byte) would make this read and write terabytes of zeros. */
@@ -258,37 +534,31 @@ int apir_wcache_store_fd(struct apir_wcache *c, const struct apir_digest *h, uin
     if (!replace && fstatat(c->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
         (uint64_t)st.st_size == size)
         return APIR_WCACHE_PRESENT;
-    uint8_t *buf = malloc(WCACHE_CHUNK);
-    gnutls_hash_hd_t hh;
-    if (!buf || gnutls_hash_init(&hh, GNUTLS_DIG_SHA256) != 0) {
-        free(buf);
-        return store_refused(c, APIR_WCACHE_FAILED);
-    }
+    if (store_queue(c, kind, h, size, src_fd, replace))
+        return APIR_WCACHE_QUEUED;
+    return store_now(c, kind, h, size, src_fd, name);
+}
+
+/* The store itself, its source checked (apir_wcache_store_fd). */
+static int store_now(struct apir_wcache *c, uint32_t kind, const struct apir_digest *h, uint64_t size, int src_fd,
+                     const char *name)
+{
+    struct stat st;
     char tmp[64];
     snprintf(tmp, sizeof(tmp), ".tmp-%d-%llu", (int)getpid(),
              (unsigned long long)atomic_fetch_add(&c->tmp_serial, 1));
     int out = openat(c->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    bool ok = out >= 0;
-    /* Each chunk is copied here once, then hashed and written from this
-     * copy: what the file holds is what was hashed, whatever the sender
-     * does to its memfd meanwhile. */
-    for (uint64_t off = 0; ok && off < size;) {
-        size_t want = size - off < WCACHE_CHUNK ? (size_t)(size - off) : WCACHE_CHUNK;
-        ssize_t r = pread(src_fd, buf, want, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        ok = r > 0 && gnutls_hash(hh, buf, (size_t)r) == 0 && write_all(out, buf, (size_t)r);
-        off += r > 0 ? (uint64_t)r : 0;
-    }
+    /* Each piece is copied once into a private buffer, then hashed and
+     * written from that copy (digest_fd): what the file holds is what was
+     * hashed, whatever the sender does to its memfd meanwhile. */
     struct apir_digest got;
-    gnutls_hash_deinit(hh, got.b);
-    free(buf);
-    if (out >= 0 && close(out) != 0)
-        ok = false;
+    bool ok = out >= 0 && digest_fd(kind, src_fd, out, size, &got);
     int result = !ok ? APIR_WCACHE_FAILED : memcmp(&got, h, sizeof(got)) != 0 ? APIR_WCACHE_MISMATCH : APIR_WCACHE_STORED;
     if (result != APIR_WCACHE_STORED) {
-        if (out >= 0)
+        if (out >= 0) {
+            close(out);
             unlinkat(c->dirfd, tmp, 0);
+        }
         if (result == APIR_WCACHE_MISMATCH)
             APIR_WARN("host", "weight cache: bytes offered as %.16s... hash otherwise: not kept", name);
         return store_refused(c, result);
@@ -303,6 +573,7 @@ int apir_wcache_store_fd(struct apir_wcache *c, const struct apir_digest *h, uin
     make_room(c, size, name);
     if (renameat(c->dirfd, tmp, c->dirfd, name) != 0) {
         pthread_mutex_unlock(&c->lock);
+        close(out);
         unlinkat(c->dirfd, tmp, 0);
         return store_refused(c, APIR_WCACHE_FAILED);
     }
@@ -310,14 +581,21 @@ int apir_wcache_store_fd(struct apir_wcache *c, const struct apir_digest *h, uin
     c->n.bytes += size;
     c->n.stored++;
     pthread_mutex_unlock(&c->lock);
+    /* Hashed as written: the first hit need not read it again (its times
+     * after the rename, which changes the change time). */
+    bool kept = fstat(out, &st) == 0;
+    verified_set(c, kind, h, kept ? &st : NULL);
+    close(out);
     return APIR_WCACHE_STORED;
 }
 
 /* ---- the daemon's service and the worker's side of it -------------------------- */
 
 /* One request, one reply, fixed sizes (SOCK_SEQPACKET): all the daemon ever
- * reads from a worker, with at most one descriptor (a store's memfd). */
+ * reads from a worker, with at most one descriptor (a store's memfd).  The
+ * op's bits 8 and up are the digest kind (WC_KIND_SHIFT). */
 enum { WC_LOOKUP = 1, WC_STORE = 2, WC_STORE_REPLACE = 3 };
+#define WC_KIND_SHIFT 8
 struct wc_request {
     uint32_t op;
     uint32_t seq;
@@ -326,7 +604,8 @@ struct wc_request {
 };
 struct wc_reply {
     uint32_t seq;
-    int32_t result;     /* lookup: 1 found (a descriptor follows), 0 not; store: an apir_wcache_store */
+    int32_t result;     /* lookup: 1 found (a descriptor follows), 0 not, 2 there but not what its name
+                         * says; store: an apir_wcache_store */
 };
 
 /* How long a worker waits for the daemon (another worker's store may be
@@ -465,12 +744,14 @@ static int remote_call(struct apir_wcache_link *l, uint32_t op, const struct api
     return result;
 }
 
-int apir_wcache_link_lookup(struct apir_wcache_link *l, const struct apir_digest *h, uint64_t size)
+int apir_wcache_link_lookup(struct apir_wcache_link *l, uint32_t kind, const struct apir_digest *h, uint64_t size,
+                            bool *bad)
 {
     if (l->local)
-        return apir_wcache_lookup(l->local, h, size);
+        return apir_wcache_lookup(l->local, kind, h, size, bad);
     int fd;
-    int r = remote_call(l, WC_LOOKUP, h, size, -1, &fd);
+    int r = remote_call(l, WC_LOOKUP | kind << WC_KIND_SHIFT, h, size, -1, &fd);
+    *bad = r == 2;
     if (r != 1 && fd >= 0) {
         close(fd);
         fd = -1;
@@ -478,13 +759,13 @@ int apir_wcache_link_lookup(struct apir_wcache_link *l, const struct apir_digest
     return fd;
 }
 
-int apir_wcache_link_store(struct apir_wcache_link *l, const struct apir_digest *h, uint64_t size, int src_fd,
-                           bool replace)
+int apir_wcache_link_store(struct apir_wcache_link *l, uint32_t kind, const struct apir_digest *h, uint64_t size,
+                           int src_fd, bool replace)
 {
     if (l->local)
-        return apir_wcache_store_fd(l->local, h, size, src_fd, replace);
+        return apir_wcache_store_fd(l->local, kind, h, size, src_fd, replace);
     int fd;
-    int r = remote_call(l, replace ? WC_STORE_REPLACE : WC_STORE, h, size, src_fd, &fd);
+    int r = remote_call(l, (replace ? WC_STORE_REPLACE : WC_STORE) | kind << WC_KIND_SHIFT, h, size, src_fd, &fd);
     if (fd >= 0)
         close(fd);
     return r < 0 ? APIR_WCACHE_FAILED : r;
@@ -515,11 +796,14 @@ static bool serve_one(int sock)
         return false;
     struct wc_reply rp = { .seq = rq.seq, .result = -1 };
     int reply_fd = -1;
-    if (r == (ssize_t)sizeof(rq) && rq.op == WC_LOOKUP && fd < 0) {
-        reply_fd = apir_wcache_lookup(service.c, &rq.hash, rq.size);
-        rp.result = reply_fd >= 0 ? 1 : 0;
-    } else if (r == (ssize_t)sizeof(rq) && (rq.op == WC_STORE || rq.op == WC_STORE_REPLACE) && fd >= 0) {
-        rp.result = apir_wcache_store_fd(service.c, &rq.hash, rq.size, fd, rq.op == WC_STORE_REPLACE);
+    const uint32_t op = rq.op & ((1u << WC_KIND_SHIFT) - 1), kind = rq.op >> WC_KIND_SHIFT;
+    const bool known = r == (ssize_t)sizeof(rq) && (kind == APIR_DIGEST_SHA256 || kind == APIR_DIGEST_TREE);
+    if (known && op == WC_LOOKUP && fd < 0) {
+        bool bad;
+        reply_fd = apir_wcache_lookup(service.c, kind, &rq.hash, rq.size, &bad);
+        rp.result = reply_fd >= 0 ? 1 : bad ? 2 : 0;
+    } else if (known && (op == WC_STORE || op == WC_STORE_REPLACE) && fd >= 0) {
+        rp.result = apir_wcache_store_fd(service.c, kind, &rq.hash, rq.size, fd, op == WC_STORE_REPLACE);
     } else {
         APIR_WARN("host", "weight cache: a malformed request from a worker (%zd bytes): refused", r);
     }
@@ -608,46 +892,45 @@ uint32_t apir_wcache_fill(struct apir_session *s, struct apir_host_buffer *hb, s
     struct apir_wcache_link *l = s->host->weight_cache;
     if (!l)
         return APIR_WCACHE_NONE;
-    int fd = size ? apir_wcache_link_lookup(l, h, size) : -1;
+    bool bad = false;
+    int fd = size ? apir_wcache_link_lookup(l, apir_wcache_kind_of(s->minor), h, size, &bad) : -1;
     if (fd < 0) {
+        if (bad) {
+            s->wcache_bad = *h;  /* the guest's keep replaces it */
+            s->wcache_bad_set = true;
+        }
         s->stats.wcache_misses++;
         return APIR_WCACHE_MISS;
     }
-    uint8_t *buf = malloc(WCACHE_CHUNK);
-    gnutls_hash_hd_t hh;
-    if (!buf || gnutls_hash_init(&hh, GNUTLS_DIG_SHA256) != 0) {
-        free(buf);
+    /* A buffer in host memory is read into directly: one copy, not two. */
+    uint8_t *direct = ggml_backend_buffer_is_host(t->buffer) ? (uint8_t *)t->data + offset : NULL;
+    uint8_t *buf = direct ? NULL : malloc(WCACHE_CHUNK);
+    if (!direct && !buf) {
         close(fd);
         s->stats.wcache_misses++;
         return APIR_WCACHE_MISS;
     }
     apir_session_settle(s);
     apir_buffer_forget_copies(s, hb, (uint8_t *)t->data + offset, (size_t)size);
-    /* Read (the descriptor is fresh: read() from 0; a worker may not
-     * pread), hash, upload; the hash decides at the end.  A miss leaves
-     * the range half-written, which the guest's upload then overwrites. */
+    /* The cache's owner hashed the entry before handing it out (lookup):
+     * here it is only read (the descriptor is fresh: read() from 0; a
+     * worker may not pread) and uploaded.  A short read is a miss, which
+     * leaves the range half-written: the guest's upload then overwrites it. */
     bool ok = true;
     for (uint64_t off = 0; ok && off < size;) {
         size_t want = size - off < WCACHE_CHUNK ? (size_t)(size - off) : WCACHE_CHUNK;
-        ssize_t r = read(fd, buf, want);
+        ssize_t r = read(fd, direct ? direct + off : buf, want);
         if (r < 0 && errno == EINTR)
             continue;
-        ok = r > 0 && gnutls_hash(hh, buf, (size_t)r) == 0;
-        if (ok)
+        ok = r > 0;
+        if (ok && !direct)
             ggml_backend_tensor_set(t, buf, (size_t)(offset + off), (size_t)r);
         off += r > 0 ? (uint64_t)r : 0;
     }
-    struct apir_digest got;
-    gnutls_hash_deinit(hh, got.b);
     free(buf);
     close(fd);
-    if (!ok || memcmp(&got, h, sizeof(got)) != 0) {
-        char hex[65];
-        apir_digest_hex(h, hex);
-        APIR_WARN("host", "%s: weight cache entry %.16s... does not hold what its name says: a miss (the guest's "
-                  "upload replaces it)", s->name, hex);
-        s->wcache_bad = *h;
-        s->wcache_bad_set = true;
+    if (!ok) {
+        APIR_WARN("host", "%s: weight cache entry of %llu bytes read short: a miss", s->name, (unsigned long long)size);
         s->stats.wcache_misses++;
         return APIR_WCACHE_MISS;
     }
@@ -664,8 +947,10 @@ uint32_t apir_wcache_keep(struct apir_session *s, struct ggml_tensor *t, const s
     const size_t size = ggml_nbytes(t);
     if (!size)
         return APIR_WCACHE_MISS;
-    uint8_t *buf = malloc(WCACHE_CHUNK);
-    int fd = buf ? memfd_create("apir-wcache", MFD_CLOEXEC) : -1;
+    /* A buffer in host memory is written from directly: one copy, not two. */
+    const uint8_t *direct = ggml_backend_buffer_is_host(t->buffer) ? (const uint8_t *)t->data : NULL;
+    uint8_t *buf = direct ? NULL : malloc(WCACHE_CHUNK);
+    int fd = direct || buf ? memfd_create("apir-wcache", MFD_CLOEXEC) : -1;
     bool ok = fd >= 0;
     if (ok)
         apir_session_settle(s);
@@ -673,15 +958,16 @@ uint32_t apir_wcache_keep(struct apir_session *s, struct ggml_tensor *t, const s
      * (the daemon's, through the worker's socket, or this process's). */
     for (size_t off = 0; ok && off < size; off += WCACHE_CHUNK) {
         size_t n = size - off < WCACHE_CHUNK ? size - off : WCACHE_CHUNK;
-        ggml_backend_tensor_get(t, buf, off, n);
-        ok = write_all(fd, buf, n);
+        if (!direct)
+            ggml_backend_tensor_get(t, buf, off, n);
+        ok = write_all(fd, direct ? direct + off : buf, n);
     }
     free(buf);
     const bool replace = s->wcache_bad_set && !memcmp(&s->wcache_bad, h, sizeof(*h));
-    int r = ok ? apir_wcache_link_store(l, h, size, fd, replace) : APIR_WCACHE_FAILED;
+    int r = ok ? apir_wcache_link_store(l, apir_wcache_kind_of(s->minor), h, size, fd, replace) : APIR_WCACHE_FAILED;
     if (fd >= 0)
         close(fd);
-    if (r == APIR_WCACHE_STORED || r == APIR_WCACHE_PRESENT) {
+    if (r == APIR_WCACHE_STORED || r == APIR_WCACHE_PRESENT || r == APIR_WCACHE_QUEUED) {
         if (replace)
             s->wcache_bad_set = false;
         s->stats.wcache_kept++;

@@ -25,7 +25,8 @@
  *   tensor 't'             a serialized tensor (304 bytes) of a buffer
  *   tensors 'L'            uint32 n, n serialized tensors; the first is the
  *                          subject, the others what its src/view_src ids name
- *   digest 'd'             32 raw bytes: a SHA-256 (apir 0.4, the weight cache)
+ *   digest 'd'             32 raw bytes (apir 0.4, the weight cache): a SHA-256,
+ *                          from minor 5 the tree digest (apir_tree_digest.h)
  *   inline 'T'             the reference guest's raw struct ggml_tensor plus
  *                          the trailing items of APIR 0.1 section 3
  *                          (accepted, never followed)

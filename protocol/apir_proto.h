@@ -15,9 +15,10 @@
 #define APIR_VERSION_MAJOR 0
 /* 0.1 is the reference protocol; 0.2 adds the extension commands 23..34,
  * 0.3 the weight copies (35, 36) and the version query (37), 0.4 the
- * weight cache (38, 39).  A host answers min(guest minor, its minor), so a
- * 0.1 guest sees 0.1. */
-#define APIR_VERSION_MINOR 4
+ * weight cache (38, 39), 0.5 no command but the weight cache's tree digest
+ * (APIR_WCACHE_TREE_MINOR).  A host answers min(guest minor, its minor), so
+ * a 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 5
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu
@@ -80,8 +81,11 @@ enum apir_weight_cache_answer {
     APIR_WCACHE_NONE     = 2,   /* the host has no weight cache: do not ask again */
 };
 
-/* SHA-256, the weight cache's content hash (the 'digest' item). */
+/* The weight cache's content hash (the 'digest' item): SHA-256 at minor 4;
+ * from this minor the tree digest of apir_tree_digest.h, which both sides
+ * hash on several threads. */
 #define APIR_DIGEST_SIZE 32u
+#define APIR_WCACHE_TREE_MINOR 5u
 
 /* LOADLIBRARY: 0 success; 1..5 hypervisor codes; 6 + host library code. */
 enum apir_load_code {

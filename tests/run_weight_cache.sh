@@ -49,6 +49,15 @@ wait_line() {
   echo "FAIL: no weight cache line for session $1"; cat "$APIR_TEST_DIR/host.log"; return 1
 }
 
+# wait_entries DIR N: until DIR holds N entries (the host writes them from
+# a thread of its own after it answered: host/weight_cache.h).
+wait_entries() {
+  for _ in $(seq 1 1000); do
+    [ "$(ls -A "$1" | grep -cE '^t-[0-9a-f]{64}$')" -ge "$2" ] && return 0
+    sleep 0.01
+  done
+}
+
 # field N WHAT: the number before WHAT in the N-th session's line.
 field() {
   grep -o ': weight cache: .*' "$APIR_TEST_DIR/host.log" | sed -n "$1p" |
@@ -67,11 +76,13 @@ for mode in $modes; do
   APIR_HOST_LOG=info apir_host_start --threads 2 --isolation "$isolation" --weight-cache "$cache" "${extra[@]}" || exit 1
   run "$mode-1" || exit 1
   wait_line 1 || exit 1
+  wait_entries "$cache" "$(field 1 kept)"
   run "$mode-2" || exit 1
   wait_line 2 || exit 1
   h1=$(field 1 hits) m1=$(field 1 misses) k1=$(field 1 kept)
   h2=$(field 2 hits) m2=$(field 2 misses)
-  entries=$(ls -A "$cache" | grep -cE '^[0-9a-f]{64}$')
+  # Named by the tree digest (apir 0.5: "t-" and its hex), which both sides speak.
+  entries=$(ls -A "$cache" | grep -cE '^t-[0-9a-f]{64}$')
   echo "$mode: first load $h1 hits, $m1 misses, $k1 kept ($entries entries); second load $h2 hits, $m2 misses"
   [ "${h1:-1}" -eq 0 ] && [ "${m1:-0}" -gt 0 ] && [ "${k1:-0}" -eq "${m1:-0}" ] ||
     { echo "FAIL: the first load should miss and keep every weight"; grep -i cache "$APIR_TEST_DIR/host.log"; exit 1; }

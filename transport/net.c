@@ -349,18 +349,36 @@ size_t apir_net_reader_buffered(const struct apir_net_reader *r)
  * on a loopback or fast link is most of a round trip.  Bounded, like the
  * shm transport's spin; 0 sleeps at once.
  */
-static bool spin_readable(int fd, uint64_t spin_ns)
+static bool spin_until(int fd, short events, uint64_t spin_ns)
 {
     if (!spin_ns)
         return false;
     const uint64_t end = apir_now_ns() + spin_ns;
     do {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
+        struct pollfd p = { .fd = fd, .events = events };
         if (poll(&p, 1, 0) > 0)
             return true;
         sched_yield();
     } while (apir_now_ns() < end);
     return false;
+}
+
+static bool spin_readable(int fd, uint64_t spin_ns)
+{
+    return spin_until(fd, POLLIN, spin_ns);
+}
+
+/*
+ * A writer whose socket buffer is full spins too, before sleeping for room:
+ * a reply larger than the send buffer (a token's logits, 513 KB for a
+ * 128256-word vocabulary) fills it several times over while the peer,
+ * spinning on its side, drains it within microseconds; sleeping for each
+ * refill cost ~40 us a time (a 513 KB read-back over loopback: 426 us with
+ * the sleeps, write of the same size 63 us).  Same bound as the reader's.
+ */
+static bool spin_writable(int fd)
+{
+    return spin_until(fd, POLLOUT, (uint64_t)apir_spin_us() * 1000);
 }
 
 bool apir_net_wait_readable(struct apir_net_reader *r, int timeout_ms)
@@ -448,7 +466,9 @@ static int tls_write(int fd, struct apir_tls *tls, struct iovec *iov, int n_iov,
                 p += sent;
                 left -= (size_t)sent;
             } else if (sent < 0 && errno == EAGAIN) {
-                if (!wait_fd(fd, apir_tls_wants_write(tls) ? POLLOUT : POLLIN, deadline_after(timeout_ms)))
+                const bool for_room = apir_tls_wants_write(tls);
+                if (!(for_room && spin_writable(fd)) &&
+                    !wait_fd(fd, for_room ? POLLOUT : POLLIN, deadline_after(timeout_ms)))
                     return -1;
             } else {
                 if (sent == 0)
@@ -478,7 +498,9 @@ int apir_net_write(int fd, struct iovec *iov, int n_iov, int timeout_ms)
         if (sent < 0) {
             if (errno == EINTR)
                 continue;
-            if ((errno != EAGAIN && errno != EWOULDBLOCK) || !wait_fd(fd, POLLOUT, deadline_after(timeout_ms)))
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return -1;
+            if (!spin_writable(fd) && !wait_fd(fd, POLLOUT, deadline_after(timeout_ms)))
                 return -1;
             continue;
         }
