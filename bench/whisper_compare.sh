@@ -4,7 +4,8 @@
 # the host round trips (APIR_PROFILE), in all and per decode step.  A random-weight tiny
 # model (apir-whisper-gen) and samples/jfk.wav, as the CI test uses.
 #   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N]
-# Needs a build in build/ and scripts/setup.sh's whisper build (.whisper).
+# Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
+# WHISPER_DIR=DIR).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=3 BACKEND=CPU THREADS=2
@@ -16,7 +17,7 @@ while [ $# -gt 0 ]; do
   *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N]"; exit 2 ;;
   esac
 done
-W=$ROOT/.whisper B=$ROOT/build
+W=${WHISPER_DIR:-$ROOT/.whisper} B=${APIR_BUILD:-$ROOT/build}
 # whisper-cli loads ggml's backends from its own folder, where setup links only
 # the CPU's: the native run of another backend needs that backend's library too.
 if [ "$BACKEND" != CPU ]; then
@@ -26,7 +27,8 @@ fi
 work=$(mktemp -d)
 trap 'kill $hp 2>/dev/null; wait $hp 2>/dev/null; rm -rf "$work"' EXIT
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
-"$B/apir-host" --listen "unix:$work/h.sock" --backend "$BACKEND" --threads "$THREADS" --log-level warn >"$work/host.log" 2>&1 &
+# debug: a line per graph (import, checks + compute), for the breakdown below.
+"$B/apir-host" --listen "unix:$work/h.sock" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/host.log" 2>&1 &
 hp=$!
 sleep 1
 args=(-m "$work/m.bin" -f "$W/share/jfk.wav" -t "$THREADS" -bs 1 -bo 1 -nf -nt -l en)
@@ -61,3 +63,29 @@ echo "per decode step (runs of $(steps "$work/a.err") and $(steps "$work/a40.err
 join -a1 -e0 -o 0,1.2,2.2 <(calls "$work/a.err" | sort) <(calls "$work/a40.err" | sort) |
   awk -v d=$(( $(steps "$work/a.err") - $(steps "$work/a40.err") )) \
     'd > 0 && $2 != $3 { printf "  %-30s %6.2f\n", $1, ($2 - $3) / d; t += ($2 - $3) / d } END { if (d > 0) printf "  %-30s %6.2f\n", "all commands", t }'
+# Where a decode step's time goes, from the last round's APIR0 run (guest#ROUNDS): the host's
+# lines per graph (the decoder's graphs: those with its node count, the most frequent one;
+# medians, as the prompt's graph is among them), the guest's serialization (a mean over all
+# its graphs) and questions.
+for _ in $(seq 1 100); do grep -q "guest#$ROUNDS(.*disconnected" "$work/host.log" && break; sleep 0.02; done
+grep "guest#$ROUNDS(" "$work/host.log" >"$work/last.log"
+host_import() { sed -n "s/.* imported $1 nodes in \([0-9.]*\) us.*/\1/p" "$work/last.log"; }
+host_compute() { sed -n "s/.*: $1 nodes in [0-9]* piece(s), \([0-9.]*\) us.*/\1/p" "$work/last.log"; }
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2 / 1e3 }'; }
+n=$(sed -n 's/.*: \([0-9]*\) nodes in [0-9]* piece(s).*/\1/p' "$work/last.log" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
+if [ -n "$n" ]; then
+  step=$(t decode "$work/a.err")
+  ser=$(sed -n 's/.*graph serialization.* \([0-9.]*\) us each/\1/p' "$work/a.err")
+  q=$(sed -n 's/.*DEVICE_SUPPORTS_OP_L .* \([0-9.]*\) us each/\1/p' "$work/a.err")
+  # questions a step: the difference of the two runs' counts, as above
+  qn=$(join <(calls "$work/a.err" | sort) <(calls "$work/a40.err" | sort) | awk -v d="$(( $(steps "$work/a.err") - $(steps "$work/a40.err") ))" \
+    '$1 == "DEVICE_SUPPORTS_OP_L" && d > 0 { print ($2 - $3) / d }')
+  awk -v step="$step" -v n="$n" -v g="$(host_compute "$n" | wc -l)" -v ci="$(host_import "$n" | median)" \
+      -v cc="$(host_compute "$n" | median)" -v ser="${ser:-0}" -v q="${q:-0}" -v qn="${qn:-0}" 'BEGIN {
+    printf "decode step of the last APIR0 run: %.3f ms; medians over its %d graphs of %d nodes:\n", step, g, n
+    printf "  host: import (decode and checks)      %7.3f ms\n", ci
+    printf "  host: index checks and compute        %7.3f ms\n", cc
+    printf "  guest: serialization (mean, all)      %7.3f ms\n", ser / 1e3
+    printf "  guest: %.0f supports_op question(s)     %7.3f ms (at their mean)\n", qn, qn * q / 1e3
+    printf "  the rest (graph build, trips, waits)  %7.3f ms\n", step - ci - cc - ser / 1e3 - qn * q / 1e3 }'
+fi

@@ -136,20 +136,42 @@ static bool scratch_reserve(struct apir_graph_scratch *g, uint32_t n)
         g->list = l;
         g->list_cap = cap;
     }
+    /* The set is empty between graphs (set_clear): zeroed here only when
+     * new, not per graph - its size follows the largest graph ever sent (a
+     * 193-node whisper step paid a 64 KiB memset for its ~290 tensors). */
     if (2 * n > g->set_cap) {
         uint32_t cap = g->set_cap ? g->set_cap : 2048;
         while (cap < 2 * n)
             cap *= 2;
         free(g->set);
-        g->set = malloc(cap * sizeof(*g->set));
+        g->set = calloc(cap, sizeof(*g->set));
         if (!g->set) {
             g->set_cap = 0;
             return false;
         }
         g->set_cap = cap;
     }
-    memset(g->set, 0, g->set_cap * sizeof(*g->set));
     return true;
+}
+
+/*
+ * Empties the set of the n tensors list[0..n) added to it, latest first:
+ * with linear probing a tensor's probe path holds only tensors added before
+ * it, so each is still found where it was put when its turn comes.
+ */
+static void set_clear(struct apir_graph_scratch *g, uint32_t n)
+{
+    const uint32_t mask = g->set_cap - 1;
+    for (uint32_t k = n; k-- > 0;) {
+        for (uint32_t i = ptr_hash(g->list[k]) & mask;; i = (i + 1) & mask) {
+            if (g->set[i] == g->list[k]) {
+                g->set[i] = NULL;
+                break;
+            }
+            if (!g->set[i])
+                break;  /* not there: cannot happen (added above) */
+        }
+    }
 }
 
 /* Adds t if new; returns false when the scratch is full. */
@@ -207,11 +229,13 @@ static bool node_is_foreign_noop(const struct apir_device *d, const struct ggml_
     return buffer_elsewhere(d, t->view_src ? t->view_src->buffer : t->buffer);
 }
 
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent)
+/* apir_graph_serialize, with the tensors it put in the set counted in *added
+ * (the caller empties the set, whichever way this returns). */
+static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent,
+                        uint32_t *added)
 {
     struct apir_graph_scratch *g = &d->graph;
     const int n_nodes = ggml_graph_n_nodes((struct ggml_cgraph *)graph);
-    *n_sent = UINT32_MAX;  /* until the nodes to send are known */
     /* Every tensor reachable from a node: nodes, srcs, view sources.  The
      * worst case is bounded by nodes * (1 + srcs + view); grow to it. */
     uint32_t bound = (uint32_t)n_nodes * (GGML_MAX_SRC + 2) + 16;
@@ -220,20 +244,24 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
     uint32_t n = 0;
     for (int i = 0; i < n_nodes; i++) {
         const struct ggml_tensor *node = ggml_graph_node((struct ggml_cgraph *)graph, i);
-        if (!node_is_foreign_noop(d, node) && !visit_add(g, &n, node))
+        if (!node_is_foreign_noop(d, node) && !visit_add(g, &n, node)) {
+            *added = n;
             return 0;
+        }
     }
     /* The nodes sent are the first n_kept entries, in graph order. */
     const uint32_t n_kept = n;
     /* Walk the list as it grows: srcs and view sources of every entry. */
-    for (uint32_t k = 0; k < n; k++) {
+    bool full = false;
+    for (uint32_t k = 0; k < n && !full; k++) {
         const struct ggml_tensor *t = g->list[k];
-        for (int s = 0; s < GGML_MAX_SRC; s++)
-            if (t->src[s] && !visit_add(g, &n, t->src[s]))
-                return 0;
-        if (t->view_src && !visit_add(g, &n, t->view_src))
-            return 0;
+        for (int s = 0; s < GGML_MAX_SRC && !full; s++)
+            full = t->src[s] && !visit_add(g, &n, t->src[s]);
+        full = full || (t->view_src && !visit_add(g, &n, t->view_src));
     }
+    *added = n;
+    if (full)
+        return 0;
     *n_sent = n_kept;
     if (n_kept == 0)
         return 0;
@@ -266,4 +294,13 @@ size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *gra
                 apir_encode_u32(&enc, node_use_count(graph, i));
     }
     return enc.fatal ? 0 : apir_encoder_used(&enc);
+}
+
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent)
+{
+    *n_sent = UINT32_MAX;  /* until the nodes to send are known */
+    uint32_t added = 0;
+    size_t size = serialize(d, graph, use_counts, n_sent, &added);
+    set_clear(&d->graph, added);
+    return size;
 }

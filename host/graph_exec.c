@@ -177,7 +177,12 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
     } else {
         uint64_t t0 = apir_now_ns();
         struct ggml_cgraph *graph = apir_import_graph(s, sc, blob, size, key != 0);
-        s->stats.import_ns += apir_now_ns() - t0;
+        uint64_t import_ns = apir_now_ns() - t0;
+        s->stats.import_ns += import_ns;
+        /* Per graph, beside the compute line below: what decoding and
+         * checking a graph sent anew costs (bench/whisper_compare.sh). */
+        APIR_DEBUG("host", "%s: %s: imported %d nodes in %.1f us", s->name, apir_command_name(cmd),
+                   graph ? ggml_graph_n_nodes(graph) : 0, import_ns / 1e3);
         if (graph) {
             /* ggml's own reuse marker: backends (CUDA graphs) skip their
              * per-node change checks when it matches the last graph's. */

@@ -30,8 +30,9 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # ---- Debian packages -------------------------------------------------------
 # systemd: systemd-socket-activate for tests/run_service.sh (socket activation)
-# gnutls-bin: certtool, the certificates tests/run_tls.sh makes
-PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates libseccomp-dev libgnutls28-dev gnutls-bin curl jq systemd podman runc"
+# gnutls-bin: certtool, the certificates tests/run_tls.sh makes; debootstrap, cpio and
+# busybox-static: the real VM of scripts/vm.sh (its trixie root, the guest's initramfs)
+PKGS="build-essential cmake ninja-build git clang llvm libdrm-dev pkg-config ca-certificates libseccomp-dev libgnutls28-dev gnutls-bin curl jq systemd podman runc debootstrap cpio busybox-static"
 if [ "${APIR_SKIP_APT:-0}" != 1 ]; then
   step "Debian packages"
   missing=""
