@@ -17,9 +17,11 @@ ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); [ -n "${2:-}" ] && sed 's/^/     /' "$2" | tail -15; }
 T=$(mktemp -d /tmp/apir-smoke-XXXXXX)
 
-# 1. ping: handshake, LOADLIBRARY, the 0.2 probe, round trips.
+# 1. ping: handshake, LOADLIBRARY, the 0.2 probe, round trips; both sides at this tree's
+# protocol version (protocol/apir_proto.h).
+MINOR=$(sed -n 's/^#define APIR_VERSION_MINOR \([0-9]*\).*/\1/p' "$(dirname "$0")/../../protocol/apir_proto.h")
 rig_start --ggml-lib "$CPU_LIB" --threads 2 || exit 1
-if rig_guest "$APIR_BUILD/apir" ping virtgpu -n 2000 >"$T/ping.log" 2>&1 && grep -q "APIR 0.4" "$T/ping.log"; then
+if rig_guest "$APIR_BUILD/apir" ping virtgpu -n 2000 >"$T/ping.log" 2>&1 && grep -q "APIR 0\.$MINOR (guest 0\.$MINOR)" "$T/ping.log"; then
   ok "ping over virtgpu: $(grep 'null call' "$T/ping.log")"
 else bad "ping over virtgpu" "$T/ping.log"; fi
 
