@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The daemon's SIGCHLD handler writes here to wake its main loop. */
@@ -245,10 +246,22 @@ bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv)
 }
 
 /*
+ * How long a worker whose guest hung up waits for the command in progress
+ * before it gives up on an orderly end.  The usual case is no command at
+ * all, or one that has already answered: the guest read its reply and
+ * exited while the serving thread had not yet marked itself idle (or ran
+ * a graph the guest will never read).  Such a command ends within
+ * microseconds to milliseconds, and then the session ends the normal way
+ * (its buffers freed, its weight cache line logged).
+ */
+#define WORKER_HANGUP_GRACE_NS (250ull * 1000000ull)
+
+/*
  * A worker process's guest hung up in the middle of a command, or a command
  * ran past its budget: the kernel computing cannot be stopped from outside
- * (a single node may run for minutes), so the process ends, now, without
- * unwinding - the kernel reclaims all of it, and nobody else is served here.
+ * (a single node may run for minutes), so past a short grace (hang-up) or
+ * the budget the process ends, now, without unwinding - the kernel reclaims
+ * all of it, and nobody else is served here.
  */
 void apir_worker_watch(struct apir_shm_server *srv, bool hung_up)
 {
@@ -260,6 +273,12 @@ void apir_worker_watch(struct apir_shm_server *srv, bool hung_up)
     if (!since)
         return;
     if (hung_up) {
+        /* Teardown, not the hot path: a bounded wait in 1 ms steps. */
+        const uint64_t give_up = apir_now_ns() + WORKER_HANGUP_GRACE_NS;
+        while (atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed) && apir_now_ns() < give_up)
+            nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+        if (!atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed))
+            return;
         APIR_WARN("host", "%s: the guest left in the middle of a command: ending its worker", c->session->name);
         _exit(0);
     }
