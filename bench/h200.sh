@@ -31,6 +31,9 @@
 #   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
 #                              socket with the guest's copies on one thread (APIR_COPY_THREADS=1) and spread
 #                              (the default), and over loopback TCP (the 513 KiB read-back of a token's logits)
+#   bench/h200.sh multi        on nvidia-h200-x2 (issue 16): one apir-host --backend CUDA serving both GPUs as
+#                              APIR0/APIR1, 8B Q4_0 and 1B F16 -sm layer pp2048/tg128 vs CUDA0/CUDA1, with the
+#                              guest's events (llama.cpp's pipeline) and without them (APIR_EVENTS=0); tokens
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -355,6 +358,33 @@ io)
   build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 --calls 20000 2>&1 \
     | grep -E '^(null|tensor)' | tee -a "$OUT/h200.log"
   kill $hp; wait $hp 2>/dev/null
+  ;;
+multi)
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
+  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  nvidia-smi -L | tee -a "$OUT/h200.log"
+  build/apir-host --listen unix:/tmp/apir-multi.sock --backend CUDA --log-level info >"$OUT/host-multi.log" 2>&1 &
+  hp=$!
+  sleep 3
+  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-multi.sock)
+  log "greedy decode, 8B Q4_0 split by layer, a 600-token prompt in 128-token micro-batches: CUDA0,CUDA1 vs APIR0,APIR1"
+  ids=$(seq -s, 1 600)
+  build/tests/apir-llama-greedy -m $M/8b-q4_0.gguf -d CUDA0,CUDA1 -n 32 -t 8 -u 128 --prompt-ids "$ids" \
+    --dump-logits /tmp/native.bin 2>/dev/null | grep tokens: | tee -a "$OUT/h200.log"
+  "${guest[@]}" build/tests/apir-llama-greedy -m $M/8b-q4_0.gguf -d APIR0,APIR1 -n 32 -t 8 -u 128 --prompt-ids "$ids" \
+    --dump-logits /tmp/apir.bin -v 2>/tmp/apir-greedy.err | grep tokens: | tee -a "$OUT/h200.log"
+  grep -m1 'pipeline parallelism' /tmp/apir-greedy.err | tee -a "$OUT/h200.log"
+  build/tests/apir-llama-greedy --compare /tmp/native.bin /tmp/apir.bin --tol 1e-2 2>&1 | tail -3 | tee -a "$OUT/h200.log"
+  for model in 8b-q4_0 1b-f16; do
+    lb=(-m $M/$model.gguf -ngl 99 -fa 1 -sm layer -p 2048 -n 128 -r ${REPS:-3} -o md)
+    log "llama-bench $model -sm layer: native CUDA0/CUDA1, APIR0/APIR1 with events, APIR0/APIR1 without; $(left) s left"
+    room 60 && (cd .deps/bin && timeout "$(phase_timeout 120)" ./llama-bench "${lb[@]}" -dev CUDA0/CUDA1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+    room 60 && (cd .deps/bin && timeout "$(phase_timeout 120)" "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0/APIR1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+    room 60 && (cd .deps/bin && timeout "$(phase_timeout 120)" "${guest[@]}" APIR_EVENTS=0 ./llama-bench "${lb[@]}" -dev APIR0/APIR1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+  done
+  kill $hp; wait 2>/dev/null
+  log "done, $(left) s left"
   ;;
 net2)
   M=/tmp/models; mkdir -p $M

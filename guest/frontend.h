@@ -91,6 +91,7 @@ struct apir_device {
     bool has_host_buft;               /* offered as the device's host buffer type */
     bool weight_notes_off;            /* the host keeps no weight copies: stop noting */
     bool weight_cache_off;            /* the host has no weight cache: stop hashing (weight_cache.c) */
+    bool events;                      /* caps.async and caps.events offered (APIR_EVENTS, on by default) */
     struct ggml_backend_buffer_type host_buft;
     char host_buft_name[24];
     pthread_mutex_t host_blobs_lock;
@@ -147,6 +148,14 @@ static inline bool apir_buffer_live(const struct apir_buffer_ctx *bc)
 {
     return bc->generation == atomic_load(&bc->device->remote.generation);
 }
+
+/* frontend_device.c: events, kept in the guest.  Record: the point the
+ * device's command order has reached; synchronize: wait until the host has
+ * finished the graphs before it; the device it was recorded on (NULL:
+ * never recorded). */
+void apir_event_record(ggml_backend_event_t event, struct apir_device *d);
+void apir_event_synchronize(ggml_backend_event_t event);
+struct apir_device *apir_event_device(ggml_backend_event_t event);
 
 /* frontend_backend.c */
 ggml_backend_t apir_backend_new(struct apir_device *d);

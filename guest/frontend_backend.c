@@ -42,6 +42,21 @@ static void backend_synchronize(ggml_backend_t backend)
     (void)backend;
 }
 
+static void backend_event_record(ggml_backend_t backend, ggml_backend_event_t event)
+{
+    apir_event_record(event, backend->context);
+}
+
+static void backend_event_wait(ggml_backend_t backend, ggml_backend_event_t event)
+{
+    /* On the event's own device the host keeps the order: nothing to wait
+     * for.  Another device's host session cannot be told to wait for it,
+     * so the program waits here, before it sends this backend more work. */
+    struct apir_device *d = apir_event_device(event);
+    if (d && d != backend->context)
+        apir_event_synchronize(event);
+}
+
 static bool uid_is_kept(struct apir_device *d, uint64_t uid)
 {
     for (int i = 0; i < APIR_KEPT_GRAPHS; i++)
@@ -138,8 +153,8 @@ static const struct ggml_backend_i apir_backend_iface = {
     .graph_plan_update = NULL,
     .graph_plan_compute = NULL,
     .graph_compute = backend_graph_compute,
-    .event_record = NULL,
-    .event_wait = NULL,
+    .event_record = backend_event_record,
+    .event_wait = backend_event_wait,
     .graph_optimize = NULL,
 };
 

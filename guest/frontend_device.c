@@ -34,13 +34,16 @@ static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props 
     props->type = dev_get_type(dev);
     props->device_id = NULL;
     dev_get_memory(dev, &props->memory_free, &props->memory_total);
-    props->caps.async = false;
+    /* Graph compute is asynchronous (a keyed graph is answered before the
+     * host computes it) and events are kept in the guest (below): with
+     * both, llama.cpp pipelines a prompt's batches across several devices. */
+    props->caps.async = dev_ctx(dev)->events;
     props->caps.host_buffer = dev_ctx(dev)->has_host_buft;
     /* Zero copy only: the host then computes in host memory anyway (a CPU,
      * an integrated GPU), so weights in the program's own file mapping are
      * where they should be (apir_buffer_from_host_ptr). */
     props->caps.buffer_from_host_ptr = dev_ctx(dev)->zero_copy;
-    props->caps.events = false;
+    props->caps.events = dev_ctx(dev)->events;
     /* llama.cpp reads the model file instead of mapping it for a device
      * without this: a copy more per weight (a 2 GB model loaded in 2.5 s
      * against 0.27 s natively on the H200).  Our set_tensor copies from any
@@ -253,6 +256,69 @@ static bool dev_offload_op(ggml_backend_dev_t dev, const struct ggml_tensor *op)
     return apir_op_query(dev_ctx(dev), APIR_Q_OFFLOAD, op, &v) && v;
 }
 
+/*
+ * Events, kept in the guest.  A device's commands run on its host strictly
+ * in order, each device on a connection (a host session) of its own, so an
+ * event is a point in that order: the number of graphs launched on its
+ * device when it was recorded (apir_remote_graphs_launched).  It is done
+ * when the host has finished those graphs; waiting for it costs a round
+ * trip only while one of them may still run.  No host state, no protocol
+ * command: nothing for a guest to leak or forge on the host.
+ */
+struct apir_event {
+    struct apir_device *device;  /* where it was recorded; NULL: never (done) */
+    uint64_t launched;
+};
+
+static ggml_backend_event_t dev_event_new(ggml_backend_dev_t dev)
+{
+    ggml_backend_event_t event = calloc(1, sizeof(*event));
+    struct apir_event *e = calloc(1, sizeof(*e));
+    if (!event || !e) {
+        APIR_ERROR("guest", "%s: no memory for an event", dev_ctx(dev)->name);
+        free(event);
+        free(e);
+        return NULL;
+    }
+    event->device = dev;
+    event->context = e;
+    return event;
+}
+
+static void dev_event_free(ggml_backend_dev_t dev, ggml_backend_event_t event)
+{
+    (void)dev;
+    if (!event)
+        return;
+    free(event->context);
+    free(event);
+}
+
+void apir_event_record(ggml_backend_event_t event, struct apir_device *d)
+{
+    struct apir_event *e = event->context;
+    e->device = d;
+    e->launched = apir_remote_graphs_launched(&d->remote);
+}
+
+void apir_event_synchronize(ggml_backend_event_t event)
+{
+    struct apir_event *e = event->context;
+    if (e->device)
+        apir_remote_wait_graphs(&e->device->remote, e->launched);
+}
+
+struct apir_device *apir_event_device(ggml_backend_event_t event)
+{
+    return ((struct apir_event *)event->context)->device;
+}
+
+static void dev_event_synchronize(ggml_backend_dev_t dev, ggml_backend_event_t event)
+{
+    (void)dev;
+    apir_event_synchronize(event);
+}
+
 static const struct ggml_backend_device_i apir_device_iface = {
     .get_name = dev_get_name,
     .get_description = dev_get_description,
@@ -266,9 +332,9 @@ static const struct ggml_backend_device_i apir_device_iface = {
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
     .offload_op = dev_offload_op,
-    .event_new = NULL,
-    .event_free = NULL,
-    .event_synchronize = NULL,
+    .event_new = dev_event_new,
+    .event_free = dev_event_free,
+    .event_synchronize = dev_event_synchronize,
 };
 
 void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
@@ -304,6 +370,11 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * then spin as briefly as any other, on every transport. */
     if (type == GGML_BACKEND_DEVICE_TYPE_CPU && !getenv("APIR_SPIN_GRAPH_US"))
         d->remote.graph_spin_ns = 0;
+    /* Async compute and events (dev_event_new): a host of 0.2 or later
+     * answers a keyed graph before computing it.  APIR_EVENTS=0 leaves them
+     * out, and with them llama.cpp's pipeline over several devices. */
+    const char *ev = getenv("APIR_EVENTS");
+    d->events = d->remote.minor >= 2 && !(ev && !strcmp(ev, "0"));
     pthread_mutex_init(&d->cache_lock, NULL);
     d->generation = d->remote.conn->generation;
     d->dev.iface = apir_device_iface;

@@ -93,10 +93,14 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
     }
     /* Such a graph stays on the device until a command that is neither a
      * query nor another graph or upload (apir_command_runs_beside_device). */
-    if (sub == 0 && (classes & APIR_LEAVES_BUSY))
+    if (sub == 0 && (classes & APIR_LEAVES_BUSY)) {
         r->host_computing = true;
-    else if (sub == 0 && !apir_command_runs_beside_device(cmd))
+        r->graphs_launched++;
+    } else if (sub == 0 && !apir_command_runs_beside_device(cmd)) {
+        /* The host settled before it ran this: every graph before it is done. */
         r->host_computing = false;
+        r->graphs_done = r->graphs_launched;
+    }
     if (r->profile) {
         r->cmd_ns[cmd] += apir_now_ns() - t0;
         r->cmd_count[cmd]++;
@@ -185,6 +189,24 @@ void apir_remote_wait_idle(struct apir_remote *r)
     pthread_mutex_unlock(&r->lock);
 }
 
+uint64_t apir_remote_graphs_launched(struct apir_remote *r)
+{
+    pthread_mutex_lock(&r->lock);
+    uint64_t n = r->graphs_launched;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+void apir_remote_wait_graphs(struct apir_remote *r, uint64_t launched)
+{
+    pthread_mutex_lock(&r->lock);
+    /* A failed synchronize (a host gone, a graph that failed) leaves the
+     * count as it was: the next command reports the failure. */
+    if (r->graphs_done < launched && r->host_computing)
+        apir_call_BACKEND_SYNCHRONIZE_locked(r);
+    pthread_mutex_unlock(&r->lock);
+}
+
 bool apir_remote_data_reserve(struct apir_remote *r, size_t size)
 {
     if (size <= r->data_size)
@@ -258,6 +280,7 @@ static bool session_open(struct apir_remote *r, char *err, size_t err_len)
         atomic_store(&r->generation, conn->generation);
         snprintf(r->endpoint, sizeof(r->endpoint), "%s", t->endpoint);
         r->host_computing = false;
+        r->graphs_done = r->graphs_launched;  /* the old connection's graphs are gone with it */
         r->gone_logged = false;
         return true;
     }

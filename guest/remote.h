@@ -53,6 +53,11 @@ struct apir_remote {
     size_t get_size;
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
     bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
+    /* Graphs the host answered before computing them (APIR_LEAVES_BUSY),
+     * counted on this connection and its successors; done: how many of them
+     * are known finished, because a later command waited for the device.
+     * What a guest event records and waits for (frontend_device.c). */
+    uint64_t graphs_launched, graphs_done;
     /* APIR_PROFILE=1: where the guest's time goes, per command (wall time
      * of the round trip) - printed at exit by the frontend. */
     bool profile;
@@ -101,6 +106,11 @@ int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool
  * computes after replying): before the guest touches shared memory the
  * graph may use (zero-copy buffers) without a command. */
 void apir_remote_wait_idle(struct apir_remote *r);
+/* The number of graphs launched so far (a point an event records), and a
+ * wait until the first `launched` of them have finished: a round trip only
+ * if some of them may still run. */
+uint64_t apir_remote_graphs_launched(struct apir_remote *r);
+void apir_remote_wait_graphs(struct apir_remote *r, uint64_t launched);
 
 /*
  * The data area's bytes for the next command (lock held), whatever the

@@ -1,7 +1,7 @@
 /* apir-llama-greedy: load a GGUF model on one ggml device and decode greedily.
  *
  *   apir-llama-greedy -m MODEL.gguf [-d DEVICE_NAME[,DEVICE_NAME...]] [-n N_TOKENS] [-t THREADS]
- *                     [-c N_CTX] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]
+ *                     [-c N_CTX] [-u N_UBATCH] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]
  *   apir-llama-greedy --compare FILE_A FILE_B [--tol X]
  *   apir-llama-greedy --list-devices
  *
@@ -20,7 +20,9 @@
  *   their free memory, as llama.cpp's -dev A,B does).  An unknown name prints
  *   the existing devices and exits 2.
  *   Token ids are fed directly (no tokenizer): the prompt (--prompt-ids, or a
- *   fixed default list reduced modulo n_vocab) is decoded as one batch, then
+ *   fixed default list reduced modulo n_vocab) is decoded as one batch (in
+ *   micro-batches of N_UBATCH tokens with -u: on several devices llama.cpp
+ *   then pipelines them, if every device offers async compute and events), then
  *   N_TOKENS (default 16) tokens are picked by argmax of the logits (lowest id
  *   wins a tie), each fed back for the next step.  Prints
  *       tokens: ID ID ...
@@ -67,7 +69,7 @@ static bool g_verbose;
 static void usage(FILE *f) {
     fprintf(f,
             "usage: apir-llama-greedy -m MODEL.gguf [-d DEVICE[,DEVICE...]] [-n N_TOKENS] [-t THREADS] [-c N_CTX]\n"
-            "                         [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]\n"
+            "                         [-u N_UBATCH] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]\n"
             "       apir-llama-greedy --compare FILE_A FILE_B [--tol X]\n"
             "       apir-llama-greedy --list-devices\n");
 }
@@ -327,7 +329,7 @@ int main(int argc, char **argv) {
     const char *cmp_a = NULL, *cmp_b = NULL;
     const char *prompt_arg = NULL;
     bool list_only = false;
-    long n_gen = 16, n_threads = 2, n_ctx_arg = 0;
+    long n_gen = 16, n_threads = 2, n_ctx_arg = 0, n_ubatch_arg = 0;
     double tol = 1e-3;
 
     for (int i = 1; i < argc; i++) {
@@ -368,8 +370,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "apir-llama-greedy: bad --tol '%s'\n", v);
                 return 2;
             }
-        } else if (strcmp(a, "-n") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "-c") == 0) {
-            long *dst = a[1] == 'n' ? &n_gen : a[1] == 't' ? &n_threads : &n_ctx_arg;
+        } else if (strcmp(a, "-n") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "-c") == 0 || strcmp(a, "-u") == 0) {
+            long *dst = a[1] == 'n' ? &n_gen : a[1] == 't' ? &n_threads : a[1] == 'c' ? &n_ctx_arg : &n_ubatch_arg;
             const long lo = a[1] == 't' ? 1 : 0;
             if (!parse_int(argv[++i], lo, 1 << 20, dst)) {
                 fprintf(stderr, "apir-llama-greedy: bad value for %s: '%s'\n", a, argv[i]);
@@ -504,7 +506,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     cp.n_batch = (uint32_t)(n_prompt > 512 ? n_prompt : 512);
-    cp.n_ubatch = cp.n_batch;
+    cp.n_ubatch = n_ubatch_arg > 0 && n_ubatch_arg < (long)cp.n_batch ? (uint32_t)n_ubatch_arg : cp.n_batch;
     cp.n_seq_max = 1;
     cp.n_threads = (int32_t)n_threads;
     cp.n_threads_batch = (int32_t)n_threads;

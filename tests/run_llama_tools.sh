@@ -190,6 +190,10 @@ perplexity)
   run_compare perplexity f_ppl llama-perplexity -m "$model" -f "$here/../README.md" -c 128 -b 128 --chunks 4 -t 2 ||
     exit 1
   host_computed 4 || exit 1
+  # Without a file mapping llama.cpp loads through a device's host buffers
+  # with async uploads and events, where the device offers them (ours does).
+  run_compare perplexity_no_mmap f_ppl llama-perplexity -m "$model" -f "$here/../README.md" -c 128 -b 128 --chunks 4 \
+    -t 2 --no-mmap || exit 1
   ;;
 embedding)
   run_compare embedding f_stdout llama-embedding -m "$model" -p "$PROMPT" -t 2 --embd-output-format json || exit 1

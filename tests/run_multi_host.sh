@@ -95,6 +95,25 @@ for h in a b; do
   [ "${graphs:-0}" -ge 24 ] || fail "host $h computed too few graphs: the model was not split across both"
 done
 
+echo "== (b2) a prompt of 7 micro-batches pipelined across the two hosts: the native CPU's tokens"
+# Every APIR device offers async compute and events (guest-side events,
+# frontend_device.c), so llama.cpp keeps several copies of each split's
+# inputs and runs the micro-batches as a pipeline over APIR0 and APIR1.
+ids=$(seq -s, 1 200)
+"$greedy" -m "$work/model.gguf" -d CPU -n 8 -t 2 -u 32 --prompt-ids "$ids" --dump-logits "$work/cpu-pp.bin" \
+  >/dev/null 2>"$work/cpu-pp.err" || { cat "$work/cpu-pp.err"; exit 1; }
+for ev in 1 0; do
+  GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" APIR_HOST="$A,$B" APIR_EVENTS=$ev timeout 120 \
+    "$greedy" -m "$work/model.gguf" -d APIR0,APIR1 -n 8 -t 2 -u 32 --prompt-ids "$ids" --dump-logits "$work/pp$ev.bin" -v \
+    >"$work/pp$ev.out" 2>"$work/pp$ev.err" || { tail -20 "$work/pp$ev.err"; fail "the pipelined decode failed (APIR_EVENTS=$ev)"; }
+  "$greedy" --compare "$work/cpu-pp.bin" "$work/pp$ev.bin" --tol 1e-3 ||
+    fail "the pipelined decode differs from the CPU's (APIR_EVENTS=$ev)"
+done
+grep -q 'pipeline parallelism enabled' "$work/pp1.err" && echo "APIR_EVENTS=1: llama.cpp pipelines" ||
+  fail "llama.cpp did not enable its pipeline over APIR0,APIR1"
+grep -q 'pipeline parallelism enabled' "$work/pp0.err" && fail "APIR_EVENTS=0 still offered events" ||
+  echo "APIR_EVENTS=0: no pipeline"
+
 echo "== (c) an unreachable host in the list: named, and the others go on"
 guest_devices na "$NONE,$A" || fail "the program could not list its devices: $(cat "$work/na.err")"
 grep APIR "$work/na.out"
