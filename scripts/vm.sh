@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real VM for the virtgpu path (issue 15): QEMU 10 + virglrenderer (APIR
+# A real VM for the virtgpu path (issue 15): QEMU 11 + virglrenderer (APIR
 # merge request) on the host, a Debian kernel with the real virtio_gpu driver
 # in the guest, and our guest library talking to build/libapir-virgl.so
 # through it.  docs/VM.md says what works and what does not.
@@ -20,6 +20,8 @@
 #   APIR_VM_ACCEL   kvm | tcg | auto (default auto: kvm if it works)
 #   APIR_VM_DISPLAY egl-headless (default; rendernode /dev/null: Mesa falls back to llvmpipe) |
 #                   sdl (under Xvfb, started in the root)
+#   APIR_VM_TCG_THREAD  single | multi: TCG's vCPU threading (default: QEMU's, multi)
+#   APIR_VM_QEMU_SUITE  Debian suite QEMU comes from (default trixie-backports; trixie: 10.0)
 #   APIR_VM_MEM     guest RAM in MiB (default 3072)
 #   APIR_VM_TIMEOUT seconds before the VM is killed (default 3600; TCG is slow)
 #   APIR_VM_CHECKS  comma-separated guest checks (default: ping,info,greedy,bench,backend_ops)
@@ -53,6 +55,14 @@ GUEST="$VM/guest"
 ROOT_PKGS="qemu-system-x86 qemu-system-modules-opengl qemu-system-gui xvfb xauth libgl1-mesa-dri libegl-mesa0 libegl1
  libgles2 libgbm1 libgnutls30t64 libgomp1 libstdc++6 kmod xz-utils zstd procps
  meson ninja-build gcc g++ pkg-config libepoxy-dev libdrm-dev libvulkan-dev python3-yaml libgbm-dev libx11-dev"
+# QEMU itself from trixie-backports (11.1 as of 2026-12): trixie's 10.0.13
+# aborts under TCG in iotlb_to_section (physmem.c) while guests create and
+# drop contexts with blobs - with random words that virglrenderer refuses as
+# much as with our hostile guest, in one TCG thread as in several - and
+# 11.1.3 ran the same hostile, churn and garbage checks through (docs/VM.md,
+# "Faults and interop").  APIR_VM_QEMU_SUITE=trixie keeps 10.0.
+QEMU_SUITE=${APIR_VM_QEMU_SUITE:-trixie-backports}
+QEMU_PKGS="qemu-system-x86 qemu-system-modules-opengl qemu-system-gui"
 VIRGL_OPTS="-Dapir=true -Dvenus=true -Dplatforms=egl,glx -Dbuildtype=release -Dprefix=/opt/virgl -Dlibdir=lib"
 
 t_stage=0
@@ -104,6 +114,18 @@ stage_root() {
     echo "$pkey" >"$VM/stamp-pkgs"
     stage_done
   fi
+  local qkey; qkey=$(echo "$QEMU_SUITE $QEMU_PKGS" | sha256sum | cut -c1-12)
+  if [ "$QEMU_SUITE" != "$SUITE" ] && [ "$(cat "$VM/stamp-qemu" 2>/dev/null)" != "$qkey" ]; then
+    stage "QEMU from $QEMU_SUITE in the root"
+    cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    echo "deb $MIRROR $QEMU_SUITE main" >"$ROOT/etc/apt/sources.list.d/$QEMU_SUITE.list"
+    in_root sh -c "DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+      DEBIAN_FRONTEND=noninteractive nice -n 10 apt-get install -y -q --no-install-recommends -t $QEMU_SUITE $QEMU_PKGS" \
+      >"$VM/apt-qemu.log" 2>&1 || { tail -20 "$VM/apt-qemu.log"; die "QEMU from $QEMU_SUITE failed (log: $VM/apt-qemu.log)"; }
+    in_root apt-get clean
+    echo "$qkey" >"$VM/stamp-qemu"
+    stage_done
+  fi
   log "root: $(in_root dpkg-query -W -f='${Package} ${Version}\n' qemu-system-x86 libgl1-mesa-dri xvfb | tr '\n' ' ')"
 }
 
@@ -121,6 +143,88 @@ stage_virgl() {
     >"$VM/virgl-build.log" 2>&1 || { tail -30 "$VM/virgl-build.log"; die "virglrenderer build failed (log: $VM/virgl-build.log)"; }
   echo "$vkey" >"$VM/stamp-virgl"
   stage_done
+}
+
+# ---- stage ref (only when asked) ---------------------------------------------
+# The reference implementation of the pinned llama.cpp (ggml/src/ggml-virtgpu):
+# its guest library libggml-virtgpu.so and its host library
+# libggml-virtgpu-backend.so, for the interop checks (docs/INTEROP.md).  Built
+# from a copy of the pinned source's ggml/ (never the checkout) into
+# $CACHE/ref-virgl-<commit>-<key>/, keyed by the commit, the options and what is
+# changed in the copy, and linked as .deps/ref-virgl (where
+# tests/virgl_rig/run_interop.sh looks).  Changes to the copy, none to the code:
+# the download of venus_hw.h at build time is removed (an empty file instead:
+# nothing in it is used) and <drm/virtgpu_drm.h> comes from the trixie root
+# (Linux 6.12's uAPI; Debian 12's predates the syncobj fields the guest names);
+# ggml/ is configured on its own, which wants a ggml.pc.in (an empty one).
+REF_OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU=OFF
+ -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_VIRTGPU=ON -DGGML_VIRTGPU_BACKEND=ON"
+REF_TARGETS="ggml-virtgpu ggml-virtgpu-backend"
+REF_EDITS="v1 no-venus_hw-download empty-venus_hw-header trixie-virtgpu_drm-header empty-ggml-pc-in"
+ref_dir() {
+  local pin; pin=$(cut -d' ' -f1 "$REPO/.deps/stamp" 2>/dev/null) || true
+  [ -n "$pin" ] || { echo ""; return; }
+  local key; key=$(printf '%s %s %s %s' "$pin" "$REF_OPTS" "$REF_TARGETS" "$REF_EDITS" | sha256sum | cut -c1-12)
+  echo "$CACHE/ref-virgl-${pin:0:7}-$key"
+}
+ref_present() { local d; d=$(ref_dir); [ -n "$d" ] && [ -f "$d/stamp" ] && [ -f "$d/libggml-virtgpu.so" ] && [ -f "$d/libggml-virtgpu-backend.so" ]; }
+# The checks that need the reference guest library in the image, or its host library in a boot.
+REF_GUEST_CHECKS="interop_ref_guest interop_ref_guest_ops"
+REF_HOST_CHECKS="interop_ref_host interop_ref_host_ops"
+in_list() { case ",$2," in *",$1,"*) return 0;; esac; return 1; }
+want_ref_guest() { local c; for c in $REF_GUEST_CHECKS $REF_HOST_CHECKS; do in_list "$c" "$(vm_checks)" && return 0; done; return 1; }
+vm_checks() { echo "${APIR_VM_CHECKS:-ping,info,greedy,bench,backend_ops}"; }
+# Builds the reference libraries if the checks want them and they are missing
+# (about 1 minute on 2 cores), unless APIR_VM_REF=0; a failure is no error
+# here: REF_MISSING says why, and the interop checks say SKIP with it.
+REF_MISSING=""
+maybe_build_ref() {
+  ref_present && { stage_ref; return 0; }
+  if [ "${APIR_VM_REF:-auto}" = 0 ]; then
+    REF_MISSING="reference libraries not built (APIR_VM_REF=0; scripts/vm.sh ref builds them, ~1 min)"; return 0
+  fi
+  if ! (stage_ref) >"$VM/ref-stage.log" 2>&1; then
+    cat "$VM/ref-stage.log"
+    REF_MISSING="building the reference libraries failed: $(grep -a 'error' "$VM/ref-stage.log" | tail -n 1)"
+    log "$REF_MISSING"
+  else
+    cat "$VM/ref-stage.log"
+  fi
+}
+
+stage_ref() {
+  local d pin src; d=$(ref_dir)
+  [ -n "$d" ] || die "no .deps/stamp: run scripts/setup.sh first"
+  pin=$(cut -d' ' -f1 "$REPO/.deps/stamp"); src="$CACHE/src-${pin:0:7}"
+  if ref_present; then
+    log "reference virtgpu libraries present ($d)"
+  else
+    [ -f "$src/.apir-verified" ] || die "no verified llama.cpp source at $src (scripts/setup.sh)"
+    [ -f "$ROOT/usr/include/drm/virtgpu_drm.h" ] || die "the trixie root has no drm/virtgpu_drm.h (stage root first)"
+    stage "building the reference virtgpu libraries of llama.cpp ${pin:0:7} ($REF_TARGETS) into $d"
+    rm -rf "$d"; mkdir -p "$d/src" "$d/inc/drm"
+    tar -C "$src" -cf - ggml | tar -C "$d/src" -xf -
+    local vg="$d/src/ggml/src/ggml-virtgpu"
+    # The ExternalProject_Add(venus_hw_header ...) block and its dependency go.
+    sed -i -e '/^ExternalProject_Add(/,/^)/d' -e '/add_dependencies(ggml-virtgpu venus_hw_header)/d' "$vg/CMakeLists.txt"
+    grep -q 'venus_hw_header' "$vg/CMakeLists.txt" && die "could not remove the venus_hw.h download from $vg/CMakeLists.txt"
+    : >"$vg/include/venus_hw.h"
+    # ggml/ configured on its own wants ggml.pc.in (llama.cpp's copy of ggml has none; unused here)
+    [ -f "$d/src/ggml/ggml.pc.in" ] || : >"$d/src/ggml/ggml.pc.in"
+    cp "$ROOT/usr/include/drm/virtgpu_drm.h" "$d/inc/drm/"
+    # shellcheck disable=SC2086
+    cmake -S "$d/src/ggml" -B "$d/build" -G Ninja $REF_OPTS "-DCMAKE_CXX_FLAGS=-I$d/inc" >"$d/configure.log" 2>&1 \
+      || { tail -30 "$d/configure.log"; die "reference configure failed (log: $d/configure.log)"; }
+    # shellcheck disable=SC2086
+    $NICE cmake --build "$d/build" -j "${JOBS:-$(nproc)}" --target $REF_TARGETS >"$d/build.log" 2>&1 \
+      || { tail -30 "$d/build.log"; die "reference build failed (log: $d/build.log)"; }
+    cp "$d/build/bin/libggml-virtgpu.so" "$d/build/bin/libggml-virtgpu-backend.so" "$d/"
+    echo "$pin $REF_OPTS $REF_TARGETS $REF_EDITS" >"$d/stamp"
+    stage_done
+  fi
+  # .deps/ref-virgl: where run_interop.sh (APIR_DEPS_BIN/../ref-virgl) looks.
+  local deps; deps=$(cd "$REPO/.deps" && pwd -P)
+  if [ -L "$deps/ref-virgl" ] || [ ! -e "$deps/ref-virgl" ]; then ln -sfn "$d" "$deps/ref-virgl"; fi
 }
 
 # ---- stage guest --------------------------------------------------------------
@@ -155,6 +259,36 @@ copy_with_libs() {  # copy_with_libs DEST_ROOT FILE... : files to DEST/bin or li
   done
 }
 
+# The guest's own CPU backend: the pinned build names this machine's CPU
+# features, AVX-512 where it has them, which TCG's "max" CPU lacks (it has
+# AVX2, FMA, F16C, BMI2): that library's ggml_backend_score is then 0 in the
+# VM and llama.cpp there finds no CPU device.  The guest gets a CPU backend
+# of the same source for what TCG emulates, built into the VM cache once
+# (~1 min on 2 cores), keyed by the pin and these options.
+GUEST_CPU_OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_SSE42=ON
+ -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_BUILD_TESTS=OFF
+ -DGGML_BUILD_EXAMPLES=OFF"
+guest_cpu_backend() {
+  local pin src key d
+  pin=$(cut -d' ' -f1 "$REPO/.deps/stamp"); src="$CACHE/src-${pin:0:7}"
+  key=$(printf '%s %s' "$pin" "$GUEST_CPU_OPTS" | sha256sum | cut -c1-12)
+  d="$VM/guest-cpu-${pin:0:7}-$key"
+  if [ ! -f "$d/stamp" ]; then
+    [ -f "$src/.apir-verified" ] || die "no verified llama.cpp source at $src (scripts/setup.sh)"
+    stage "building the guest's CPU backend (AVX2 without AVX-512, for TCG) into $d" >&2
+    rm -rf "$d"; mkdir -p "$d"
+    # shellcheck disable=SC2086
+    cmake -S "$src" -B "$d/build" -G Ninja $GUEST_CPU_OPTS >"$d/configure.log" 2>&1 \
+      || { tail -20 "$d/configure.log" >&2; die "guest CPU backend configure failed (log: $d/configure.log)"; }
+    $NICE cmake --build "$d/build" -j "${JOBS:-$(nproc)}" --target ggml-cpu >"$d/build.log" 2>&1 \
+      || { tail -20 "$d/build.log" >&2; die "guest CPU backend build failed (log: $d/build.log)"; }
+    cp -L "$d/build/bin/libggml-cpu.so" "$d/"
+    echo "$pin $GUEST_CPU_OPTS" >"$d/stamp"
+    stage_done >&2
+  fi
+  echo "$d/libggml-cpu.so"
+}
+
 stage_guest() {
   local f
   for f in apir libggml-apir.so apir-gguf-gen; do
@@ -163,10 +297,17 @@ stage_guest() {
   stage_kernel
   local kver; kver=$(kernel_version)
   # The initramfs key: kernel, our binaries, the tools, init, the checks.
+  local guest_cpu; guest_cpu=$(guest_cpu_backend)
   local inputs=("$APIR_BUILD/apir" "$APIR_BUILD/libggml-apir.so" "$APIR_BUILD/apir-gguf-gen" "$DEPS_BIN/test-backend-ops"
-                "$DEPS_BIN/llama-bench" "$DEPS_BIN/libggml-cpu.so" "$REPO/tests/vm/init" "$REPO/tests/vm/checks.sh")
+                "$DEPS_BIN/llama-bench" "$guest_cpu" "$REPO/tests/vm/init" "$REPO/tests/vm/checks.sh")
   [ -x "$APIR_BUILD/tests/apir-llama-greedy" ] && inputs+=("$APIR_BUILD/tests/apir-llama-greedy")
-  local gkey; gkey=$( { echo "$kver $GUEST_MODULES ${APIR_VM_BIG_MODEL:-}"; sha256sum "${inputs[@]}" | cut -c1-64; } | sha256sum | cut -c1-12)
+  [ -x "$APIR_BUILD/interop_ref" ] && inputs+=("$APIR_BUILD/interop_ref")
+  inputs+=("$REPO"/tests/vm/*.c)
+  # The reference guest library (stage ref), when the checks want it.
+  want_ref_guest && maybe_build_ref
+  local refg="none: ${REF_MISSING:-}"
+  ref_present && refg=$(sha256sum "$(ref_dir)/libggml-virtgpu.so" | cut -c1-64)
+  local gkey; gkey=$( { echo "$kver $GUEST_MODULES ${APIR_VM_BIG_MODEL:-} $refg"; sha256sum "${inputs[@]}" | cut -c1-64; } | sha256sum | cut -c1-12)
   if [ "$(cat "$GUEST/stamp-initramfs" 2>/dev/null)" = "$gkey" ] && [ -f "$GUEST/initramfs.cpio.gz" ]; then
     log "guest initramfs present (key $gkey)"; return 0
   fi
@@ -211,12 +352,31 @@ stage_guest() {
   cp "$APIR_BUILD/libggml-apir.so" "$ir/apir/bin/"
   cp -P "$DEPS_BIN"/test-backend-ops "$DEPS_BIN"/llama-bench "$ir/apir/bin/"
   [ -x "$APIR_BUILD/tests/apir-llama-greedy" ] && cp "$APIR_BUILD/tests/apir-llama-greedy" "$ir/apir/bin/"
-  cp -L "$DEPS_BIN"/libggml-cpu*.so "$ir/apir/bin/"
+  cp "$guest_cpu" "$ir/apir/bin/libggml-cpu.so"
+  [ -x "$APIR_BUILD/interop_ref" ] && cp "$APIR_BUILD/interop_ref" "$ir/apir/bin/"
+  # The VM checks' own helpers (tests/vm/*.c), built here against the pinned ggml.
+  local tools="$GUEST/tools" cc_opts="-std=c11 -O2 -Wall -Wextra -Werror -I$DEPS_LIB/../include"
+  rm -rf "$tools"; mkdir -p "$tools"
+  # shellcheck disable=SC2086
+  { cc $cc_opts -o "$tools/apir-vm-devinfo" "$REPO/tests/vm/devinfo.c" -L"$DEPS_LIB" -lggml -lggml-base \
+    && cc $cc_opts -o "$tools/apir-vm-hostile" "$REPO/tests/vm/hostile.c" \
+    && cc $cc_opts -shared -fPIC -o "$tools/libapir-vm-devtype.so" "$REPO/tests/vm/devtype_gpu.c" -ldl; } \
+    || die "building the VM helpers of tests/vm failed"
+  cp "$tools/apir-vm-devinfo" "$tools/apir-vm-hostile" "$ir/apir/bin/"
+  cp "$tools/libapir-vm-devtype.so" "$ir/apir/lib/"
+  # The reference guest library, outside /apir/bin: ggml_backend_load_all() loads any
+  # libggml-virtgpu.so next to the program, which would put it in every check.
+  mkdir -p "$ir/apir/ref"
+  if ref_present; then
+    cp "$(ref_dir)/libggml-virtgpu.so" "$ir/apir/ref/"
+  else
+    echo "${REF_MISSING:-the reference libraries are not built (scripts/vm.sh ref)}" >"$ir/apir/ref/MISSING"
+  fi
   # The ggml/llama libraries, next to the tools (their RUNPATH is $ORIGIN/../lib or absolute).
   cp -a "$DEPS_BIN"/lib*.so* "$ir/apir/lib/" 2>/dev/null || true
   rm -f "$ir/apir/lib/"libggml-cpu*.so
   local bins=("$ir"/apir/bin/*)
-  LD_LIBRARY_PATH="$DEPS_LIB:$DEPS_BIN" copy_with_libs "$ir" "${bins[@]}" "$ir"/apir/lib/*.so*
+  LD_LIBRARY_PATH="$DEPS_LIB:$DEPS_BIN" copy_with_libs "$ir" "${bins[@]}" "$ir"/apir/lib/*.so* "$ir"/apir/ref/*.so
   # The dynamic loader at the path the binaries name.
   cp -L /lib64/ld-linux-x86-64.so.2 "$ir/lib64/"
   # A small model, and the tokens the host's CPU decodes from it (the reference).
@@ -246,8 +406,124 @@ stage_guest() {
 }
 
 # ---- stage boot ----------------------------------------------------------------
+# ---- the host side's view (fault checks) ------------------------------------------
+# host_watch CONSOLE OUT: while QEMU runs, samples this machine's processes every
+# 0.25 s: QEMU, the render server, and its workers (one per guest context,
+# named virgl-<ctx>-<name> by server/render_context.c), each with its RSS and
+# the CPU it used since the last sample.  It writes a line "S <time> ..." when
+# the set of processes changes, every 5 s, and at every "APIR-VM mark" line
+# the guest prints on its console ("M <time> <mark>" before it).
+host_watch() {
+  set +e
+  local con=$1 out=$2 pat=$3 seen=0 prev="" last_t=0 q=""
+  declare -A ticks
+  : >"$out"
+  kids() { cat /proc/"$1"/task/*/children 2>/dev/null; }
+  while :; do
+    local now snap="" pids="" p comm f cpu d procs
+    now=$(date -u +%H:%M:%S.%3N)
+    # QEMU (found once by its console file), its children (the render server)
+    # and theirs (the workers): a few /proc reads, no ps, so samples stay ~0.25 s apart
+    [ -n "$q" ] && [ -d /proc/$q ] || q=$(pgrep -n -f "qemu-system-x86_64.*$pat" 2>/dev/null)
+    # every descendant (the pid found may be the timeout(1) around QEMU: one level more)
+    procs=""
+    if [ -n "$q" ]; then
+      local level="$q" next
+      while [ -n "$level" ]; do
+        procs="$procs $level"; next=""
+        for p in $level; do next="$next $(kids "$p")"; done
+        level=$(echo $next)
+      done
+    fi
+    for p in $procs; do
+      { read -r -a f <"/proc/$p/stat"; } 2>/dev/null || continue
+      comm=${f[1]//[()]/}
+      cpu=$(( f[13] + f[14] ))
+      d=$(( cpu - ${ticks[$p]:-$cpu} )); ticks[$p]=$cpu
+      snap="$snap $p:$comm:rss=$(( f[23] * 4 / 1024 ))MiB:cpu+${d}t"
+      pids="$pids $p:$comm"
+    done
+    local n marks=""
+    n=$(wc -l <"$con" 2>/dev/null || echo 0)
+    if [ "$n" -gt "$seen" ]; then
+      marks=$(sed -n "$((seen + 1)),${n}p" "$con" | grep -a '^APIR-VM mark ' | cut -c14- || true)
+      seen=$n
+    fi
+    if [ -n "$marks" ]; then
+      while read -r m; do echo "M $now $m"; done <<<"$marks" >>"$out"
+    fi
+    if [ -n "$marks" ] || [ "$pids" != "$prev" ] || [ $(( SECONDS - last_t )) -ge 5 ]; then
+      echo "S $now$snap" >>"$out"; prev=$pids; last_t=$SECONDS
+    fi
+    sleep 0.25
+  done
+}
+
+# snap_after MARK LOG: the first snapshot line after the mark line
+snap_after() { awk -v m="$1" '$1 == "M" && index($0, m) { f = 1; next } f && $1 == "S" { print; exit }' "$2"; }
+# pids of a snapshot whose name matches a pattern
+snap_pids() { tr ' ' '\n' <<<"$1" | awk -F: -v re="$2" '$2 ~ re { print $1 }'; }
+
+# host_verdict CHECK RUN QEMU_RC: what the host side saw of a fault check;
+# prints "CHECK <check>_host PASS|FAIL (...)" and returns its status.
+host_verdict() {
+  local c=$1 run=$2 qrc=$3 w="$2/host-watch.log" ok=1 why=""
+  local server_re='^virgl_render' worker_re='^virgl-[0-9]+-'
+  case $c in
+    kill_midgraph)
+      local s_kill s_after victims v server0 server1 gone=0 still=""
+      s_kill=$(snap_after "kill_midgraph before-kill" "$w"); s_after=$(snap_after "kill_midgraph after-kill" "$w")
+      [ -n "$s_kill" ] && [ -n "$s_after" ] || { ok=0; why="no host snapshot at the guest's marks (the kill did not happen?)"; }
+      victims=$(snap_pids "$s_kill" "$worker_re")
+      [ -n "$victims" ] || { ok=0; why="$why; no render worker at the kill"; }
+      for v in $victims; do
+        if snap_pids "$s_after" "$worker_re" | grep -qx "$v"; then still="$still $v"; else gone=$((gone + 1)); fi
+      done
+      [ -z "$still" ] || { ok=0; why="$why; worker(s)$still still there 3 s after the kill"; }
+      # the render server after the kill (the "done" mark can come as the guest
+      # powers off, when QEMU is already taking the server down)
+      server0=$(snap_pids "$s_kill" "$server_re" | head -1); server1=$(snap_pids "$s_after" "$server_re" | head -1)
+      [ -n "$server0" ] && [ "$server0" = "$server1" ] || { ok=0; why="$why; render server pid $server0 -> $server1"; }
+      local vinfo; vinfo=$(tr ' ' '\n' <<<"$s_kill" | grep -E ":virgl-[0-9]+-" | tr '\n' ' ')
+      local t0 t1; t0=$(awk '$1 == "M" && /kill_midgraph killed/ { print $2; exit }' "$w")
+      t1=$(awk '$1 == "M" && /kill_midgraph after-kill/ { print $2; exit }' "$w")
+      why="${why#; }"
+      log "   2 s before the kill: worker(s) ${vinfo:-none} (cpu+Nt: CPU ticks of 10 ms since the previous sample); killed at $t0, $gone of them gone by $t1; render server pid $server0 -> $server1"
+      # The host library's own lines in that window (UTC stamps in qemu.log)
+      local tb; tb=$(awk '$1 == "M" && /kill_midgraph before-kill/ { print $2; exit }' "$w")
+      local closed; closed=$(awk -v a="${tb%.*}" -v b="${t1%.*}" 'match($0, /T[0-9:]+\./) { t = substr($0, RSTART + 1, 8); if (t >= a && t <= b) print }' "$run/qemu.log" | grep -a 'closed after' || true)
+      log "   host library between the marks: ${closed:-no clean-up line (the render server SIGKILLed the worker before apir_backend_deinit ran)}"
+      ;;
+    hostile)
+      local s0 s1 server0 server1 nw
+      s0=$(snap_after "hostile start" "$w"); s1=$(snap_after "hostile end" "$w")
+      server0=$(snap_pids "$s0" "$server_re" | head -1); server1=$(snap_pids "$s1" "$server_re" | head -1)
+      [ -n "$server0" ] && [ "$server0" = "$server1" ] || { ok=0; why="render server pid $server0 -> $server1"; }
+      nw=$(awk '$1 == "M" && /hostile start/ { f = 1 } $1 == "M" && /hostile end/ { f = 0 } f && $1 == "S"' "$w" \
+           | tr ' ' '\n' | grep -E ":virgl-[0-9]+-" | cut -d: -f1 | sort -u | wc -l)
+      [ "$qrc" = 0 ] || { ok=0; why="$why; QEMU exit status $qrc"; }
+      grep -a -q 'APIR-VM poweroff' "$run/console.log" || { ok=0; why="$why; the guest did not power off"; }
+      why="${why#; }"
+      log "   hostile: render server pid $server0 -> $server1; $nw render workers (contexts) seen during it; QEMU exit $qrc;" \
+          "host log: $(grep -a -c 'ERROR' "$run/virgl-apir.log" 2>/dev/null || true) virglrenderer APIR errors," \
+          "$(grep -a -c -E 'apir virgl: (warn|error)' "$run/qemu.log" || true) libapir-virgl warnings/errors," \
+          "$(grep -a -c -i -E 'segfault|sigsegv|assert|abort' "$run/qemu.log" || true) crash lines"
+      ;;
+  esac
+  if [ $ok = 1 ]; then log "   CHECK ${c}_host PASS"; else log "   CHECK ${c}_host FAIL ($why)"; fi
+  [ $ok = 1 ]
+}
+
+# stage_boot HOST CHECKS: one boot; HOST is ours (libapir-virgl.so) or ref (the
+# reference libggml-virtgpu-backend.so: what virglrenderer dlopens is
+# VIRGL_APIR_BACKEND_LIBRARY, read by each render worker from the environment
+# QEMU was started with, so one host library per boot).  Adds to BOOT_PASS,
+# BOOT_FAIL, BOOT_SKIP and BOOT_RUNS.
+BOOT_PASS=0 BOOT_FAIL=0 BOOT_SKIP=0 BOOT_RUNS=""
 stage_boot() {
+  local host=$1 checks=$2
   local stamp; stamp=$(date -u +%Y%m%d-%H%M%S)-$$
+  [ "$host" = ours ] || stamp="$stamp-$host"
   local run="$VM/runs/$stamp"
   mkdir -p "$run"
   ln -sfn "$run" "$VM/runs/latest"
@@ -256,7 +532,13 @@ stage_boot() {
   # What the host side loads, copied now (build/ is rebuilt by others).
   local hl="$ROOT/opt/apir-runs/$stamp/host"
   mkdir -p "$hl"
-  cp "$APIR_BUILD/libapir-virgl.so" "$hl/"
+  local hostlib=libapir-virgl.so
+  if [ "$host" = ref ]; then
+    hostlib=libggml-virtgpu-backend.so
+    cp "$(ref_dir)/$hostlib" "$hl/"
+  else
+    cp "$APIR_BUILD/libapir-virgl.so" "$hl/"
+  fi
   cp -a "$DEPS_LIB"/libggml*.so* "$hl/"
   cp -L "$DEPS_BIN"/libggml-cpu*.so "$hl/"
   # The run folder inside the root (one per boot: two boots may run at once).
@@ -265,6 +547,7 @@ stage_boot() {
   cp "$GUEST/vmlinuz" "$GUEST/initramfs.cpio.gz" "$ROOT$rr/"
 
   local accel=${APIR_VM_ACCEL:-auto}
+  [ -n "${ACCEL_PROBED:-}" ] && accel=$ACCEL_PROBED
   if [ "$accel" = auto ]; then
     # KVM here opens and creates VMs, but whether a guest runs is another
     # matter (docs/VM.md): boot the guest kernel into init's probe mode, which
@@ -276,7 +559,12 @@ stage_boot() {
     if grep -q 'APIR-VM probe ok' "$run/kvm-probe.log"; then accel=kvm; else accel=tcg; fi
     log "kvm probe (exit $prc): $(grep -a -m3 -E 'error|failure|probe ok|warning' "$run/kvm-probe.log" | tr '\n' ' ')"
     log "accelerator: $accel"
+    ACCEL_PROBED=$accel
   fi
+  # APIR_VM_TCG_THREAD=single|multi: TCG's threading (QEMU's default with
+  # -smp 2 is multi: one host thread per vCPU)
+  local accel_opt=$accel
+  [ "$accel" = tcg ] && [ -n "${APIR_VM_TCG_THREAD:-}" ] && accel_opt="tcg,thread=$APIR_VM_TCG_THREAD"
   local cpu=max
   # -cpu host aborts here: "failed to set MSR 0x10a" (IA32_ARCH_CAPABILITIES, refused by this machine's KVM)
   [ "$accel" = kvm ] && cpu=host,-arch-capabilities
@@ -292,8 +580,8 @@ stage_boot() {
     *) die "APIR_VM_DISPLAY=$display: egl-headless or sdl";;
   esac
   local mem=${APIR_VM_MEM:-3072}
-  local append="console=ttyS0 panic=-1 loglevel=4 apir.checks=${APIR_VM_CHECKS:-ping,info,greedy,bench,backend_ops}"
-  append="$append apir.ops=${APIR_VM_OPS:-ADD,MUL_MAT}"
+  local append="console=ttyS0 panic=-1 loglevel=4 apir.checks=$checks"
+  append="$append apir.ops=${APIR_VM_OPS:-ADD,MUL_MAT} apir.ops_ref=${APIR_VM_REF_OPS:-ADD}"
   [ "${APIR_VM_SHELL:-0}" = 1 ] && append="$append apir.shell=1"
   local xd=$(( 100 + $$ % 800 ))   # the X display: one per boot
   local serial="-serial file:$rr/console.log"
@@ -303,7 +591,7 @@ stage_boot() {
 # Runs inside the root: Xvfb (for sdl), then QEMU; written by scripts/vm.sh.
 cd $rr
 export VIRGL_ROUTE_VENUS_TO_APIR=1
-export VIRGL_APIR_BACKEND_LIBRARY=$rr/host/libapir-virgl.so
+export VIRGL_APIR_BACKEND_LIBRARY=$rr/host/$hostlib
 export APIR_LLAMA_CPP_GGML_LIBRARY_PATH=$rr/host/libggml-cpu.so
 export APIR_LLAMA_CPP_GGML_LIBRARY_REG=ggml_backend_cpu_reg
 export VIRGL_APIR_LOG_TO_FILE=$rr/virgl-apir.log
@@ -319,7 +607,7 @@ if [ "$display" != egl-headless ]; then
 fi
 echo "qemu: \$(date -u +%s.%N)" >$rr/times
 set -x
-timeout ${APIR_VM_TIMEOUT:-3600} qemu-system-x86_64 -accel $accel -cpu $cpu -smp 2 -m $mem -machine q35 \\
+timeout ${APIR_VM_TIMEOUT:-3600} qemu-system-x86_64 -accel $accel_opt -cpu $cpu -smp 2 -m $mem -machine q35 \\
   -nodefaults -no-user-config -no-reboot -vga none \\
   -device virtio-gpu-gl-pci,blob=true,hostmem=1G,venus=true \\
   $dispopt \\
@@ -332,13 +620,17 @@ echo "end: \$(date -u +%s.%N)" >>$rr/times
 exit \$rc
 EOF
   chmod +x "$ROOT$rr/run.sh"
-  stage "booting the guest ($accel, display $display, ${mem} MiB); console: $run/console.log"
+  stage "booting the guest ($accel, display $display, ${mem} MiB, host library $hostlib); console: $run/console.log"
   local rc=0
+  : >"$ROOT$rr/console.log"
+  host_watch "$ROOT$rr/console.log" "$run/host-watch.log" "$rr/console.log" &
+  local wpid=$!
   if [ "${APIR_VM_SHELL:-0}" = 1 ]; then
     in_root $rr/run.sh 2>"$run/qemu.log" || rc=$?
   else
     in_root $rr/run.sh >"$run/qemu.log" 2>&1 || rc=$?
   fi
+  sleep 0.5; kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null || true
   rm -rf "$ROOT$rr/host" "$ROOT$rr/vmlinuz" "$ROOT$rr/initramfs.cpio.gz"
   cp -a "$ROOT$rr/." "$run/" 2>/dev/null && rm -rf "$ROOT$rr"
   stage_done
@@ -347,19 +639,52 @@ EOF
   [ -f "$run/console.log" ] || die "no console output"
   log "guest results (from $run/console.log):"
   grep -a -E '^(APIR-VM|CHECK) ' "$run/console.log" | sed 's/^/   /' || true
-  local pass fail c
+  local pass fail skip c
   pass=$(grep -a -c '^CHECK .* PASS' "$run/console.log" || true)
   fail=$(grep -a -c '^CHECK .* FAIL' "$run/console.log" || true)
+  skip=$(grep -a -c '^CHECK .* SKIP' "$run/console.log" || true)
   # A check that never reported (the VM died or timed out in it) fails.
-  for c in $(echo "${APIR_VM_CHECKS:-ping,info,greedy,bench,backend_ops}" | tr ',' ' '); do
+  for c in $(echo "$checks" | tr ',' ' '); do
     grep -a -q "^CHECK $c " "$run/console.log" || { log "   CHECK $c FAIL (no result: the VM stopped during it)"; fail=$((fail + 1)); }
+  done
+  # What the host side saw of the fault checks (host-watch.log).
+  for c in kill_midgraph hostile; do
+    in_list "$c" "$checks" || continue
+    if host_verdict "$c" "$run" "$rc"; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
   done
   grep -a -q 'APIR-VM poweroff' "$run/console.log" || log "   the guest did not power off (qemu exit $rc)"
   local t0 t1
   t0=$(sed -n 's/^qemu: //p' "$run/times" 2>/dev/null); t1=$(sed -n 's/^end: //p' "$run/times" 2>/dev/null)
   [ -n "$t0" ] && [ -n "$t1" ] && log "   QEMU ran $(awk "BEGIN{printf \"%.1f\", $t1-$t0}")s"
-  log "summary: $pass passed, $fail failed (run folder $run)"
-  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
+  log "boot summary: $pass passed, $fail failed, $skip skipped (run folder $run)"
+  BOOT_PASS=$((BOOT_PASS + pass)) BOOT_FAIL=$((BOOT_FAIL + fail)) BOOT_SKIP=$((BOOT_SKIP + skip))
+  BOOT_RUNS="$BOOT_RUNS $run"
+}
+
+# The boot stage: the checks that need the reference host library get a boot
+# of their own (after the others).
+stage_boots() {
+  local all ours="" ref="" c
+  all=$(vm_checks)
+  for c in $(echo "$all" | tr ',' ' '); do
+    if in_list "$c" "$(echo $REF_HOST_CHECKS | tr ' ' ',')"; then ref="$ref,$c"; else ours="$ours,$c"; fi
+  done
+  ours=${ours#,} ref=${ref#,}
+  [ -z "$ours" ] || stage_boot ours "$ours"
+  if [ -n "$ref" ]; then
+    if ref_present; then
+      stage_boot ref "$ref"
+    else
+      [ -n "$REF_MISSING" ] || { want_ref_guest && maybe_build_ref; }
+      if ref_present; then stage_boot ref "$ref"; else
+        for c in $(echo "$ref" | tr ',' ' '); do
+          log "   CHECK $c SKIP (${REF_MISSING:-no reference host library: scripts/vm.sh ref})"; BOOT_SKIP=$((BOOT_SKIP + 1))
+        done
+      fi
+    fi
+  fi
+  log "summary: $BOOT_PASS passed, $BOOT_FAIL failed, $BOOT_SKIP skipped (run folders:$BOOT_RUNS)"
+  [ "$BOOT_FAIL" = 0 ] && [ "$BOOT_PASS" -gt 0 ]
 }
 
 stages=${*:-root virgl guest boot}
@@ -368,7 +693,8 @@ for s in $stages; do
     root) stage_root;;
     virgl) stage_virgl;;
     guest) stage_guest;;
-    boot) stage_boot;;
-    *) die "unknown stage $s (root virgl guest boot)";;
+    boot) stage_boots;;
+    ref) stage_ref;;
+    *) die "unknown stage $s (root virgl guest boot ref)";;
   esac
 done
