@@ -11,6 +11,8 @@
 #   BUILD_DIR      build directory (default: build-fuzz)
 #   FUZZ_SKIP_KNOWN=1  the harnesses skip inputs that would hit the known
 #                  missing-source crash (fuzz/findings), to look past it
+#   FUZZ_OP_STRICT=0   fuzz_op: kernel asserts on accepted nodes are not findings
+#                  (they are by default)
 #
 # Corpora grow in fuzz/corpus-<target>/ (git-ignored); crash, leak, timeout
 # and oom inputs land in BUILD_DIR/artifacts/<target>/.  Exit status: 0 when
@@ -72,6 +74,9 @@ extra_of() {
 }
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:symbolize=1}
+# fuzz_op: a ggml abort on a node the host accepted is a finding (a check
+# missing before the kernel), not only a fault or a stray write
+export FUZZ_OP_STRICT=${FUZZ_OP_STRICT:-1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ASAN_SYMBOLIZER_PATH=${ASAN_SYMBOLIZER_PATH:-$(command -v llvm-symbolizer || echo /usr/lib/llvm-14/bin/llvm-symbolizer)}
 

@@ -327,6 +327,16 @@ static const char *flash_attn_ext_error(const struct ggml_tensor *t)
     int64_t rows;
     if (!mul3(q->ne[1], q->ne[2], q->ne[3], &rows) || rows > INT_MAX)
         return "FLASH_ATTN_EXT too many query rows";
+    /* every path asserts Q, K and V dense in their rows (the constructor
+     * does not look at source strides) */
+    if (q->nb[0] != ggml_type_size(q->type) || k->nb[0] != ggml_type_size(k->type) ||
+        v->nb[0] != ggml_type_size(v->type))
+        return "FLASH_ATTN_EXT Q, K or V rows not dense";
+    /* ggml_compute_forward_flash_attn_ext aborts on a precision other than
+     * these two (ggml_flash_attn_ext_set_prec stores any value) */
+    const int32_t prec = t->op_params[3];
+    if (prec != GGML_PREC_DEFAULT && prec != GGML_PREC_F32)
+        return "FLASH_ATTN_EXT precision";
     return NULL;
 }
 
@@ -410,6 +420,19 @@ static const char *kernel_params_error(const struct ggml_tensor *t)
         return flash_attn_ext_error(t);
     case GGML_OP_ARGSORT:
         return t->op_params[0] == GGML_SORT_ORDER_ASC || t->op_params[0] == GGML_SORT_ORDER_DESC ? NULL : "ARGSORT order";
+    case GGML_OP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM: {
+        /* the kernels assert eps >= 0 (so not NaN); the constructors store any float */
+        float eps;
+        memcpy(&eps, &t->op_params[0], sizeof(eps));
+        return eps >= 0.0f ? NULL : "norm epsilon negative or NaN";
+    }
+    case GGML_OP_DIAG_MASK_INF: case GGML_OP_DIAG_MASK_ZERO:
+        return t->op_params[0] >= 0 ? NULL : "DIAG_MASK n_past negative";
+    case GGML_OP_RMS_NORM_BACK:
+        /* ggml_rms_norm_back ties nothing; the kernel asserts all three alike */
+        return ggml_are_same_shape(a, t) && ggml_are_same_shape(a, b) ? NULL : "RMS_NORM_BACK operands of other shapes";
+    case GGML_OP_SOFT_MAX_BACK:
+        return ggml_are_same_shape(a, t) && ggml_are_same_shape(b, t) ? NULL : "SOFT_MAX_BACK operands of other shapes";
     case GGML_OP_TRI:
         return t->op_params[0] >= GGML_TRI_TYPE_UPPER_DIAG && t->op_params[0] <= GGML_TRI_TYPE_LOWER ? NULL : "TRI type";
     default:

@@ -139,7 +139,7 @@ static void test_constructors_accepted(void)
     ACCEPTED(ggml_interpolate(ctx, f32(8, 8, 4, 1), 16, 16, 4, 1, GGML_SCALE_MODE_BILINEAR));
     ACCEPTED(ggml_ssm_conv(ctx, f32(7, 16, 2, 1), f32(4, 16, 1, 1)));
     ACCEPTED(ggml_win_part(ctx, f32(8, 10, 10, 1), 4));
-    ACCEPTED(ggml_get_rel_pos(ctx, f32(8, 7, 1, 1), 4, 4));
+    ACCEPTED(ggml_get_rel_pos(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 8, 7), 4, 4));  /* f16/bf16 kernels only */
     ACCEPTED(ggml_arange(ctx, 0.0f, 10.0f, 1.0f));
     ACCEPTED(ggml_fill(ctx, x, 3.0f));
     ACCEPTED(ggml_tri(ctx, f32(8, 8, 2, 1), GGML_TRI_TYPE_LOWER));
@@ -379,6 +379,43 @@ static void test_operand_rules(void)
     gapped->nb[2] = gapped->nb[1] * 5;
     gapped->nb[3] = gapped->nb[2] * 5;
     REFUSED(ggml_pool_2d(ctx, gapped, GGML_OP_POOL_AVG, 4, 5, 1, 1, 0, 0), "POOL source not contiguous");
+
+    /* CPY between types the CPU's dup has no kernel for (GGML_ABORT): I32
+     * into F16, Q4_0 into F16, I16 into F32; into a block type from a
+     * source whose rows are not whole blocks or not dense */
+    REFUSED(ggml_cpy(ctx, i32(16, 2), ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 16, 2)), "CPY from I32");
+    ACCEPTED(ggml_cpy(ctx, i32(16, 2), f32(16, 2, 1, 1)));
+    REFUSED(ggml_cpy(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 2), ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 64, 2)),
+            "CPY between these types");
+    ACCEPTED(ggml_cpy(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 2), f32(64, 2, 1, 1)));
+    REFUSED(ggml_cpy(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_I16, 16, 2), f32(16, 2, 1, 1)), "CPY between these types");
+    ACCEPTED(ggml_cpy(ctx, f32(64, 2, 1, 1), ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 2)));
+    REFUSED(ggml_cpy(ctx, f32(16, 8, 1, 1), ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 128, 1)), "whole blocks");
+    REFUSED(ggml_cpy(ctx, f32(256, 1, 1, 1), ggml_new_tensor_2d(ctx, GGML_TYPE_IQ2_XXS, 256, 1)),
+            "without a CPU conversion");
+    /* IM2COL into I32, or an F32 result from an F16 input (GGML_ABORT /
+     * the kernel's assert) */
+    REFUSED(ggml_im2col(ctx, f32(3, 3, 2, 4), f32(8, 8, 2, 1), 1, 1, 0, 0, 1, 1, true, GGML_TYPE_I32), "IM2COL result");
+    REFUSED(ggml_im2col(ctx, f32(3, 3, 2, 4), ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 8, 8, 2, 1), 1, 1, 0, 0, 1, 1, true,
+                        GGML_TYPE_F32), "IM2COL result or input type");
+    ACCEPTED(ggml_im2col(ctx, f32(3, 3, 2, 4), ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 8, 8, 2, 1), 1, 1, 0, 0, 1, 1, true,
+                         GGML_TYPE_F16));
+    ACCEPTED(ggml_im2col(ctx, f32(3, 3, 2, 4), f32(8, 8, 2, 1), 1, 1, 0, 0, 1, 1, true, GGML_TYPE_F32));
+    /* FLASH_ATTN_EXT: K rows not dense (the kernel asserts nbk0), a
+     * precision the kernel does not know */
+    {
+        struct ggml_tensor *fq = f32(64, 8, 4, 1), *fk = f32(64, 32, 2, 1), *fv = f32(64, 32, 2, 1);
+        ACCEPTED(ggml_flash_attn_ext(ctx, fq, fk, fv, NULL, 0.125f, 0.0f, 0.0f));
+        struct ggml_tensor *fa = ggml_flash_attn_ext(ctx, fq, fk, fv, NULL, 0.125f, 0.0f, 0.0f);
+        ggml_flash_attn_ext_set_prec(fa, (enum ggml_prec)7);
+        REFUSED(fa, "FLASH_ATTN_EXT precision");
+        struct ggml_tensor *sparse_k = f32(64, 32, 2, 1);
+        sparse_k->nb[0] = 8;
+        sparse_k->nb[1] = 8 * 64;
+        sparse_k->nb[2] = sparse_k->nb[1] * 32;
+        sparse_k->nb[3] = sparse_k->nb[2] * 2;
+        REFUSED(ggml_flash_attn_ext(ctx, fq, sparse_k, fv, NULL, 0.125f, 0.0f, 0.0f), "rows not dense");
+    }
 
     /* overlap: ARGSORT whose result lies over its source (fuzz_op-7), a
      * CPY between overlapping ranges (fuzz_op-8); exactly in place passes */
