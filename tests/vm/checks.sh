@@ -175,8 +175,9 @@ for c in $CHECKS; do
     kill_midgraph) TAIL=60 check $c kill_midgraph;;
     hostile) TAIL=100 check $c hostile;;
     hostile_alone) TAIL=100 check $c hostile alone;;
-    # contexts with a mapped blob made and dropped as fast as the guest can (no command)
+    # short-lived contexts of random commands: APIR-typed ones naming the reply blob, or random words
     garbage_typed|garbage_untyped) check $c env APIR_VM_ECHO_FD=3 APIR_VM_HOSTILE_ONLY=$c ./apir-vm-hostile /dev/dri/renderD128 ${HOSTILE_ROUNDS:-200};;
+    # contexts with a mapped blob made and dropped as fast as the guest can (no command)
     blob_churn) check $c env APIR_VM_ECHO_FD=3 APIR_VM_HOSTILE_ONLY=blobchurn ./apir-vm-hostile /dev/dri/renderD128 ${HOSTILE_ROUNDS:-200};;
     # well-formed guests only: 100 short-lived contexts (apir ping -n 1) while one long one runs
     churn) check $c churn;;
