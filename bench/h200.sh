@@ -29,8 +29,11 @@
 #                              (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP (null call,
 #                              upload/download), a reload of the 8B model against a weight cache
 #   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
-#                              socket with the guest's copies on one thread (APIR_COPY_THREADS=1) and spread
-#                              (the default), and over loopback TCP (the 513 KiB read-back of a token's logits)
+#                              socket, download/native ratio: downloads in pieces that the guest copies out
+#                              while the host writes the next (the default), without pieces (APIR_GET_PIECE_KB=0,
+#                              the two copies one after the other), each with the guest's copies on one thread
+#                              (APIR_COPY_THREADS=1), other piece sizes; a guest profile (MiB copied while the
+#                              host wrote); over loopback TCP (the 513 KiB read-back of a token's logits)
 #   bench/h200.sh multi        on nvidia-h200-x2 (issue 16): one apir-host --backend CUDA serving both GPUs as
 #                              APIR0/APIR1, 8B Q4_0 and 1B F16 -sm layer pp2048/tg128 vs CUDA0/CUDA1, with the
 #                              guest's events (llama.cpp's pipeline) and without them (APIR_EVENTS=0); tokens
@@ -347,13 +350,17 @@ io)
   hp=$!; sleep 3
   ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-io.log" | head -1 | cut -d' ' -f2)
   for round in 1 2; do
-    for threads in 1 default; do
-      log "apir-bench, Unix socket, guest copy threads: $threads (round $round)"
-      ( [ $threads = default ] || export APIR_COPY_THREADS=$threads
+    for mode in default APIR_GET_PIECE_KB=0 APIR_COPY_THREADS=1 "APIR_GET_PIECE_KB=0 APIR_COPY_THREADS=1" \
+                APIR_GET_PIECE_KB=2048 APIR_GET_PIECE_KB=8192; do
+      log "apir-bench, Unix socket, $mode (round $round)"
+      ( [ "$mode" = default ] || export $mode
         build/apir-bench --endpoint unix:/tmp/apir-io.sock --frontend build/libggml-apir.so --native CUDA0 --mib 256 \
           --calls 20000 2>&1 | grep -E '^tensor' | tee -a "$OUT/h200.log" )
     done
   done
+  log "apir-bench, Unix socket, guest profile (downloads: MiB copied while the host wrote)"
+  APIR_PROFILE=1 build/apir-bench --endpoint unix:/tmp/apir-io.sock --frontend build/libggml-apir.so --native CUDA0 \
+    --mib 256 --calls 1000 2>&1 | grep -E '^tensor (up|down)|data area|GET_TENSOR' | tee -a "$OUT/h200.log"
   log "apir-bench over $ep"
   build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 --calls 20000 2>&1 \
     | grep -E '^(null|tensor)' | tee -a "$OUT/h200.log"

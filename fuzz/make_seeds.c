@@ -496,6 +496,19 @@ static void seeds_dispatch(void)
     }
     write_writer("fuzz_dispatch", "weights", &w);
 
+    /* apir 0.6: a download in pieces, its progress words before and after
+     * the range, then inside it (refused). */
+    w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
+    fz_put_le(&w, 0, 2);
+    REQ(BUFFER_SET_TENSOR, (uint64_t)FZ_H_BUF_A, &a, FZ_BLOB_RES_ID, (uint64_t)0, (uint64_t)64);
+    REQ(BUFFER_GET_TENSOR_CHUNKED, (uint64_t)FZ_H_BUF_A, &c, FZ_BLOB_RES_ID, (uint64_t)8192, (uint64_t)16,
+        (uint64_t)32, (uint64_t)APIR_CHUNK_MIN, (uint64_t)0);
+    REQ(BUFFER_GET_TENSOR_CHUNKED, (uint64_t)FZ_H_BUF_A, &a, FZ_BLOB_RES_ID, (uint64_t)4096, (uint64_t)0,
+        (uint64_t)64, (uint64_t)APIR_CHUNK_MIN, (uint64_t)(4096 + 64));
+    REQ(BUFFER_GET_TENSOR_CHUNKED, (uint64_t)FZ_H_BUF_A, &a, FZ_BLOB_RES_ID, (uint64_t)4096, (uint64_t)0,
+        (uint64_t)64, (uint64_t)APIR_CHUNK_MIN, (uint64_t)4100);
+    write_writer("fuzz_dispatch", "chunked-download", &w);
+
     /* 0.1 inline tensors, and a handshake back to 0.1. */
     w = (struct fz_writer){ sbuf, sizeof(sbuf), 0 };
     fz_put_le(&w, 0, 2);

@@ -4,6 +4,7 @@
  */
 #include "frontend.h"
 #include "calls.h"
+#include "download.h"
 #include "weight_cache_guest.h"
 
 #include "apir_log.h"
@@ -209,20 +210,24 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     }
     /* Through the data area, a chunk at a time: copied there and out on
      * shared memory, sent and received in the stream from data itself on a
-     * stream transport (apir_remote_put_data_locked). */
+     * stream transport (apir_remote_put_data_locked).  Downloads:
+     * download.c, which overlaps the two copies where it can. */
     pthread_mutex_lock(&r->lock);
+    if (!set) {
+        if (apir_download_locked(r, bc->handle, &rec, offset, data, size) != APIR_HANDLER_OK)
+            APIR_ERROR("guest", "get_tensor of tensor '%s' failed", tensor->name);
+        pthread_mutex_unlock(&r->lock);
+        return;
+    }
     size_t done = 0;
     while (done < size) {
         size_t chunk = size - done < r->data_size ? size - done : r->data_size;
-        uint8_t *at = (uint8_t *)data + done;
+        const uint8_t *at = (const uint8_t *)data + done;
         int rc = -1;
-        if (set ? apir_remote_put_data_locked(r, 0, at, chunk) : apir_remote_get_data_locked(r, 0, at, chunk))
-            rc = set ? apir_call_BUFFER_SET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk)
-                     : apir_call_BUFFER_GET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk);
+        if (apir_remote_put_data_locked(r, 0, at, chunk))
+            rc = apir_call_BUFFER_SET_TENSOR_locked(r, bc->handle, &rec, r->data_res_id, offset + done, chunk);
         if (rc != APIR_HANDLER_OK) {
-            APIR_ERROR("guest", "%s of tensor '%s' failed", set ? "set_tensor" : "get_tensor", tensor->name);
-            if (!set)
-                memset(at, 0, size - done);
+            APIR_ERROR("guest", "set_tensor of tensor '%s' failed", tensor->name);
             break;
         }
         done += chunk;

@@ -1,6 +1,7 @@
 #include "remote.h"
 #include "calls.h"
 #include "bulk_copy.h"
+#include "download.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -28,6 +29,7 @@ struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_c
     if (r->minor < apir_command_minor(cmd)) {
         /* Not sent: what was staged for it must not ride on the next one. */
         r->get_dst = NULL;
+        r->t->wait_work = NULL;
         if (r->t->ops->unstage)
             r->t->ops->unstage(r->t);
         return NULL;
@@ -84,6 +86,7 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
     r->t->post_next = (classes & APIR_POSTED) != 0;
     int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, reply);
+    r->t->wait_work = NULL;  /* this command's only */
     void *get_dst = r->get_dst;
     r->get_dst = NULL;
     if (sub != 0 && r->t->broken && !r->gone_logged) {
@@ -301,6 +304,7 @@ bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t devi
     const char *prof = getenv("APIR_PROFILE");
     r->profile = prof && !strcmp(prof, "1");
     r->graph_spin_ns = (uint64_t)apir_spin_graph_us() * 1000;
+    r->get_piece = apir_download_piece_from_env();
     pthread_mutex_init(&r->lock, NULL);
     if (!session_open(r, err, err_len)) {
         pthread_mutex_destroy(&r->lock);
@@ -382,7 +386,8 @@ void apir_remote_print_profile(const struct apir_remote *r, const char *name)
         if (r->cmd_count[c])
             fprintf(stderr, "apir profile %s: %-28s %8llu calls %10.2f ms %8.2f us each\n", name, apir_command_name((uint32_t)c),
                     (unsigned long long)r->cmd_count[c], r->cmd_ns[c] / 1e6, r->cmd_ns[c] / 1e3 / (double)r->cmd_count[c]);
-    if (r->copy_bytes)
-        fprintf(stderr, "apir profile %s: data area copies %10.1f MiB %10.2f ms %8.2f GB/s\n", name,
-                r->copy_bytes / 1048576.0, r->copy_ns / 1e6, r->copy_ns ? r->copy_bytes / (double)r->copy_ns : 0.0);
+    if (r->copy_bytes || r->copy_early_bytes)
+        fprintf(stderr, "apir profile %s: data area copies %10.1f MiB %10.2f ms %8.2f GB/s (+%.1f MiB while the host wrote)\n",
+                name, r->copy_bytes / 1048576.0, r->copy_ns / 1e6, r->copy_ns ? r->copy_bytes / (double)r->copy_ns : 0.0,
+                r->copy_early_bytes / 1048576.0);
 }

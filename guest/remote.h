@@ -51,6 +51,7 @@ struct apir_remote {
     void *get_dst;
     uint64_t get_offset;
     size_t get_size;
+    size_t get_piece;             /* bytes per piece of a download (download.h; 0: none) */
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
     bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
     /* Graphs the host answered before computing them (APIR_LEAVES_BUSY),
@@ -62,7 +63,8 @@ struct apir_remote {
      * of the round trip) - printed at exit by the frontend. */
     bool profile;
     uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT];
-    uint64_t copy_ns, copy_bytes;  /* tensor bytes copied through the data area, guest side */
+    uint64_t copy_ns, copy_bytes;  /* tensor bytes copied through the data area, guest side, after replies */
+    uint64_t copy_early_bytes;     /* and before: out of a download the host was still writing (download.c) */
 };
 
 /* Connects, handshakes and selects a host device.  False with err set. */

@@ -298,6 +298,54 @@ APIR_HANDLER(BUFFER_GET_TENSOR_AT)
                      req->offset, req->size);
 }
 
+/*
+ * GET_TENSOR_AT in pieces (apir 0.6; the contract is struct
+ * apir_chunk_progress, apir_proto.h).  A GPU's copy into the data area and
+ * the guest's copy out of it used to run one after the other; publishing
+ * each finished piece lets the guest copy piece k while the device copies
+ * piece k + 1.  The host only writes the counter and never waits for the
+ * guest, so a guest that stops reading costs it nothing.
+ */
+APIR_HANDLER(BUFFER_GET_TENSOR_CHUNKED)
+{
+    (void)rep;
+    const uint32_t cmd = APIR_CMD_BUFFER_GET_TENSOR_CHUNKED;
+    struct ggml_tensor *t = req->tensor;
+    if (!in_buffer(t, req->buffer))
+        return apir_refuse(s, cmd, "the tensor is not in the named buffer");
+    if (!in_tensor(t, req->offset, req->size))
+        return apir_refuse(s, cmd, "offset/size outside the tensor");
+    if (req->chunk < APIR_CHUNK_MIN)
+        return apir_refuse(s, cmd, "pieces smaller than APIR_CHUNK_MIN");
+    const uint64_t words_size = sizeof(struct apir_chunk_progress);
+    uint8_t *words = apir_session_blob_range(s, req->blob, req->progress_offset, words_size);
+    uint8_t *data = req->size ? apir_session_blob_range(s, req->blob, req->blob_offset, req->size) : NULL;
+    if (!words || (req->size && !data))
+        return apir_refuse(s, cmd, "shared-memory range outside its blob");
+    if ((uintptr_t)words % _Alignof(struct apir_chunk_progress) != 0)
+        return apir_refuse(s, cmd, "progress words not aligned");
+    /* Both ranges are inside the blob, so neither end overflows. */
+    if (req->size && req->progress_offset < req->blob_offset + req->size &&
+        req->blob_offset < req->progress_offset + words_size)
+        return apir_refuse(s, cmd, "progress words inside the range");
+    struct apir_chunk_progress *progress = (struct apir_chunk_progress *)words;
+    /* At most size / APIR_CHUNK_MIN + 1 pieces: a tensor is below
+     * APIR_MAX_BUFFER_SIZE, so the count fits its 32 bits. */
+    uint32_t pieces = 0;
+    for (uint64_t done = 0; done < req->size;) {
+        const uint64_t n = req->size - done < req->chunk ? req->size - done : req->chunk;
+        ggml_backend_tensor_get(t, data + done, (size_t)(req->offset + done), (size_t)n);
+        done += n;
+        /* seq_cst pairs with the guest's store of guest_sleeping before its
+         * last look at the counter: one of the two sides sees the other. */
+        atomic_store(&progress->pieces_done, ++pieces);
+        if (atomic_load(&progress->guest_sleeping))
+            apir_futex_wake(&progress->pieces_done);
+    }
+    return APIR_HANDLER_OK;
+}
+_Static_assert(APIR_MAX_BUFFER_SIZE / APIR_CHUNK_MIN < UINT32_MAX, "piece counts fit 32 bits");
+
 APIR_HANDLER(BUFFER_MEMSET_TENSOR)
 {
     (void)rep;

@@ -50,7 +50,7 @@
  * Anything neither a query nor on the stream waits for the device first.
  *
  * Numbers 0..22 are APIR 0.1 and never change.  23..34 are apir 0.2
- * extensions, 35..37 0.3, 38 and above 0.4: a guest sends them only after
+ * extensions, 35..37 0.3, 38 and 39 0.4, 40 0.6: a guest sends them only after
  * the handshake answered that minor or more (apir_command_minor).  docs/PROTOCOL.md
  * describes the wire format.
  */
@@ -114,7 +114,9 @@
     X(37, HOST_GET_VERSION,                 APIR_QUERY)                   \
     /* apir 0.4 extensions (the weight cache: host/weight_cache.h) */     \
     X(38, BUFFER_SET_TENSOR_HASH,           0)                            \
-    X(39, BUFFER_CACHE_TENSOR,              0)
+    X(39, BUFFER_CACHE_TENSOR,              0)                            \
+    /* apir 0.6 extension (a download the guest copies out as it lands) */ \
+    X(40, BUFFER_GET_TENSOR_CHUNKED,        APIR_REPORTS)
 
 /* ---- items: F(kind, field), in wire order ------------------------------- */
 
@@ -220,6 +222,13 @@
 #define APIR_REP_BUFFER_SET_TENSOR_HASH(F)      F(u32, answer)
 #define APIR_REQ_BUFFER_CACHE_TENSOR(F)         F(buffer, buffer) F(tensor, tensor) F(digest, hash)
 #define APIR_REP_BUFFER_CACHE_TENSOR(F)         F(u32, answer)
+/* GET_TENSOR_AT in pieces of `chunk` bytes, in order: after piece k is in
+ * the blob the host stores k + 1 in the struct apir_chunk_progress at
+ * progress_offset of the same blob (apir_proto.h), so that the guest copies
+ * the pieces out while the rest are still coming (apir 0.6). */
+#define APIR_REQ_BUFFER_GET_TENSOR_CHUNKED(F)   F(buffer, buffer) F(tensor, tensor) F(res, blob) F(u64, blob_offset) \
+                                                F(u64, offset) F(u64, size) F(u64, chunk) F(u64, progress_offset)
+#define APIR_REP_BUFFER_GET_TENSOR_CHUNKED(F)
 
 enum apir_command {
 #define APIR_X_ENUM(num, name, classes) APIR_CMD_##name = num,
@@ -229,15 +238,20 @@ enum apir_command {
 };
 
 /* Commands of the reference protocol; 23..34 need minor >= 2, 35..37 3,
- * the rest 4. */
+ * 38 and 39 4, the rest 6 (0.5 added no command). */
 #define APIR_CMD_COUNT_0_1 23
 #define APIR_CMD_COUNT_0_2 35
 #define APIR_CMD_COUNT_0_3 38
+#define APIR_CMD_COUNT_0_4 40
 
 /* The protocol minor a command needs. */
 static inline uint32_t apir_command_minor(uint32_t cmd)
 {
-    return cmd < APIR_CMD_COUNT_0_1 ? 1u : cmd < APIR_CMD_COUNT_0_2 ? 2u : cmd < APIR_CMD_COUNT_0_3 ? 3u : 4u;
+    return cmd < APIR_CMD_COUNT_0_1 ? 1u
+         : cmd < APIR_CMD_COUNT_0_2 ? 2u
+         : cmd < APIR_CMD_COUNT_0_3 ? 3u
+         : cmd < APIR_CMD_COUNT_0_4 ? 4u
+                                    : 6u;
 }
 
 struct apir_command_info {

@@ -10,15 +10,16 @@
 #ifndef APIR_PROTO_H
 #define APIR_PROTO_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define APIR_VERSION_MAJOR 0
 /* 0.1 is the reference protocol; 0.2 adds the extension commands 23..34,
  * 0.3 the weight copies (35, 36) and the version query (37), 0.4 the
  * weight cache (38, 39), 0.5 no command but the weight cache's tree digest
- * (APIR_WCACHE_TREE_MINOR).  A host answers min(guest minor, its minor), so
- * a 0.1 guest sees 0.1. */
-#define APIR_VERSION_MINOR 5
+ * (APIR_WCACHE_TREE_MINOR), 0.6 the chunked download (40).  A host answers
+ * min(guest minor, its minor), so a 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 6
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu
@@ -127,6 +128,22 @@ enum apir_host_init_code {
  * use (never another guest's).  The tag tells it from a reply area's old
  * bytes where an older host wrote nothing. */
 #define APIR_LIMIT_REASON_TAG 0x54494d4cu /* "LMIT" */
+
+/* apir 0.6, BUFFER_GET_TENSOR_CHUNKED: the 8 bytes at progress_offset of
+ * the blob, in memory both sides map.  The host copies the range in pieces
+ * and, after piece k is complete in the blob, stores k + 1 in
+ * pieces_done (release; the guest zeroes it before it sends), then wakes
+ * the futex on pieces_done if guest_sleeping is non-zero.  The guest reads
+ * pieces_done only as far as the pieces it asked for: the reply, not the
+ * counter, says the whole range is there.  The host never waits for the
+ * guest, and reads nothing here but whether to wake it.  A piece is at
+ * least APIR_CHUNK_MIN bytes, so a guest cannot make the host loop over
+ * tiny copies. */
+struct apir_chunk_progress {
+    _Atomic uint32_t pieces_done;
+    _Atomic uint32_t guest_sleeping;
+};
+#define APIR_CHUNK_MIN (64u * 1024u)
 
 /* Hard limits on what a peer may ask for.  They bound every allocation and
  * loop the host makes on a guest's behalf; the host can lower them. */

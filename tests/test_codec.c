@@ -690,13 +690,17 @@ static void test_command_table_extensions(void)
           apir_command_minor(APIR_CMD_BACKEND_GRAPH_RECOMPUTE) == 2 && apir_command_minor(APIR_CMD_BUFFER_WRITTEN) == 3 &&
           apir_command_minor(APIR_CMD_HOST_GET_VERSION) == 3 && apir_command_minor(APIR_CMD_BUFFER_SET_TENSOR_HASH) == 4 &&
           apir_command_minor(APIR_CMD_BUFFER_CACHE_TENSOR) == 4);
-    CHECK(APIR_VERSION_MINOR == 5);
+    /* 0.5 added no command: the next one needs 0.6 */
+    CHECK(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED == APIR_CMD_COUNT_0_4 &&
+          apir_command_minor(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) == 6);
+    CHECK(APIR_VERSION_MINOR == 6);
     /* What may run while a graph is on the device: queries, graphs, uploads;
      * never a read, a synchronize, or anything freeing or writing memory
      * outside the stream. */
     const uint32_t beside[] = { APIR_CMD_DEVICE_SUPPORTS_OP_L, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, APIR_CMD_DEVICE_GET_MEMORY,
                                 APIR_CMD_BUFFER_SET_TENSOR_AT, APIR_CMD_BACKEND_GRAPH_RECOMPUTE };
-    const uint32_t waits[] = { APIR_CMD_BUFFER_GET_TENSOR, APIR_CMD_BUFFER_GET_TENSOR_AT, APIR_CMD_BACKEND_SYNCHRONIZE,
+    const uint32_t waits[] = { APIR_CMD_BUFFER_GET_TENSOR, APIR_CMD_BUFFER_GET_TENSOR_AT,
+                               APIR_CMD_BUFFER_GET_TENSOR_CHUNKED, APIR_CMD_BACKEND_SYNCHRONIZE,
                                APIR_CMD_BUFFER_FREE_BUFFER, APIR_CMD_BUFFER_CLEAR, APIR_CMD_BUFFER_MEMSET_TENSOR,
                                APIR_CMD_BUFFER_CPY_TENSOR, APIR_CMD_BUFFER_INIT_TENSOR, APIR_CMD_DEVICE_SELECT,
                                APIR_CMD_BUFFER_NOTE_WEIGHT, APIR_CMD_BUFFER_WRITTEN, APIR_CMD_BUFFER_SET_TENSOR_HASH,
@@ -718,7 +722,7 @@ static void test_command_classes(void)
     static const struct {
         uint32_t bit;
         const char *what;
-        uint32_t cmds[8];   /* ends at the first APIR_CMD_COUNT */
+        uint32_t cmds[10];  /* ends at the first APIR_CMD_COUNT */
     } pinned[] = {
         { APIR_ON_STREAM, "on the stream",
           { APIR_CMD_BUFFER_SET_TENSOR, APIR_CMD_BACKEND_GRAPH_COMPUTE, APIR_CMD_BUFFER_SET_TENSOR_AT,
@@ -730,7 +734,7 @@ static void test_command_classes(void)
         { APIR_REPORTS, "reporting a deferred failure",
           { APIR_CMD_BUFFER_GET_TENSOR, APIR_CMD_BACKEND_GRAPH_COMPUTE, APIR_CMD_BACKEND_SYNCHRONIZE,
             APIR_CMD_BUFFER_GET_TENSOR_AT, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED,
-            APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_COUNT } },
+            APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_BUFFER_GET_TENSOR_CHUNKED, APIR_CMD_COUNT } },
         { APIR_LEAVES_BUSY, "leaving the device busy",
           { APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_COUNT } },
         { APIR_POSTED, "posted (not waited for on a stream)",
@@ -844,6 +848,7 @@ static void test_signatures_derived(void)
         { APIR_CMD_HOST_GET_VERSION, "", "uu" },
         { APIR_CMD_BUFFER_SET_TENSOR_HASH, "htqqd", "u" },
         { APIR_CMD_BUFFER_CACHE_TENSOR, "htd", "u" },
+        { APIR_CMD_BUFFER_GET_TENSOR_CHUNKED, "htrqqqqq", "" },
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         const struct apir_command_info *c = &apir_command_table[known[i].cmd];

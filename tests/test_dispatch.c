@@ -456,6 +456,66 @@ static void test_graph_use_counts(void)
     apir_session_free(s);
 }
 
+/* A chunked download (apir 0.6): the same bytes as GET_TENSOR_AT, the
+ * pieces counted in the blob, and every range the guest names checked. */
+static void test_chunked_download(void)
+{
+    struct apir_session *s = new_session();
+    const uint32_t n = 98304;  /* 384 KiB of floats */
+    uint64_t buf = alloc_buffer(s, 4 * n + 4096);
+    struct apir_tensor_rec t = f32_rec(1, buf, 4096, n);
+    for (uint32_t i = 0; i < 4 * n; i++)
+        data_blob[i] = (uint8_t)(i * 131u + (i >> 9));
+    CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t, DATA_RES, 0, 4 * n) == APIR_HANDLER_OK);
+    static uint8_t want[4 * 98304];
+    memcpy(want, data_blob, sizeof(want));
+    struct apir_chunk_progress *p = (struct apir_chunk_progress *)data_blob;
+
+    /* odd offset and size, 4 pieces (3 whole, one short); a sleeping flag
+     * only makes the host wake nobody */
+    memset(data_blob, 0xee, DATA_SIZE);
+    atomic_store(&p->pieces_done, 0);
+    atomic_store(&p->guest_sleeping, 1);
+    const uint64_t off = 4099, size = 3 * 65536 + 12345;
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, off, size, 65536, 0) == APIR_HANDLER_OK);
+    CHECK(memcmp(data_blob + 8192, want + off, size) == 0);
+    CHECK(data_blob[8191] == 0xee && data_blob[8192 + size] == 0xee);  /* nothing outside the range */
+    CHECK(atomic_load(&p->pieces_done) == 4 && atomic_load(&p->guest_sleeping) == 1);
+    /* one piece larger than the range; the words right after the range */
+    atomic_store(&p->guest_sleeping, 0);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 4096, 0, 4 * n, 1u << 30, 4096 + 4 * n) ==
+          APIR_HANDLER_OK);
+    CHECK(memcmp(data_blob + 4096, want, 4 * n) == 0);
+    CHECK(atomic_load((_Atomic uint32_t *)(data_blob + 4096 + 4 * n)) == 1);
+    /* nothing to copy: OK, no piece */
+    atomic_store(&p->pieces_done, 0);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 0, 65536, 0) == APIR_HANDLER_OK);
+    CHECK(atomic_load(&p->pieces_done) == 0);
+
+    /* refused: pieces below the minimum, the words inside the range, off
+     * their alignment or outside the blob, the range outside the blob or
+     * the tensor, another buffer's tensor, an unknown blob */
+    const uint32_t bad = APIR_HANDLER_BAD_REQUEST;
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, APIR_CHUNK_MIN - 1, 0) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, 65536, 8192 + 65536 - 4) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, 65536, 8188) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, 65536, 2) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, 65536, DATA_SIZE - 4) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, 65536, UINT64_MAX - 3) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, DATA_SIZE - 65535, 0, 65536, 65536, 0) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, UINT64_MAX - 100, 0, 65536, 65536, 0) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 4, 4 * n, 65536, 0) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, UINT64_MAX, 2, 65536, 0) == bad);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, 4242u, 8192, 0, 65536, 65536, 0) == bad);
+    uint64_t buf2 = alloc_buffer(s, 4096);
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf2, &t, DATA_RES, 8192, 0, 65536, 65536, 0) == bad);
+    CHECK(atomic_load(&p->pieces_done) == 0);  /* a refusal writes nothing */
+    /* 0.6 commands need 0.6 */
+    s->minor = 5;
+    CHECK(fwd_BUFFER_GET_TENSOR_CHUNKED(s, buf, &t, DATA_RES, 8192, 0, 65536, 65536, 0) == APIR_HANDLER_INVALID_INDEX);
+    apir_session_free(s);
+}
+
 static void test_tensor_checks(void)
 {
     struct apir_session *s = new_session();
@@ -1026,6 +1086,7 @@ TEST_MAIN("dispatch",
           TEST(test_empty_views),
           TEST(test_deferred_graphs),
           TEST(test_graph_in_flight),
+          TEST(test_chunked_download),
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),

@@ -7,6 +7,7 @@
 #include "apir_commands.h"
 #include "apir_proto.h"
 #include "calls.h"
+#include "download.h"
 #include "remote.h"
 #include "shm_proto.h"
 #include "test_host.h"
@@ -75,6 +76,102 @@ static void test_handshake_and_commands(void)
     CHECK(apir_call_BUFFER_GET_TENSOR(&r, buf, &t, r.data_res_id, 0, 4000) == APIR_HANDLER_OK);
     CHECK(r.data[0] == 0 && r.data[1] == 1 && r.data[3999] == (uint8_t)3999);
     CHECK(apir_call_BUFFER_FREE_BUFFER(&r, buf) == APIR_HANDLER_OK);
+    apir_remote_close(&r);
+}
+
+/* One download of [off, off + size) compared byte for byte with want, the
+ * bytes around dst untouched; the result of apir_download_locked. */
+static int download_check(struct apir_remote *r, uint64_t buf, const struct apir_tensor_rec *t, const uint8_t *want,
+                          uint64_t off, size_t size)
+{
+    const size_t guard = 4096;
+    uint8_t *out = malloc(size + 2 * guard);
+    CHECK(out != NULL);
+    memset(out, 0xa5, size + 2 * guard);
+    pthread_mutex_lock(&r->lock);
+    int rc = apir_download_locked(r, buf, t, off, out + guard, size);
+    pthread_mutex_unlock(&r->lock);
+    if (rc == APIR_HANDLER_OK)
+        CHECK_MSG(memcmp(out + guard, want + off, size) == 0, "download of %zu bytes at %llu differs", size,
+                  (unsigned long long)off);
+    for (size_t i = 0; i < guard; i++)
+        CHECK_MSG(out[i] == 0xa5 && out[guard + size + i] == 0xa5, "download of %zu bytes wrote outside its range",
+                  size);
+    free(out);
+    return rc;
+}
+
+/*
+ * Downloads through the data area (guest/download.c), from a buffer the host
+ * allocated - what a GPU host's buffers are and a CPU host's with
+ * APIR_ZERO_COPY=0: sizes below, equal to and above the data area (1 MiB
+ * here) and its room for pieces (the area less its progress page), odd sizes
+ * and offsets, in pieces of 64 KiB (BUFFER_GET_TENSOR_CHUNKED) and without
+ * (a 0.5 host, or pieces off).  A piece copied to the wrong place, twice, or
+ * not at all shows as a byte that differs.
+ */
+static void test_downloads(void)
+{
+    setenv("APIR_DATA_MB", "1", 1);
+    setenv("APIR_GET_PIECE_KB", "64", 1);
+    struct apir_remote r;
+    const bool opened = open_remote(&r);
+    unsetenv("APIR_DATA_MB");
+    unsetenv("APIR_GET_PIECE_KB");
+    CHECK(opened);
+    const size_t area = 1u << 20;
+    CHECK(r.data_size == area && r.get_piece == 65536);
+    r.profile = true;  /* counts the commands sent */
+
+    const uint32_t n = (5u << 20) / 4;
+    uint64_t buf = guest_alloc(&r, 4ull * n);
+    CHECK(buf != 0);
+    struct apir_tensor_rec t = rec_f32(1, buf, 0, n);
+    uint8_t *want = malloc(4ull * n);
+    CHECK(want != NULL);
+    for (size_t i = 0; i < 4ull * n; i++)
+        want[i] = (uint8_t)(i * 2654435761u >> 13);  /* no period a misplaced piece could hide in */
+    for (size_t done = 0; done < 4ull * n; done += area) {
+        memcpy(r.data, want + done, area);
+        CHECK(apir_call_BUFFER_SET_TENSOR(&r, buf, &t, r.data_res_id, done, area) == APIR_HANDLER_OK);
+    }
+
+    static const struct { uint64_t off; size_t size; } cases[] = {
+        { 0, 1 }, { 7, 4095 }, { 0, 65536 }, { 1, 65537 }, { 4097, 300001 }, { 0, 1u << 20 },
+        { 12345, (1u << 20) - APIR_DOWNLOAD_AREA_OFFSET }, { 3, (1u << 20) - APIR_DOWNLOAD_AREA_OFFSET + 1 },
+        { 65535, (1u << 20) + 1 }, { 0, 5u << 20 }, { 999, (3u << 20) + (1u << 19) + 7 },
+        { (5u << 20) - 200000, 200000 },
+    };
+    const size_t n_cases = sizeof(cases) / sizeof(cases[0]);
+    for (size_t i = 0; i < n_cases; i++)
+        CHECK(download_check(&r, buf, &t, want, cases[i].off, cases[i].size) == APIR_HANDLER_OK);
+    /* in pieces: each case over one piece, a command per room's worth */
+    CHECK(r.cmd_count[APIR_CMD_BUFFER_GET_TENSOR_CHUNKED] > 0);
+    uint64_t chunked = r.cmd_count[APIR_CMD_BUFFER_GET_TENSOR_CHUNKED];
+
+    /* without pieces: a host of 0.5, then pieces turned off */
+    r.minor = 5;
+    for (size_t i = 0; i < n_cases; i++)
+        CHECK(download_check(&r, buf, &t, want, cases[i].off, cases[i].size) == APIR_HANDLER_OK);
+    r.minor = APIR_VERSION_MINOR;
+    r.get_piece = 0;
+    CHECK(download_check(&r, buf, &t, want, 999, (3u << 20) + 7) == APIR_HANDLER_OK);
+    CHECK(r.cmd_count[APIR_CMD_BUFFER_GET_TENSOR_CHUNKED] == chunked);
+    r.get_piece = 65536;
+
+    /* a range past the tensor: refused, dst zeroed, the connection still good */
+    uint8_t *out = malloc(1u << 20);
+    CHECK(out != NULL);
+    memset(out, 0xa5, 1u << 20);
+    pthread_mutex_lock(&r.lock);
+    CHECK(apir_download_locked(&r, buf, &t, (5u << 20) - 4096, out, 1u << 20) == APIR_HANDLER_BAD_REQUEST);
+    pthread_mutex_unlock(&r.lock);
+    for (size_t i = 0; i < (1u << 20); i += 4093)
+        CHECK(out[i] == 0);
+    free(out);
+    CHECK(download_check(&r, buf, &t, want, 1, (2u << 20) + 3) == APIR_HANDLER_OK);
+    CHECK(apir_call_BUFFER_FREE_BUFFER(&r, buf) == APIR_HANDLER_OK);
+    free(want);
     apir_remote_close(&r);
 }
 
@@ -391,6 +488,7 @@ int main(int argc, char **argv)
     static const struct test_case cases[] = {
         TEST(run_start),
         TEST(test_handshake_and_commands),
+        TEST(test_downloads),
         TEST(test_isolation),
         TEST(test_file_blob),
         TEST(test_many_shared_buffers),

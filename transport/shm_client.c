@@ -69,6 +69,15 @@ static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_fl
     if (atomic_load(&s->ctrl->host_waiting))
         apir_futex_wake(&s->ctrl->cmd_seq);
 
+    struct apir_wait_work *work = t->wait_work;
+    t->wait_work = NULL;
+    while (work && atomic_load_explicit(word, memory_order_acquire) == 0 && work->run(work, word)) {
+        if (host_hung_up(s)) {
+            APIR_ERROR("guest", "host at %s hung up", t->endpoint);
+            t->broken = true;
+            return -1;
+        }
+    }
     uint32_t v = apir_spin_while_equal(word, 0, t->wait_spin_ns ? t->wait_spin_ns : s->spin_ns);
     uint64_t start = 0;
     while (v == 0) {
@@ -242,6 +251,7 @@ struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_
     }
     s->base.ops = &shm_ops;
     s->base.blobs_shared = true;
+    s->base.runs_wait_work = true;
     snprintf(s->base.endpoint, sizeof(s->base.endpoint), "unix:%s", path);
     s->next_res_id = APIR_SHM_FIRST_RES_ID;
     s->spin_ns = (uint64_t)apir_spin_us() * 1000;

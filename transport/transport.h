@@ -11,6 +11,7 @@
 #ifndef APIR_TRANSPORT_H
 #define APIR_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,21 @@
 #include "apir_codec.h"
 
 struct apir_transport;
+
+/*
+ * Work the caller has for the time a submit waits for its reply (a
+ * download's pieces to copy out as they land: guest/download.c).  A
+ * transport whose host writes our memory while it runs a command (shm)
+ * calls run after sending, again and again while the reply has not come
+ * and run returns true; between calls it checks that the host is alive.
+ * run returns within about 50 ms, and early once *reply_word is non-zero
+ * (the host answered; the reply word of transport/shm_proto.h).  It is only
+ * ever an early start of work the caller finishes after the reply, so a
+ * transport that cannot run it ignores it.
+ */
+struct apir_wait_work {
+    bool (*run)(struct apir_wait_work *w, _Atomic uint32_t *reply_word);
+};
 
 struct apir_transport_ops {
     /* Starts a command: returns the encoder for its items (after the header). */
@@ -63,6 +79,10 @@ struct apir_transport {
      * (stream) answers APIR_FORWARD_BASE at once with no reply items and
      * reads the real reply later, in order; a failure is logged then. */
     bool post_next;
+    /* The next submit's wait work (set by the caller, cleared by submit);
+     * runs_wait_work: this transport calls it (shm). */
+    struct apir_wait_work *wait_work;
+    bool runs_wait_work;
 };
 
 /* "unix:PATH" (or a bare path): the shm transport. */
