@@ -83,8 +83,8 @@ static const char *cpy_types_error(const struct ggml_tensor *t)
 /* ---- the CPU kernels' type dispatch ------------------------------------- */
 
 /* What each op's CPU entry point (ggml-cpu/ops.cpp ggml_compute_forward_*)
- * switches on, and which source types have a case there: every other type
- * reaches its `default: GGML_ABORT`.  Read off the pinned ops.cpp, one line
+ * switches on (src0's type, or dst->src[0]'s), and which source types have
+ * a case there: every other type reaches its `default: GGML_ABORT`.  Read off the pinned ops.cpp, one line
  * per entry point; ops whose entry point has no such switch are not listed
  * (their types are the constructor's, or a rule below checks them). */
 enum src0_rule { ANY_TYPE, F32_ONLY, F32_F16, F32_F16_BF16, REPEAT_TYPES, SET_TYPES, GET_ROWS_TYPES, REL_POS_TYPES };
@@ -101,13 +101,13 @@ static enum src0_rule src0_rule_of(const struct ggml_tensor *t)
     case GGML_OP_RWKV_WKV6: case GGML_OP_GATED_LINEAR_ATTN: case GGML_OP_GATED_DELTA_NET: case GGML_OP_RWKV_WKV7:
     case GGML_OP_DSV4_HC_COMB: case GGML_OP_DSV4_HC_PRE: case GGML_OP_DSV4_HC_POST:
     case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_CROSS_ENTROPY_LOSS_BACK: case GGML_OP_OPT_STEP_ADAMW:
-    case GGML_OP_OPT_STEP_SGD:
+    case GGML_OP_OPT_STEP_SGD: case GGML_OP_SSM_CONV: case GGML_OP_SSM_SCAN:
         return F32_ONLY;
     case GGML_OP_FILL: case GGML_OP_LEAKY_RELU: case GGML_OP_SILU_BACK: case GGML_OP_GET_ROWS_BACK: case GGML_OP_CLAMP:
     case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: case GGML_OP_CONV_TRANSPOSE_1D: case GGML_OP_CONV_TRANSPOSE_2D:
     case GGML_OP_SET_ROWS:
         return F32_F16;
-    case GGML_OP_SUM:
+    case GGML_OP_SUM: case GGML_OP_COL2IM_1D:
         return F32_F16_BF16;
     case GGML_OP_REPEAT:
         return REPEAT_TYPES;
@@ -215,7 +215,21 @@ static const char *types_error(const struct ggml_tensor *t)
     case GGML_OP_SOLVE_TRI:
         return a->type == GGML_TYPE_F32 && b->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 ? NULL
                                                                                                : "SOLVE_TRI types";
+    case GGML_OP_ACC: case GGML_OP_RMS_NORM_BACK: case GGML_OP_SSM_CONV:
+        /* acc_f32 asserts nb10 == sizeof(float), rms_norm_back_f32 and
+         * ssm_conv_f32 src1's nb[0]: an f32 second operand */
+        return b->type == GGML_TYPE_F32 ? NULL : "op needs an f32 second operand";
+    case GGML_OP_SET:
+        /* set_f32 / set_i32 assert nb10 == the size of src0's element */
+        return b->type == a->type ? NULL : "SET of another type than its destination";
+    case GGML_OP_SSM_SCAN:
+        /* ssm_scan_f32: src0..5 f32 rows, src6 i32 ids */
+        for (int i = 0; i < 6; i++)
+            if (t->src[i]->type != GGML_TYPE_F32)
+                return "SSM_SCAN operands not f32";
+        return t->src[6]->type == GGML_TYPE_I32 ? NULL : "SSM_SCAN ids not i32";
     case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
+    case GGML_OP_OPT_STEP_ADAMW: case GGML_OP_OPT_STEP_SGD:
     case GGML_OP_DSV4_HC_COMB: case GGML_OP_DSV4_HC_PRE: case GGML_OP_DSV4_HC_POST:
         /* f32 kernels over every operand */
         for (int i = 0; i < GGML_MAX_SRC && t->src[i]; i++)
@@ -255,6 +269,8 @@ static const char *types_error(const struct ggml_tensor *t)
             return "ADD source type without a CPU kernel";
         if (b->type != GGML_TYPE_F32)  /* add_q_f32 adds f32 rows */
             return "ADD of a block type needs an f32 addend";
+        if (!ggml_are_same_shape(a, b) || !ggml_are_same_shape(a, t))  /* add_q_f32 does not broadcast */
+            return "ADD of a block type needs an addend of its shape";
         /* add_q_f32 (quantized src0, ggml_add_cast's any result type)
          * requantizes each row with the result type's from_float, or, where
          * that is NULL, memcpys ne0 * nb0 bytes of f32 (a block per element
@@ -357,6 +373,8 @@ static const char *layout_error(const struct ggml_tensor *t)
                                                                                       : "SOFT_MAX_BACK operands not contiguous";
     case GGML_OP_TRI: case GGML_OP_CONV_2D: case GGML_OP_CONV_3D:
         return ggml_is_contiguous(a) ? NULL : "source not contiguous";
+    case GGML_OP_COL2IM_1D:
+        return ggml_is_contiguous(a) && ggml_is_contiguous(t) ? NULL : "COL2IM_1D operands not contiguous";
     case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
         for (int i = 0; i < 3; i++)
             if (!ggml_is_contiguous(t->src[i]))
