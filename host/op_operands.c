@@ -343,8 +343,13 @@ static const char *layout_error(const struct ggml_tensor *t)
         return NULL;
     case GGML_OP_ADD_ID:
         return rows_dense(a) && rows_dense(b) && rows_dense(t) ? NULL : "ADD_ID rows not dense";
+    case GGML_OP_ARGSORT: case GGML_OP_TOP_K:
+        /* argsort_f32 / top_k_f32 find row i of the source at i * nb01 alone,
+         * for every row of all dimensions: rows one stride apart throughout
+         * (a gapped dim 2 or 3 would send them past the source; fuzz_op-60) */
+        return rows_dense(a) && rows_dense(t) && ggml_is_contiguous_1(a) ? NULL : "sort source rows not one stride apart";
     case GGML_OP_ADD1: case GGML_OP_CLAMP: case GGML_OP_CUMSUM: case GGML_OP_SUM_ROWS: case GGML_OP_OUT_PROD:
-    case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: case GGML_OP_ARGSORT: case GGML_OP_TOP_K: case GGML_OP_LIGHTNING_INDEXER:
+    case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: case GGML_OP_LIGHTNING_INDEXER:
         return rows_dense(a) && rows_dense(t) ? NULL : "rows not dense";
     case GGML_OP_REPEAT: case GGML_OP_REPEAT_BACK: case GGML_OP_RMS_NORM: case GGML_OP_GROUP_NORM: case GGML_OP_DIAG:
     case GGML_OP_TIMESTEP_EMBEDDING: case GGML_OP_OPT_STEP_ADAMW: case GGML_OP_OPT_STEP_SGD:
