@@ -242,6 +242,16 @@ static bool in_tensor(const struct ggml_tensor *t, uint64_t offset, uint64_t siz
     return !__builtin_add_overflow(offset, size, &end) && end <= ggml_nbytes(t);
 }
 
+/* Why a data command's tensor range is refused, or NULL: the tensor in the
+ * buffer the command names, the range inside the tensor. */
+static const char *tensor_range_error(const struct ggml_tensor *t, const struct apir_host_buffer *hb, uint64_t offset,
+                                      uint64_t size)
+{
+    if (!in_buffer(t, hb))
+        return "the tensor is not in the named buffer";
+    return in_tensor(t, offset, size) ? NULL : "offset/size outside the tensor";
+}
+
 /* The four tensor copies: SET/GET_TENSOR from the start of a blob (the data
  * area), their _AT forms from blob_offset (a guest host buffer). */
 enum tensor_io_dir { TENSOR_SET, TENSOR_GET };
@@ -249,10 +259,9 @@ enum tensor_io_dir { TENSOR_SET, TENSOR_GET };
 static uint32_t tensor_io(struct apir_session *s, uint32_t cmd, enum tensor_io_dir dir, struct apir_host_buffer *hb,
                           struct ggml_tensor *t, uint32_t blob, uint64_t blob_offset, uint64_t offset, uint64_t size)
 {
-    if (!in_buffer(t, hb))
-        return apir_refuse(s, cmd, "the tensor is not in the named buffer");
-    if (!in_tensor(t, offset, size))
-        return apir_refuse(s, cmd, "offset/size outside the tensor");
+    const char *why = tensor_range_error(t, hb, offset, size);
+    if (why)
+        return apir_refuse(s, cmd, why);
     if (size == 0)
         return APIR_HANDLER_OK;
     uint8_t *data = apir_session_blob_range(s, blob, blob_offset, size);
@@ -311,10 +320,9 @@ APIR_HANDLER(BUFFER_GET_TENSOR_CHUNKED)
     (void)rep;
     const uint32_t cmd = APIR_CMD_BUFFER_GET_TENSOR_CHUNKED;
     struct ggml_tensor *t = req->tensor;
-    if (!in_buffer(t, req->buffer))
-        return apir_refuse(s, cmd, "the tensor is not in the named buffer");
-    if (!in_tensor(t, req->offset, req->size))
-        return apir_refuse(s, cmd, "offset/size outside the tensor");
+    const char *why = tensor_range_error(t, req->buffer, req->offset, req->size);
+    if (why)
+        return apir_refuse(s, cmd, why);
     if (req->chunk < APIR_CHUNK_MIN)
         return apir_refuse(s, cmd, "pieces smaller than APIR_CHUNK_MIN");
     const uint64_t words_size = sizeof(struct apir_chunk_progress);
@@ -349,10 +357,9 @@ _Static_assert(APIR_MAX_BUFFER_SIZE / APIR_CHUNK_MIN < UINT32_MAX, "piece counts
 APIR_HANDLER(BUFFER_MEMSET_TENSOR)
 {
     (void)rep;
-    if (!in_buffer(req->tensor, req->buffer))
-        return apir_refuse(s, APIR_CMD_BUFFER_MEMSET_TENSOR, "the tensor is not in the named buffer");
-    if (!in_tensor(req->tensor, req->offset, req->size))
-        return apir_refuse(s, APIR_CMD_BUFFER_MEMSET_TENSOR, "offset/size outside the tensor");
+    const char *why = tensor_range_error(req->tensor, req->buffer, req->offset, req->size);
+    if (why)
+        return apir_refuse(s, APIR_CMD_BUFFER_MEMSET_TENSOR, why);
     if (req->size) {
         apir_buffer_forget_copies(s, req->buffer, (uint8_t *)req->tensor->data + req->offset, (size_t)req->size);
         ggml_backend_tensor_memset(req->tensor, req->value, (size_t)req->offset, (size_t)req->size);

@@ -231,7 +231,9 @@ static const char *types_error(const struct ggml_tensor *t)
     case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
     case GGML_OP_OPT_STEP_ADAMW: case GGML_OP_OPT_STEP_SGD:
     case GGML_OP_DSV4_HC_COMB: case GGML_OP_DSV4_HC_PRE: case GGML_OP_DSV4_HC_POST:
-        /* f32 kernels over every operand */
+    case GGML_OP_RWKV_WKV6: case GGML_OP_GATED_LINEAR_ATTN: case GGML_OP_RWKV_WKV7:
+        /* f32 kernels over every operand (the recurrent ones switch on
+         * src0 only and read the rest as f32) */
         for (int i = 0; i < GGML_MAX_SRC && t->src[i]; i++)
             if (t->src[i]->type != GGML_TYPE_F32)
                 return "op needs f32 operands";
@@ -305,12 +307,6 @@ static const char *types_error(const struct ggml_tensor *t)
          * result: refused here rather than aborting the host */
         return is_f32_or_f16(a->type) && b->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32 ? NULL
                                                                                             : "transposed convolution types";
-    case GGML_OP_RWKV_WKV6: case GGML_OP_GATED_LINEAR_ATTN: case GGML_OP_RWKV_WKV7:
-        /* the kernels (switched on src0 only) read every operand as f32 */
-        for (int i = 0; i < GGML_MAX_SRC && t->src[i]; i++)
-            if (t->src[i]->type != GGML_TYPE_F32)
-                return "recurrent op needs f32 operands";
-        return NULL;
     default:
         return NULL;
     }

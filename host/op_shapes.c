@@ -344,21 +344,7 @@ static const char *kernel_params_error(const struct ggml_tensor *t)
 {
     const struct ggml_tensor *a = t->src[0], *b = t->src[1];
 
-    /* Kernels that exist for f32 sources only abort on anything else (the
-     * CPU backend's supports_op does not say so; found by fuzz_dispatch). */
-    switch (t->op) {
-    case GGML_OP_SUM_ROWS: case GGML_OP_MEAN: case GGML_OP_ARGSORT: case GGML_OP_SOFT_MAX: case GGML_OP_RMS_NORM:
-    case GGML_OP_NORM: case GGML_OP_GROUP_NORM: case GGML_OP_L2_NORM:
-        if (a->type != GGML_TYPE_F32)
-            return "op needs an f32 source";
-        break;
-    case GGML_OP_SUM:
-        if (a->type != GGML_TYPE_F32 && a->type != GGML_TYPE_F16 && a->type != GGML_TYPE_BF16)
-            return "SUM needs an f32/f16/bf16 source";
-        break;
-    default:
-        break;
-    }
+    /* Source types each kernel has a case for: op_operands.c (src0_rule_of). */
 
     switch (t->op) {
     case GGML_OP_MUL_MAT: case GGML_OP_MUL_MAT_ID:
