@@ -11,11 +11,12 @@
 #include "frontend.h"
 #include "calls.h"
 #include "endpoint_list.h"
+#include "notice.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
 
-#include "ggml-impl.h"  /* ggml_log_internal */
+#include "ggml-impl.h"  /* ggml_log_internal, ggml_log_callback_default */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,17 @@ static void log_to_ggml(enum apir_log_level level, const char *line)
     ggml_log_internal(levels[level], "%s", line);
 }
 
+/* ggml's own logger writes to stderr; a program's callback may drop lines
+ * (llama-bench's does, llama-server's below -v): then notices go to stderr
+ * themselves (notice.h). */
+static bool ggml_log_reaches_user(void)
+{
+    ggml_log_callback cb = NULL;
+    void *user = NULL;
+    ggml_log_get(&cb, &user);
+    return cb == NULL || cb == ggml_log_callback_default;
+}
+
 static void warn_endpoint_problem(void *arg, const char *msg)
 {
     (void)arg;
@@ -104,11 +116,17 @@ static void warn_endpoint_problem(void *arg, const char *msg)
  * the warning a single endpoint has always had ("no APIR device: ..."). */
 static void host_left_out(const struct apir_reg_ctx *c, uint32_t host_no, const char *why)
 {
+    char what[600];
     if (c->hosts.n == 1)
-        APIR_WARN("guest", "no APIR device: %s", why);
+        snprintf(what, sizeof(what), "no APIR device: %s", why);
     else
-        APIR_WARN("guest", "APIR_HOST: host %u of %u (%s) left out: %s", host_no + 1, c->hosts.n,
-                  c->hosts.endpoint[host_no][0] ? c->hosts.endpoint[host_no] : "the default socket", why);
+        snprintf(what, sizeof(what), "APIR_HOST: host %u of %u (%s) left out: %s", host_no + 1, c->hosts.n,
+                 c->hosts.endpoint[host_no][0] ? c->hosts.endpoint[host_no] : "the default socket", why);
+    APIR_WARN("guest", "%s", what);
+    /* Only where the user asked for a host: a program that merely finds
+     * libggml-apir.so in its backend folder says nothing more. */
+    if (getenv("APIR_HOST"))
+        apir_notice(APIR_NOTICE_NO_DEVICE, what, "check APIR_HOST and that apir-host runs there (apir ping)");
 }
 
 /* The devices of one host, numbered after those already there. */
@@ -193,6 +211,7 @@ static ggml_backend_reg_t apir_backend_reg(void)
     apir_reg.iface = apir_reg_iface;
     apir_reg.context = &reg_ctx;
     apir_log_set_sink(log_to_ggml);
+    apir_notice_set_log_visible(ggml_log_reaches_user);
     pthread_once(&reg_ctx.once, connect_devices);
     return &apir_reg;
 }

@@ -2,6 +2,7 @@
 #include "calls.h"
 #include "bulk_copy.h"
 #include "download.h"
+#include "notice.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -93,6 +94,10 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
         /* Said once per connection; each caller reports its own failure. */
         r->gone_logged = true;
         APIR_ERROR("guest", "the host at %s is gone: calls fail; new allocations try to reach it again", r->t->endpoint);
+        char what[256];
+        snprintf(what, sizeof(what), "the APIR host at %s is gone (it died or hung up): %s failed", r->t->endpoint, name);
+        apir_notice(APIR_NOTICE_HOST_GONE, what,
+                    "the host's log says why (journalctl -u apir-host, or its stderr); restart the program once the host is back");
     }
     /* Such a graph stays on the device until a command that is neither a
      * query nor another graph or upload (apir_command_runs_beside_device). */
@@ -121,11 +126,19 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
         apir_get_string(reply, &why);
         if (!reply->fatal) {
             APIR_WARN("guest", "%s failed on the host (code %u): a per-client limit was hit: %s", name, result, why.s);
+            char what[600];
+            snprintf(what, sizeof(what), "the APIR host refused %s: a per-guest limit was hit: %.400s", name, why.s);
+            apir_notice(APIR_NOTICE_LIMIT, what,
+                        "use less (a smaller model or context), or ask the host's operator to raise that limit (apir-host --help, \"limits\")");
             return (int)result;
         }
     }
     if (result != APIR_HANDLER_OK) {
         APIR_WARN("guest", "%s failed on the host (code %u): %s", name, result, handler_result_text(cmd, result));
+        char what[400];
+        snprintf(what, sizeof(what), "the APIR host refused %s (code %u): %s", name, result, handler_result_text(cmd, result));
+        apir_notice(result == APIR_HANDLER_LIMIT ? APIR_NOTICE_LIMIT : APIR_NOTICE_REFUSED, what,
+                    "APIR_LOG_LEVEL=info APIR_LOG_FILE=/tmp/apir.log shows every step; the host's log says why it refused");
         return (int)result;
     }
     if (get_dst) {

@@ -30,7 +30,15 @@ bash tests/run_llama_compare.sh "$ROOT/build" "$ROOT/.deps/bin"
 echo
 echo "== the same through 'apir run' (any ggml program works the same way) =="
 model="${XDG_CACHE_HOME:-$HOME/.cache}/apir/models/llama-$SIZE-$TYPE.gguf"
-build/apir run --threads 2 -- build/tests/apir-llama-greedy -m "$model" -d APIR0 -n 8 2>&1 | grep -E "tokens:|apir run"
+native_tokens=$(build/tests/apir-llama-greedy -m "$model" -d CPU -n 8 2>/dev/null | grep "tokens:")
+run_tokens=$(build/apir run --threads 2 -- build/tests/apir-llama-greedy -m "$model" -d APIR0 -n 8 2>/dev/null | grep "tokens:")
+echo "  CPU backend:           $native_tokens"
+echo "  apir run, APIR0:       $run_tokens"
+if [ -n "$run_tokens" ] && [ "$run_tokens" = "$native_tokens" ]; then
+  echo "  equal: yes"
+else
+  echo "  equal: NO"; exit 1
+fi
 echo
 echo "== whisper.cpp's whisper-cli through APIR0 vs the CPU backend (random-weight tiny model, jfk.wav) =="
 bash tests/run_whisper_compare.sh "$ROOT/build" "$ROOT/.whisper"

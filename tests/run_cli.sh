@@ -164,8 +164,28 @@ expect 0 "$B/apir" run -- "$B/apir" info && { has out "device 0: CPU"; hasnt err
 expect 0 "$B/apir" run -t 1 --log-level info -- "$B/apir" ping -n 10 && { has err "1 CPU thread"; hasnt err "died of signal"; }
 expect 7 "$B/apir" run -- sh -c 'exit 7'
 expect 137 "$B/apir" run -- sh -c 'kill -9 $$'
-expect 127 "$B/apir" run -- "$T/no-such-program" && has err "cannot run"
-expect 126 "$B/apir" run -- "$T/empty"
+expect 127 "$B/apir" run -- "$T/no-such-program" && { has err "cannot run .*no such program"; hasnt err "started apir-host"; }
+expect 127 "$B/apir" run -- no-such-program-in-path && { has err "not found in PATH"; hasnt err "started apir-host"; }
+expect 126 "$B/apir" run -- "$T/empty" && hasnt err "started apir-host"
+
+echo "== apir cdi: the default socket follows XDG_RUNTIME_DIR; --gid gives the socket folder's group"
+mkdir -p "$T/xdg/apir"
+expect 0 env XDG_RUNTIME_DIR="$T/xdg" "$B/apir" cdi --library "$B/libggml-apir.so" && { has out "\"hostPath\": \"$T/xdg/apir\""; has out '"cdiVersion": "0.3.0"'; hasnt out additionalGids; }
+expect 0 env XDG_RUNTIME_DIR="$T/xdg" "$B/apir" cdi --gid --library "$B/libggml-apir.so" && { has out '"cdiVersion": "0.7.0"'; has out "\"additionalGids\": \[$(stat -c %g "$T/xdg/apir")\]"; }
+expect 0 "$B/apir" cdi --help && has out "mkdir -p /etc/cdi"
+
+echo "== messages: a stream socket, and a server that answers garbage, at a unix: path"
+# systemd-socket-activate listens for us: a stream socket; then a seqpacket
+# one whose connections get 10 zero bytes for a hello (kept open a while:
+# closing with our hello unread would reset the connection before we read).
+systemd-socket-activate -l "$T/stream.sock" true >/dev/null 2>&1 &
+sa1=$!
+systemd-socket-activate --seqpacket --accept --inetd -l "$T/garbage.sock" sh -c 'head -c 10 /dev/zero; sleep 2' >/dev/null 2>&1 &
+sa2=$!
+for _ in $(seq 1 300); do [ -S "$T/stream.sock" ] && [ -S "$T/garbage.sock" ] && break; sleep 0.01; done
+expect 1 "$B/apir" ping "unix:$T/stream.sock" && { has err "not an apir-host socket"; hasnt err "Protocol wrong type"; }
+expect 1 "$B/apir" ping "unix:$T/garbage.sock" && { has err "answered with something else than an apir hello"; hasnt err "no hello"; }
+kill $sa1 $sa2 2>/dev/null; wait $sa1 $sa2 2>/dev/null
 expect 125 "$B/apir" run -b NOPE -- true && has err "did not start"
 expect 125 "$B/apir" run --backend-dir /nonexistent -- true && has err "/nonexistent"
 expect 125 "$B/apir" run --host-arg=--bogus -- true

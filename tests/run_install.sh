@@ -66,6 +66,47 @@ if [ "${1:-}" = --inner ]; then
     echo "install: note: no test-backend-ops to run (DEPS_BIN has none)"
   fi
 
+  # Other builds find the guest library: pkg-config and the CMake package.
+  if [ -n "${APIR_SANITIZE:-}" ]; then
+    echo "install: note: a sanitized build: the tiny programs that link libggml-apir.so are not built"
+  else
+    mkdir -p "$T/tiny"
+    cat >"$T/tiny/tiny.c" <<'TINY'
+#include <stdio.h>
+void *ggml_backend_init(void);
+int ggml_backend_score(void);
+int main(void) { void *reg = ggml_backend_init(); printf("reg %s score %d\n", reg ? "ok" : "null", ggml_backend_score()); return reg ? 0 : 1; }
+TINY
+    bp=$(PKG_CONFIG_PATH="$P/lib/pkgconfig" pkg-config --variable=backend_path apir-guest 2>&1)
+    [ "$(readlink -f "$bp")" = "$(readlink -f "$P/lib/libggml-apir.so")" ] || bad "pkg-config backend_path: $bp"
+    # shellcheck disable=SC2046
+    cc -o "$T/tiny/pc" "$T/tiny/tiny.c" $(PKG_CONFIG_PATH="$P/lib/pkgconfig" pkg-config --cflags --libs apir-guest) \
+      -Wl,-rpath,"$P/lib" >"$T/tiny/pc.log" 2>&1 || bad "a program built with pkg-config's flags: $(tail -3 "$T/tiny/pc.log")"
+    [ -x "$T/tiny/pc" ] && { APIR_HOST="unix:$T/none.sock" "$T/tiny/pc" 2>/dev/null | grep -q "^reg ok" || bad "the pkg-config program did not run"; }
+    cat >"$T/tiny/CMakeLists.txt" <<'TINY'
+cmake_minimum_required(VERSION 3.16)
+project(tiny C)
+find_package(apir-guest 0.6 REQUIRED)
+add_executable(tiny tiny.c)
+target_link_libraries(tiny PRIVATE apir::ggml-apir)
+file(WRITE "${CMAKE_BINARY_DIR}/backend_path.txt" "${APIR_GUEST_BACKEND_PATH}")
+TINY
+    (cmake -S "$T/tiny" -B "$T/tiny/b" -DCMAKE_PREFIX_PATH="$P" && cmake --build "$T/tiny/b") >"$T/tiny/cmake.log" 2>&1 \
+      || bad "a CMake project with find_package(apir-guest): $(tail -5 "$T/tiny/cmake.log")"
+    [ -x "$T/tiny/b/tiny" ] && { APIR_HOST="unix:$T/none.sock" "$T/tiny/b/tiny" 2>/dev/null | grep -q "^reg ok" || bad "the CMake program did not run"; }
+    grep -q "^$P/lib/libggml-apir.so$" "$T/tiny/b/backend_path.txt" 2>/dev/null || bad "APIR_GUEST_BACKEND_PATH: $(cat "$T/tiny/b/backend_path.txt" 2>&1)"
+    echo "install: pkg-config and find_package(apir-guest) build programs that load the installed libggml-apir.so"
+  fi
+
+  # bash completion, as bash-completion would load it for apir-host and apir
+  comp=$(PATH="$P/bin:$PATH" bash -c '. "$1/share/bash-completion/completions/apir-host"
+    COMP_WORDS=(apir-host --li); COMP_CWORD=1; _apir_host; echo "${COMPREPLY[*]}"
+    COMP_WORDS=(apir ru); COMP_CWORD=1; _apir; echo "${COMPREPLY[*]}"
+    COMP_WORDS=(apir ping --co); COMP_CWORD=2; _apir; echo "${COMPREPLY[*]}"' _ "$P" 2>&1)
+  echo "$comp" | grep -q -- "--listen" || bad "completion of apir-host --li: $comp"
+  echo "$comp" | grep -qx "run" || bad "completion of apir ru: $comp"
+  echo "$comp" | grep -q -- "--count" || bad "completion of apir ping --co: $comp"
+
   kill -TERM $hp; wait $hp; rc=$?
   [ "$rc" = 0 ] || bad "the installed apir-host exited $rc on SIGTERM"
   grep -q "backends from $P/lib/apir" "$T/host.log" || bad "host log: $(grep 'backends from' "$T/host.log")"
@@ -85,6 +126,8 @@ cmake --install "$BUILD" --prefix "$T/a" >"$T/install.log" 2>&1 || { cat "$T/ins
 mv "$T/a" "$T/b"
 P=$T/b
 for f in bin/apir-host bin/apir bin/apir-gguf-gen bin/apir-whisper-gen lib/libggml-apir.so \
+         lib/pkgconfig/apir-guest.pc lib/cmake/apir-guest/apir-guest-config.cmake \
+         share/bash-completion/completions/apir share/bash-completion/completions/apir-host \
          lib/apir/libggml.so.0 lib/apir/libggml-base.so.0; do
   [ -e "$P/$f" ] || bad "not installed: $f"
 done

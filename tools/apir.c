@@ -464,6 +464,31 @@ static void describe_status(int status, char *buf, size_t len)
         snprintf(buf, len, "status 0x%x", (unsigned)status);
 }
 
+/* Whether execvp() would find an executable NAME (as it searches PATH). */
+static bool command_found(const char *name)
+{
+    if (!*name)
+        return false;
+    struct stat st;
+    if (strchr(name, '/'))
+        return stat(name, &st) == 0 && S_ISREG(st.st_mode) && access(name, X_OK) == 0;
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/bin:/usr/bin";
+    char buf[PATH_MAX];
+    for (const char *p = path; ; ) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        /* An empty entry is the current folder, as execvp() reads it. */
+        int n = len ? snprintf(buf, sizeof(buf), "%.*s/%s", (int)len, p, name) : snprintf(buf, sizeof(buf), "%s", name);
+        if (n > 0 && (size_t)n < sizeof(buf) && stat(buf, &st) == 0 && S_ISREG(st.st_mode) && access(buf, X_OK) == 0)
+            return true;
+        if (!end)
+            return false;
+        p = end + 1;
+    }
+}
+
 static int cmd_run(int argc, char **argv)
 {
     enum { RUN_BACKEND_DIR = 256, RUN_LOG_LEVEL, RUN_HOST_ARG };
@@ -547,6 +572,13 @@ static int cmd_run(int argc, char **argv)
         goto out;
     }
     char **cmd = argv + optind;
+    if (!command_found(cmd[0])) {
+        /* Before a host is started for nothing. */
+        fprintf(stderr, "apir run: cannot run %s: %s (no host started)\n", cmd[0],
+                strchr(cmd[0], '/') ? "no such program, or not an executable file" : "command not found in PATH");
+        rc = strchr(cmd[0], '/') && access(cmd[0], F_OK) == 0 ? EXIT_CANNOT_EXEC : EXIT_NOT_FOUND;
+        goto out;
+    }
     const char *endpoint_given = NULL;
     if (!pick_endpoint("run", given, &endpoint_given))
         goto out;
@@ -686,16 +718,19 @@ static void cdi_usage(FILE *out)
             "Prints a CDI spec (JSON) that gives containers the device " CDI_KIND "=NAME:\n"
             "the socket's folder bind-mounted read-only at " CDI_SOCKET_DIR ", the guest library at\n"
             CDI_LIBRARY " (read-only), GGML_BACKEND_PATH and APIR_HOST set.\n"
-            "  apir cdi > /etc/cdi/apir.json\n"
+            "  mkdir -p /etc/cdi && apir cdi > /etc/cdi/apir.json\n"
             "  podman run --device " CDI_KIND "=default IMAGE llama-cli -m MODEL.gguf -dev APIR0 ...\n"
             "The image needs glibc (all the guest library needs) and a ggml program\n"
             "built against the ggml apir was built against.\n"
             "  -H, --host ENDPOINT  the host's socket on this machine: unix:PATH or /PATH (default\n"
-            "                       $APIR_HOST, else /run/apir/host.sock); its whole folder is mounted,\n"
+            "                       $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock);\n"
+            "                       its whole folder is mounted,\n"
             "                       so it should be a folder of its own (a restarted host's new socket\n"
             "                       is seen there)\n"
             "      --library PATH   the libggml-apir.so to mount (default: the one installed with apir)\n"
             "      --name NAME      the device's name (default \"default\")\n"
+            "      --gid            give the container's user the socket's group (additionalGids: a CDI\n"
+            "                       0.7 spec, podman 5 or later); without it, podman --group-add\n"
             "  -h, --help           this help\n"
             "exit status: 0 printed; 1 the library is not found; 2 bad command line\n");
 }
@@ -722,9 +757,11 @@ static int cmd_cdi(int argc, char **argv)
         { "host", required_argument, NULL, 'H' },
         { "library", required_argument, NULL, 'L' },
         { "name", required_argument, NULL, 'N' },
+        { "gid", no_argument, NULL, 'G' },
         { 0 },
     };
     const char *given = NULL, *library = NULL, *name = "default";
+    bool add_gid = false;
     optind = 1;
     opterr = 0;
     int c;
@@ -734,6 +771,7 @@ static int cmd_cdi(int argc, char **argv)
         case 'H': given = optarg; break;
         case 'L': library = optarg; break;
         case 'N': name = optarg; break;
+        case 'G': add_gid = true; break;
         default: return bad_option("cdi", c, argv);
         }
     }
@@ -752,7 +790,9 @@ static int cmd_cdi(int argc, char **argv)
     const char *endpoint = NULL;
     if (!pick_endpoint("cdi", given, &endpoint))
         return EXIT_USAGE;
-    const char *sock = !endpoint ? "/run/apir/host.sock" : !strncmp(endpoint, "unix:", 5) ? endpoint + 5 : endpoint;
+    char default_sock[108];
+    apir_shm_default_path(default_sock, sizeof(default_sock));
+    const char *sock = !endpoint ? default_sock : !strncmp(endpoint, "unix:", 5) ? endpoint + 5 : endpoint;
     if (!strncmp(sock, "virtgpu", 7) || sock[0] != '/') {
         fprintf(stderr, "apir cdi: '%s': a container reaches the host through its socket: give unix:/PATH\n", endpoint);
         return EXIT_USAGE;
@@ -770,6 +810,13 @@ static int cmd_cdi(int argc, char **argv)
     struct stat st;
     if (stat(sock, &st) != 0 || !S_ISSOCK(st.st_mode))
         fprintf(stderr, "apir cdi: note: %s is not a socket now (the host or its systemd socket must create it)\n", sock);
+    /* The group that may connect: the socket's, else its folder's. */
+    struct stat gst;
+    bool have_gid = stat(sock, &gst) == 0 || stat(sock_dir, &gst) == 0;
+    if (add_gid && !have_gid) {
+        fprintf(stderr, "apir cdi: --gid: neither %s nor its folder exists: no group to give\n", sock);
+        return EXIT_FAIL;
+    }
     char lib[PATH_MAX];
     if (library) {
         if (!realpath(library, lib)) {
@@ -783,9 +830,14 @@ static int cmd_cdi(int argc, char **argv)
             return EXIT_FAIL;
         }
     }
-    printf("{\n  \"cdiVersion\": \"0.3.0\",\n  \"kind\": \"" CDI_KIND "\",\n  \"devices\": [\n    {\n      \"name\": ");
+    /* 0.3.0 is what every CDI runtime reads; additionalGids needs 0.7.0. */
+    printf("{\n  \"cdiVersion\": \"%s\",\n  \"kind\": \"" CDI_KIND "\",\n  \"devices\": [\n    {\n      \"name\": ",
+           add_gid ? "0.7.0" : "0.3.0");
     json_str(name);
-    printf(",\n      \"containerEdits\": {\n        \"env\": [\n          \"GGML_BACKEND_PATH=" CDI_LIBRARY "\",\n"
+    printf(",\n      \"containerEdits\": {\n");
+    if (add_gid)
+        printf("        \"additionalGids\": [%u],\n", (unsigned)gst.st_gid);
+    printf("        \"env\": [\n          \"GGML_BACKEND_PATH=" CDI_LIBRARY "\",\n"
            "          ");
     char host_env[PATH_MAX + 64];
     snprintf(host_env, sizeof(host_env), "APIR_HOST=unix:" CDI_SOCKET_DIR "/%s", sock_name);

@@ -209,7 +209,13 @@ struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_
     }
     s->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s->sock < 0 || connect(s->sock, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-        snprintf(err, err_len, "cannot connect to %s: %s", path, strerror(errno));
+        if (errno == EPROTOTYPE)
+            /* A stream socket: not apir-host's unix: endpoint (a seqpacket
+             * socket), perhaps another program's socket at that path. */
+            snprintf(err, err_len, "cannot connect to %s: it is not an apir-host socket (a stream socket, where "
+                     "apir-host listens with a seqpacket one)", path);
+        else
+            snprintf(err, err_len, "cannot connect to %s: %s", path, strerror(errno));
         goto fail;
     }
     void *ctrl = NULL, *reply = NULL;
@@ -240,8 +246,16 @@ struct apir_transport *apir_shm_connect(const char *path, char *err, size_t err_
      * many clients) answers and closes without reading our hello.  The
      * timeout covers a worker process starting its backend. */
     (void)n;
-    if (apir_recv_fds(s->sock, &r, sizeof(r), NULL, 0, &n_fds, 30000) != (ssize_t)sizeof(r) || r.magic != APIR_SHM_MAGIC) {
-        snprintf(err, err_len, "no hello from the host at %s", path);
+    ssize_t got = apir_recv_fds(s->sock, &r, sizeof(r), NULL, 0, &n_fds, 30000);
+    if (got <= 0) {
+        snprintf(err, err_len, "no hello from the host at %s (%s)", path,
+                 got == 0 ? "it closed the connection" : "it hung up or did not answer within 30 s");
+        goto fail_mapped;
+    }
+    if (got != (ssize_t)sizeof(r) || r.magic != APIR_SHM_MAGIC) {
+        /* Bytes came, but not an apir hello: say so, not "no hello". */
+        snprintf(err, err_len, "%s answered with something else than an apir hello (%zd bytes, magic %08x): not an "
+                 "apir-host socket, or a different apir version", path, got, got >= 4 ? r.magic : 0u);
         goto fail_mapped;
     }
     if (r.status != 0) {
