@@ -32,11 +32,13 @@ cd "$ROOT"
 
 # Names of other projects that our comments and documents mention on
 # purpose: virglrenderer's and the reference virtgpu backend's files, system
-# headers, and the documents of ../shared (outside this tree).
+# headers, the documents of ../shared (outside this tree), and the source a
+# test writes on the fly (tests/run_install.sh: tiny.c).
 EXTERNAL="
 api_remoting.h apir-protocol.h venus_hw.h vkr_cs.h connection.c
 virtgpu_drm.h xf86drm.h drm.h
 APIR-0.1.md MEASURED.md
+stdio.h tiny.c
 "
 
 # The tree: tracked files plus new ones not yet committed (not ignored ones),
