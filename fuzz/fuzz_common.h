@@ -57,7 +57,7 @@ static inline uint8_t *fz_copy(const uint8_t *data, size_t size)
 #define FZ_ITEM_IN_DECL(kind, field) APIR_IN_##kind a_##field = fz_in_##kind(ctx, x_p); x_p++;
 #define FZ_ITEM_IN_ARG(kind, field) , a_##field
 #define FZ_ITEM_IN_SET(kind, field) x_rep.field = fz_in_##kind(ctx, x_p); x_p++;
-#define FZ_X_TYPED_ENCODE(num, NAME, classes)                                          \
+#define FZ_X_TYPED_ENCODE(num, NAME, since, classes)                                   \
     case APIR_CMD_##NAME:                                                              \
         if (!reply) {                                                                  \
             APIR_REQ_##NAME(FZ_ITEM_IN_DECL)                                           \
@@ -97,7 +97,7 @@ static inline uint8_t *fz_copy(const uint8_t *data, size_t size)
 #define FZ_ITEM_OUT_DECL(kind, field) static APIR_OUT_##kind o_##field;
 #define FZ_ITEM_OUT_ADDR(kind, field) , &o_##field
 #define FZ_ITEM_OUT_SEEN(kind, field) fz_seen_##kind(ctx, x_p, &o_##field); x_p++;
-#define FZ_X_TYPED_DECODE_REPLY(num, NAME, classes)                                    \
+#define FZ_X_TYPED_DECODE_REPLY(num, NAME, since, classes)                             \
     case APIR_CMD_##NAME: {                                                            \
         APIR_REP_##NAME(FZ_ITEM_OUT_DECL)                                              \
         ok = apir_decode_reply_##NAME(dec APIR_REP_##NAME(FZ_ITEM_OUT_ADDR));          \

@@ -19,7 +19,7 @@
 #include "apir_messages.h"
 #include "remote.h"
 
-#define APIR_X_CALL(num, NAME, classes)                                                                        \
+#define APIR_X_CALL(num, NAME, since, classes)                                                                 \
     static inline int apir_call_##NAME##_locked(struct apir_remote *r APIR_REQ_##NAME(APIR_ITEM_PARAM_IN)       \
                                                     APIR_REP_##NAME(APIR_ITEM_PARAM_OUT))                       \
     {                                                                                                          \

@@ -172,7 +172,7 @@ int apir_download_locked(struct apir_remote *r, uint64_t buffer, const struct ap
                          void *dst, size_t size)
 {
     const bool pieces_ok = r->get_piece && r->t->runs_wait_work &&
-                           r->minor >= apir_command_minor(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) &&
+                           apir_minor_speaks(r->minor, APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) &&
                            r->data_size > APIR_DOWNLOAD_AREA_OFFSET;
     const size_t room = pieces_ok ? r->data_size - APIR_DOWNLOAD_AREA_OFFSET : 0;
     const size_t piece = pieces_ok ? piece_for(r, room) : 0;

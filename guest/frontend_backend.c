@@ -85,7 +85,7 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     struct apir_remote *r = &d->remote;
     uint32_t status = GGML_STATUS_FAILED;
     const uint64_t uid = cgraph->uid;
-    const bool keyed = uid != 0 && r->minor >= 2;
+    const bool keyed = uid != 0 && apir_minor_speaks(r->minor, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED);
     pthread_mutex_lock(&r->lock);
     if (apir_remote_gone_locked(r)) {
         /* The scheduler placed this graph here while the host lived; it

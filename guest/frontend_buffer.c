@@ -143,7 +143,8 @@ static enum ggml_status init_remote(ggml_backend_buffer_t buffer, struct ggml_te
     struct apir_buffer_ctx *bc = buffer->context;
     /* Only quantized weights may need their padding initialized (CUDA does). */
     if (tensor->view_src || !ggml_is_quantized(tensor->type) ||
-        ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE || bc->device->remote.minor < 2)
+        ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
+        !apir_minor_speaks(bc->device->remote.minor, APIR_CMD_BUFFER_INIT_TENSOR))
         return GGML_STATUS_SUCCESS;
     if (!live_or_log(bc, "init_tensor", tensor))
         return GGML_STATUS_FAILED;
@@ -239,7 +240,7 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
  * copies of: [offset, offset+size) of the buffer, reported so they go. */
 static void report_written(struct apir_buffer_ctx *bc, uint64_t offset, uint64_t size)
 {
-    if (bc->mapped && bc->has_weight_copies && bc->device->remote.minor >= 3 && apir_buffer_live(bc))
+    if (bc->mapped && bc->has_weight_copies && apir_minor_speaks(bc->device->remote.minor, APIR_CMD_BUFFER_WRITTEN) && apir_buffer_live(bc))
         apir_call_BUFFER_WRITTEN(&bc->device->remote, bc->handle, offset, size);
 }
 
@@ -256,7 +257,7 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
     struct apir_buffer_ctx *bc = buffer->context;
     struct apir_device *d = bc->device;
     struct apir_remote *r = &d->remote;
-    if (r->minor < 3 || size == 0 || !apir_buffer_live(bc))
+    if (!apir_minor_speaks(r->minor, APIR_CMD_BUFFER_NOTE_WEIGHT) || size == 0 || !apir_buffer_live(bc))
         return;
     if (set && !d->weight_notes_off && offset == 0 && size == ggml_nbytes(tensor) && !tensor->view_src &&
         ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
@@ -316,7 +317,7 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
-    if (bc->device->remote.minor >= 2) {
+    if (apir_minor_speaks(bc->device->remote.minor, APIR_CMD_BUFFER_MEMSET_TENSOR)) {
         apir_call_BUFFER_MEMSET_TENSOR(&bc->device->remote, bc->handle, &rec, value, offset, size);
         return;
     }
@@ -495,7 +496,7 @@ ggml_backend_buffer_t apir_buffer_from_host_ptr(ggml_backend_dev_t dev, void *pt
     struct apir_device *d = dev->context;
     struct apir_remote *r = &d->remote;
     uint64_t foff = 0;
-    int fd = r->t->ops->blob_share_file && r->minor >= 3 && size ? file_of_mapping(ptr, size, &foff) : -1;
+    int fd = r->t->ops->blob_share_file && apir_minor_has(r->minor, APIR_FEATURE_FILE_BLOBS) && size ? file_of_mapping(ptr, size, &foff) : -1;
     if (fd >= 0) {
         const uint64_t skip = foff % (uint64_t)sysconf(_SC_PAGESIZE);
         uint32_t res_id = 0;

@@ -149,7 +149,7 @@ bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct 
     bool b = false;
     uint64_t v = 0;
     struct apir_remote *r = &d->remote;
-    if (r->minor < 2)
+    if (!apir_minor_speaks(r->minor, APIR_CMD_DEVICE_SUPPORTS_OP_L))
         return false;  /* 0.1 has only the raw inline format: we do not send our memory */
     pthread_mutex_lock(&r->lock);
     if (apir_remote_gone_locked(r)) {
@@ -360,7 +360,7 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * it off. */
     bool async = false, host_buf = false, from_ptr = false, events = false, mmap_ok = false;
     const char *zc = getenv("APIR_ZERO_COPY");
-    if (d->remote.t->blobs_shared && d->remote.minor >= 2 && !(zc && !strcmp(zc, "0")) &&
+    if (d->remote.t->blobs_shared && apir_minor_has(d->remote.minor, APIR_FEATURE_ZERO_COPY) && !(zc && !strcmp(zc, "0")) &&
         apir_call_DEVICE_GET_PROPS(&d->remote, &async, &host_buf, &from_ptr, &events, &mmap_ok) == APIR_HANDLER_OK)
         d->zero_copy = from_ptr && (type == GGML_BACKEND_DEVICE_TYPE_CPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU);
     /* A CPU host on this machine computes on the cores the guest would spin
@@ -374,7 +374,7 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * answers a keyed graph before computing it.  APIR_EVENTS=0 leaves them
      * out, and with them llama.cpp's pipeline over several devices. */
     const char *ev = getenv("APIR_EVENTS");
-    d->events = d->remote.minor >= 2 && !(ev && !strcmp(ev, "0"));
+    d->events = apir_minor_has(d->remote.minor, APIR_FEATURE_EVENTS) && !(ev && !strcmp(ev, "0"));
     pthread_mutex_init(&d->cache_lock, NULL);
     d->generation = d->remote.conn->generation;
     d->dev.iface = apir_device_iface;

@@ -195,7 +195,7 @@ void apir_host_buft_setup(struct apir_device *d)
 {
     const char *env = getenv("APIR_HOST_BUFFER");
     pthread_mutex_init(&d->host_blobs_lock, NULL);
-    d->has_host_buft = d->remote.t->blobs_shared && d->remote.minor >= 2 && !d->zero_copy && !(env && !strcmp(env, "0"));
+    d->has_host_buft = d->remote.t->blobs_shared && apir_minor_has(d->remote.minor, APIR_FEATURE_HOST_BUFFER) && !d->zero_copy && !(env && !strcmp(env, "0"));
     snprintf(d->host_buft_name, sizeof(d->host_buft_name), "%s_Host", d->name);
     d->host_buft.iface = host_buft_iface;
     d->host_buft.device = &d->dev;

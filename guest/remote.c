@@ -27,7 +27,7 @@ size_t apir_remote_data_default(void)
 
 struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd)
 {
-    if (r->minor < apir_command_minor(cmd)) {
+    if (!apir_minor_speaks(r->minor, cmd)) {
         /* Not sent: what was staged for it must not ride on the next one. */
         r->get_dst = NULL;
         r->t->wait_work = NULL;
@@ -120,7 +120,7 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
         return -1;
     }
     uint32_t result = ret - APIR_FORWARD_BASE;
-    if (result == APIR_HANDLER_LIMIT && r->minor >= 3 && apir_decode_u32(reply) == APIR_LIMIT_REASON_TAG) {
+    if (result == APIR_HANDLER_LIMIT && apir_minor_has(r->minor, APIR_FEATURE_LIMIT_REASON) && apir_decode_u32(reply) == APIR_LIMIT_REASON_TAG) {
         /* 0.3: the host says which quota, and this guest's own use. */
         struct apir_string why;
         apir_get_string(reply, &why);
@@ -273,7 +273,7 @@ static bool session_open(struct apir_remote *r, char *err, size_t err_len)
                  minor, APIR_VERSION_MAJOR, APIR_VERSION_MINOR);
         goto fail;
     }
-    if (minor < 2 && r->device != 0) {
+    if (!apir_minor_speaks(minor, APIR_CMD_DEVICE_SELECT) && r->device != 0) {
         snprintf(err, err_len, "host speaks APIR 0.%u: only device 0 is reachable", minor);
         goto fail;
     }
@@ -284,7 +284,7 @@ static bool session_open(struct apir_remote *r, char *err, size_t err_len)
     r->minor = minor;
     r->data = NULL;
     r->data_size = 0;
-    if (minor >= 2 && apir_call_DEVICE_SELECT_locked(r, r->device) != APIR_HANDLER_OK) {
+    if (apir_minor_speaks(minor, APIR_CMD_DEVICE_SELECT) && apir_call_DEVICE_SELECT_locked(r, r->device) != APIR_HANDLER_OK) {
         snprintf(err, err_len, "host refused device %u", r->device);
     } else if (!apir_remote_data_reserve(r, apir_remote_data_default())) {
         snprintf(err, err_len, "cannot share a data area with the host");

@@ -105,7 +105,7 @@ bool apir_weight_cache_set(ggml_backend_buffer_t buffer, struct ggml_tensor *ten
     struct apir_device *d = bc->device;
     struct apir_remote *r = &d->remote;
     /* Cheap tests first: most writes are not weights, or not this size. */
-    if (r->minor < 4 || d->weight_cache_off || bc->mapped || bc->file_backed || tensor->view_src || offset != 0 ||
+    if (!apir_minor_speaks(r->minor, APIR_CMD_BUFFER_SET_TENSOR_HASH) || d->weight_cache_off || bc->mapped || bc->file_backed || tensor->view_src || offset != 0 ||
         size != ggml_nbytes(tensor) || ggml_backend_buffer_get_usage(buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS ||
         !apir_buffer_live(bc))
         return false;

@@ -177,7 +177,7 @@ APIR_HANDLER(BUFFER_TYPE_ALLOC_BUFFER)
     }
     /* 0.1 answers a refusal with handle 0; from 0.3 a quota is a LIMIT,
      * whose reply says which. */
-    if (!handle && s->limit_why[0] && s->minor >= 3)
+    if (!handle && s->limit_why[0] && apir_minor_has(s->minor, APIR_FEATURE_LIMIT_REASON))
         return APIR_HANDLER_LIMIT;
     rep->buffer = handle;  /* 0 = failure, as in 0.1 */
     return APIR_HANDLER_OK;
@@ -489,7 +489,7 @@ APIR_HANDLER(BUFFER_CACHE_TENSOR)
 
 typedef uint32_t (*apir_dispatch_fn)(struct apir_session *s, struct apir_decoder *req, struct apir_encoder *reply);
 
-#define APIR_X_DISPATCH_FN(num, NAME, classes)                                                           \
+#define APIR_X_DISPATCH_FN(num, NAME, since, classes)                                                    \
     static uint32_t dispatch_##NAME(struct apir_session *s, struct apir_decoder *dec, struct apir_encoder *enc) \
     {                                                                                                    \
         struct apir_request_##NAME req;                                                                  \
@@ -506,7 +506,7 @@ APIR_COMMAND_LIST(APIR_X_DISPATCH_FN)
 #undef APIR_X_DISPATCH_FN
 
 static const apir_dispatch_fn dispatch[APIR_CMD_COUNT] = {
-#define APIR_X_DISPATCH(num, NAME, classes) [num] = dispatch_##NAME,
+#define APIR_X_DISPATCH(num, NAME, since, classes) [num] = dispatch_##NAME,
     APIR_COMMAND_LIST(APIR_X_DISPATCH)
 #undef APIR_X_DISPATCH
 };
@@ -519,9 +519,9 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         APIR_WARN("host", "%s: unknown command %u", s->name, cmd);
         return APIR_HANDLER_INVALID_INDEX;
     }
-    if (s->minor < apir_command_minor(cmd)) {
+    if (!apir_minor_speaks(s->minor, cmd)) {
         APIR_WARN("host", "%s: %s needs protocol 0.%u (negotiated 0.%u)", s->name, apir_command_name(cmd),
-                  apir_command_minor(cmd), s->minor);
+                  apir_command_since(cmd), s->minor);
         return APIR_HANDLER_INVALID_INDEX;
     }
     uint32_t result = apir_graph_before_command(s, cmd);
@@ -539,7 +539,7 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
         s->stats.n_refused++;
     /* 0.3: a limit's reply is its reason, one string (this guest's own
      * numbers); older guests do not read a failed command's reply. */
-    if (result == APIR_HANDLER_LIMIT && s->minor >= 3 && s->limit_why[0]) {
+    if (result == APIR_HANDLER_LIMIT && apir_minor_has(s->minor, APIR_FEATURE_LIMIT_REASON) && s->limit_why[0]) {
         reply->cur = reply->start;
         reply->fatal = false;
         apir_put_u32(reply, APIR_LIMIT_REASON_TAG);

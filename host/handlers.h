@@ -18,7 +18,7 @@
     uint32_t host_cmd_##NAME(struct apir_session *s, const struct apir_request_##NAME *req,                 \
                              struct apir_reply_##NAME *rep)
 
-#define APIR_X_HANDLER_PROTO(num, NAME, classes) APIR_HANDLER(NAME);
+#define APIR_X_HANDLER_PROTO(num, NAME, since, classes) APIR_HANDLER(NAME);
 APIR_COMMAND_LIST(APIR_X_HANDLER_PROTO)
 #undef APIR_X_HANDLER_PROTO
 

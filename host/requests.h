@@ -124,7 +124,7 @@ APIR_REQ_KIND_FNS(digest)
 #define APIR_HOST_ITEM_RESOLVE(kind, field) apir_req_resolve_##kind(rd, &wire.field, &req->field);
 #define APIR_HOST_ITEM_IS_TENSOR(kind, field) +APIR_HOST_IS_TENSOR_##kind
 
-#define APIR_X_REQUEST(num, NAME, classes)                                                                   \
+#define APIR_X_REQUEST(num, NAME, since, classes)                                                            \
     struct apir_request_##NAME {                                                                            \
         APIR_REQ_##NAME(APIR_HOST_ITEM_FIELD) uint8_t no_items_;                                            \
     };                                                                                                      \

@@ -33,8 +33,8 @@ _Static_assert(offsetof(struct apir_tensor_rec, pad1) == 296, "pad1");
 #endif
 
 const struct apir_command_info apir_command_table[APIR_CMD_COUNT] = {
-#define APIR_X_INFO(num, name, classes) \
-    [num] = { #name, "" APIR_REQ_##name(APIR_ITEM_SIG), "" APIR_REP_##name(APIR_ITEM_SIG), classes },
+#define APIR_X_INFO(num, name, since, classes) \
+    [num] = { #name, "" APIR_REQ_##name(APIR_ITEM_SIG), "" APIR_REP_##name(APIR_ITEM_SIG), classes, since },
     APIR_COMMAND_LIST(APIR_X_INFO)
 #undef APIR_X_INFO
 };

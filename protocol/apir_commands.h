@@ -49,10 +49,11 @@
  *                      the reply later (transport/stream_proto.h)
  * Anything neither a query nor on the stream waits for the device first.
  *
- * Numbers 0..22 are APIR 0.1 and never change.  23..34 are apir 0.2
- * extensions, 35..37 0.3, 38 and 39 0.4, 40 0.6: a guest sends them only after
- * the handshake answered that minor or more (apir_command_minor).  docs/PROTOCOL.md
- * describes the wire format.
+ * Numbers 0..22 are APIR 0.1 and never change.  Each row says the minor that
+ * introduced it (since): a guest sends a command only after the handshake
+ * answered that minor or more, and a host refuses it below (apir_minor_speaks).
+ * docs/PROTOCOL.md describes the wire format; scripts/check_docs.sh checks
+ * its command table against this one.
  */
 #ifndef APIR_COMMANDS_H
 #define APIR_COMMANDS_H
@@ -70,53 +71,56 @@
 /* What a graph command is: on the stream, waited for, reporting. */
 #define APIR_GRAPH (APIR_ON_STREAM | APIR_WAITS_DEVICE | APIR_REPORTS)
 
-/*  X(number, NAME,                         classes) */
-#define APIR_COMMAND_LIST(X)                                              \
-    X( 0, DEVICE_GET_DEVICE_COUNT,          APIR_QUERY)                   \
-    X( 1, DEVICE_GET_COUNT,                 APIR_QUERY)                   \
-    X( 2, DEVICE_GET_NAME,                  APIR_QUERY)                   \
-    X( 3, DEVICE_GET_DESCRIPTION,           APIR_QUERY)                   \
-    X( 4, DEVICE_GET_TYPE,                  APIR_QUERY)                   \
-    X( 5, DEVICE_GET_MEMORY,                APIR_QUERY)                   \
-    X( 6, DEVICE_SUPPORTS_OP,               APIR_QUERY)                   \
-    X( 7, DEVICE_GET_BUFFER_TYPE,           APIR_QUERY)                   \
-    X( 8, DEVICE_GET_PROPS,                 APIR_QUERY)                   \
-    X( 9, DEVICE_BUFFER_FROM_PTR,           0)                            \
-    X(10, BUFFER_TYPE_GET_NAME,             APIR_QUERY)                   \
-    X(11, BUFFER_TYPE_GET_ALIGNMENT,        APIR_QUERY)                   \
-    X(12, BUFFER_TYPE_GET_MAX_SIZE,         APIR_QUERY)                   \
-    X(13, BUFFER_TYPE_IS_HOST,              APIR_QUERY)                   \
-    X(14, BUFFER_TYPE_ALLOC_BUFFER,         0)                            \
-    X(15, BUFFER_TYPE_GET_ALLOC_SIZE,       APIR_QUERY)                   \
-    X(16, BUFFER_GET_BASE,                  APIR_QUERY)                   \
-    X(17, BUFFER_SET_TENSOR,                APIR_ON_STREAM | APIR_POSTED) \
-    X(18, BUFFER_GET_TENSOR,                APIR_REPORTS)                 \
-    X(19, BUFFER_CPY_TENSOR,                0)                            \
-    X(20, BUFFER_CLEAR,                     APIR_POSTED)                  \
-    X(21, BUFFER_FREE_BUFFER,               0)                            \
-    X(22, BACKEND_GRAPH_COMPUTE,            APIR_GRAPH)                   \
-    /* apir 0.2 extensions */                                             \
-    X(23, DEVICE_SELECT,                    0)                            \
-    X(24, DEVICE_SUPPORTS_OP_L,             APIR_QUERY)                   \
-    X(25, BUFFER_TYPE_GET_ALLOC_SIZE_L,     APIR_QUERY)                   \
-    X(26, BUFFER_MEMSET_TENSOR,             APIR_POSTED)                  \
-    X(27, BACKEND_SYNCHRONIZE,              APIR_WAITS_DEVICE | APIR_REPORTS) \
-    X(28, DEVICE_OFFLOAD_OP_L,              APIR_QUERY)                   \
-    X(29, BUFFER_SET_TENSOR_AT,             APIR_ON_STREAM)               \
-    X(30, BUFFER_GET_TENSOR_AT,             APIR_REPORTS)                 \
-    X(31, BACKEND_GRAPH_COMPUTE_AT,         APIR_GRAPH)                   \
-    X(32, BUFFER_INIT_TENSOR,               0)                            \
-    X(33, BACKEND_GRAPH_COMPUTE_KEYED,      APIR_GRAPH | APIR_LEAVES_BUSY) \
-    X(34, BACKEND_GRAPH_RECOMPUTE,          APIR_GRAPH | APIR_LEAVES_BUSY) \
-    /* apir 0.3 extensions (weight copies: host/weight_copies.h; version) */ \
-    X(35, BUFFER_NOTE_WEIGHT,               0)                            \
-    X(36, BUFFER_WRITTEN,                   APIR_POSTED)                  \
-    X(37, HOST_GET_VERSION,                 APIR_QUERY)                   \
-    /* apir 0.4 extensions (the weight cache: host/weight_cache.h) */     \
-    X(38, BUFFER_SET_TENSOR_HASH,           0)                            \
-    X(39, BUFFER_CACHE_TENSOR,              0)                            \
-    /* apir 0.6 extension (a download the guest copies out as it lands) */ \
-    X(40, BUFFER_GET_TENSOR_CHUNKED,        APIR_REPORTS)
+/*  X(number, NAME,                           since, classes)
+ *  since: the protocol minor that introduced the command; a guest sends it,
+ *  and a host accepts it, only on a session at that minor or above
+ *  (apir_command_since, apir_minor_speaks: the one place both sides check). */
+#define APIR_COMMAND_LIST(X)                                                   \
+    X( 0, DEVICE_GET_DEVICE_COUNT,         1, APIR_QUERY)                      \
+    X( 1, DEVICE_GET_COUNT,                1, APIR_QUERY)                      \
+    X( 2, DEVICE_GET_NAME,                 1, APIR_QUERY)                      \
+    X( 3, DEVICE_GET_DESCRIPTION,          1, APIR_QUERY)                      \
+    X( 4, DEVICE_GET_TYPE,                 1, APIR_QUERY)                      \
+    X( 5, DEVICE_GET_MEMORY,               1, APIR_QUERY)                      \
+    X( 6, DEVICE_SUPPORTS_OP,              1, APIR_QUERY)                      \
+    X( 7, DEVICE_GET_BUFFER_TYPE,          1, APIR_QUERY)                      \
+    X( 8, DEVICE_GET_PROPS,                1, APIR_QUERY)                      \
+    X( 9, DEVICE_BUFFER_FROM_PTR,          1, 0)                               \
+    X(10, BUFFER_TYPE_GET_NAME,            1, APIR_QUERY)                      \
+    X(11, BUFFER_TYPE_GET_ALIGNMENT,       1, APIR_QUERY)                      \
+    X(12, BUFFER_TYPE_GET_MAX_SIZE,        1, APIR_QUERY)                      \
+    X(13, BUFFER_TYPE_IS_HOST,             1, APIR_QUERY)                      \
+    X(14, BUFFER_TYPE_ALLOC_BUFFER,        1, 0)                               \
+    X(15, BUFFER_TYPE_GET_ALLOC_SIZE,      1, APIR_QUERY)                      \
+    X(16, BUFFER_GET_BASE,                 1, APIR_QUERY)                      \
+    X(17, BUFFER_SET_TENSOR,               1, APIR_ON_STREAM | APIR_POSTED)    \
+    X(18, BUFFER_GET_TENSOR,               1, APIR_REPORTS)                    \
+    X(19, BUFFER_CPY_TENSOR,               1, 0)                               \
+    X(20, BUFFER_CLEAR,                    1, APIR_POSTED)                     \
+    X(21, BUFFER_FREE_BUFFER,              1, 0)                               \
+    X(22, BACKEND_GRAPH_COMPUTE,           1, APIR_GRAPH)                      \
+    /* apir 0.2 extensions */                                                  \
+    X(23, DEVICE_SELECT,                   2, 0)                               \
+    X(24, DEVICE_SUPPORTS_OP_L,            2, APIR_QUERY)                      \
+    X(25, BUFFER_TYPE_GET_ALLOC_SIZE_L,    2, APIR_QUERY)                      \
+    X(26, BUFFER_MEMSET_TENSOR,            2, APIR_POSTED)                     \
+    X(27, BACKEND_SYNCHRONIZE,             2, APIR_WAITS_DEVICE | APIR_REPORTS) \
+    X(28, DEVICE_OFFLOAD_OP_L,             2, APIR_QUERY)                      \
+    X(29, BUFFER_SET_TENSOR_AT,            2, APIR_ON_STREAM)                  \
+    X(30, BUFFER_GET_TENSOR_AT,            2, APIR_REPORTS)                    \
+    X(31, BACKEND_GRAPH_COMPUTE_AT,        2, APIR_GRAPH)                      \
+    X(32, BUFFER_INIT_TENSOR,              2, 0)                               \
+    X(33, BACKEND_GRAPH_COMPUTE_KEYED,     2, APIR_GRAPH | APIR_LEAVES_BUSY)   \
+    X(34, BACKEND_GRAPH_RECOMPUTE,         2, APIR_GRAPH | APIR_LEAVES_BUSY)   \
+    /* apir 0.3 extensions (weight copies: host/weight_copies.h; version) */   \
+    X(35, BUFFER_NOTE_WEIGHT,              3, 0)                               \
+    X(36, BUFFER_WRITTEN,                  3, APIR_POSTED)                     \
+    X(37, HOST_GET_VERSION,                3, APIR_QUERY)                      \
+    /* apir 0.4 extensions (the weight cache: host/weight_cache.h) */          \
+    X(38, BUFFER_SET_TENSOR_HASH,          4, 0)                               \
+    X(39, BUFFER_CACHE_TENSOR,             4, 0)                               \
+    /* apir 0.6 extension (a download the guest copies out as it lands) */     \
+    X(40, BUFFER_GET_TENSOR_CHUNKED,       6, APIR_REPORTS)
 
 /* ---- items: F(kind, field), in wire order ------------------------------- */
 
@@ -231,38 +235,74 @@
 #define APIR_REP_BUFFER_GET_TENSOR_CHUNKED(F)
 
 enum apir_command {
-#define APIR_X_ENUM(num, name, classes) APIR_CMD_##name = num,
+#define APIR_X_ENUM(num, name, since, classes) APIR_CMD_##name = num,
     APIR_COMMAND_LIST(APIR_X_ENUM)
 #undef APIR_X_ENUM
     APIR_CMD_COUNT
 };
 
-/* Commands of the reference protocol; 23..34 need minor >= 2, 35..37 3,
- * 38 and 39 4, the rest 6 (0.5 added no command). */
+/* Commands of the reference protocol (APIR 0.1): 0..22. */
 #define APIR_CMD_COUNT_0_1 23
-#define APIR_CMD_COUNT_0_2 35
-#define APIR_CMD_COUNT_0_3 38
-#define APIR_CMD_COUNT_0_4 40
-
-/* The protocol minor a command needs. */
-static inline uint32_t apir_command_minor(uint32_t cmd)
-{
-    return cmd < APIR_CMD_COUNT_0_1 ? 1u
-         : cmd < APIR_CMD_COUNT_0_2 ? 2u
-         : cmd < APIR_CMD_COUNT_0_3 ? 3u
-         : cmd < APIR_CMD_COUNT_0_4 ? 4u
-                                    : 6u;
-}
 
 struct apir_command_info {
     const char *name;      /* "BUFFER_SET_TENSOR" */
     const char *request;   /* signature of the request items ("htrqq") */
     const char *reply;     /* signature of the reply items */
     uint32_t classes;      /* APIR_QUERY ... */
+    uint32_t since;        /* the protocol minor that introduced it */
 };
 
 /* Indexed by command number; NULL name for a number that is not a command. */
 extern const struct apir_command_info apir_command_table[APIR_CMD_COUNT];
+
+/* The protocol minor a command needs (its since column); 0 for a number
+ * that is not a command. */
+static inline uint32_t apir_command_since(uint32_t cmd)
+{
+    return cmd < APIR_CMD_COUNT ? apir_command_table[cmd].since : 0;
+}
+
+/* Whether a session at `minor` has command `cmd`: what the guest asks before
+ * sending it and the host before running it. */
+static inline bool apir_minor_speaks(uint32_t minor, uint32_t cmd)
+{
+    return cmd < APIR_CMD_COUNT && apir_command_table[cmd].name && minor >= apir_command_table[cmd].since;
+}
+
+/*
+ * What a minor brings that is not a command: behaviour both sides agree on
+ * once the handshake settled the minor.  The minor is the capability set -
+ * every step added commands and these together, none is optional within a
+ * minor - so the handshake carries no separate bits (APIR 0.1's handshake
+ * has no room for them; a future optional feature would get a query
+ * command of its own).  Like the commands' since column, this table is the
+ * only place a minor is compared with a number.
+ *   X(NAME, since, what)
+ */
+#define APIR_FEATURE_LIST(X)                                                                       \
+    X(ZERO_COPY,    2, "DEVICE_BUFFER_FROM_PTR over a shared blob computes in the guest's memory") \
+    X(HOST_BUFFER,  2, "a pinned host buffer type in shared blobs")                                \
+    X(EVENTS,       2, "keyed graphs answered before they are computed: guest events")              \
+    X(LIMIT_REASON, 3, "a refusal for a limit carries its reason in the reply")                    \
+    X(FILE_BLOBS,   3, "SHM_BLOB_FILE: a file the guest mapped, shared without a copy")
+
+enum apir_feature {
+#define APIR_X_FEATURE_ENUM(name, since, what) APIR_FEATURE_##name,
+    APIR_FEATURE_LIST(APIR_X_FEATURE_ENUM)
+#undef APIR_X_FEATURE_ENUM
+    APIR_FEATURE_COUNT
+};
+
+/* Whether a session at `minor` has feature `f`. */
+static inline bool apir_minor_has(uint32_t minor, enum apir_feature f)
+{
+    static const uint8_t since[APIR_FEATURE_COUNT] = {
+#define APIR_X_FEATURE_SINCE(name, since, what) since,
+        APIR_FEATURE_LIST(APIR_X_FEATURE_SINCE)
+#undef APIR_X_FEATURE_SINCE
+    };
+    return (unsigned)f < APIR_FEATURE_COUNT && minor >= since[f];
+}
 
 /* Name of a command number, or "UNKNOWN" (never NULL). */
 const char *apir_command_name(uint32_t cmd);

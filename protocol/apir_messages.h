@@ -143,7 +143,7 @@ static inline void apir_get_tensors(struct apir_decoder *d, struct apir_tensor_l
 #define APIR_ITEM_PUT_FIELD(kind, field) apir_put_##kind(enc, rep->field);
 
 /* Structs need a member even when a message has no items. */
-#define APIR_X_MESSAGES(num, NAME, classes)                                                              \
+#define APIR_X_MESSAGES(num, NAME, since, classes)                                                       \
     struct apir_reply_##NAME {                                                                           \
         APIR_REP_##NAME(APIR_ITEM_FIELD_IN) uint8_t no_items_;                                           \
     };                                                                                                   \

@@ -13,7 +13,7 @@
 #     0.N", "release 0.N", "0.1 to 0.N", "0.1..0.N") name the current minor;
 #   - docs/PROTOCOL.md's command table (section "Backend commands") has one row per command of the one
 #     command table (protocol/apir_commands.h), with its number, its name and
-#     the minor that introduced it (apir_command_minor);
+#     the minor that introduced it (its since column);
 #   - every `apir SUBCOMMAND` in a code block of README.md or docs/ names a
 #     subcommand tools/apir.c has.
 # Prints each mismatch as FILE:LINE: what; exits 1 if any.
@@ -40,23 +40,15 @@ while IFS= read -r hit; do
 done < <(grep -nHE 'apir-host [0-9]+\.[0-9]+\.[0-9]+|"apir": "[0-9]|protocol: APIR 0\.|\(APIR 0\.[0-9]+\)|offers APIR 0\.|release 0\.[0-9]|0\.1 to 0\.[0-9]|0\.1\.\.0\.[0-9]|"protocol": "0\.|, APIR 0\.[0-9]+$' "${docs[@]}" || true)
 
 # 2. the command table in docs/PROTOCOL.md against protocol/apir_commands.h
-# The code's rows: X( N, NAME, ...); the minor from the APIR_CMD_COUNT_0_x
-# ladder that apir_command_minor reads (the last step's minor from it too).
-code_rows=$(sed -n 's/^ *X( *\([0-9]*\), *\([A-Z0-9_]*\),.*/\1 \2/p' protocol/apir_commands.h)
-ladder=$(sed -n 's/^#define APIR_CMD_COUNT_0_\([0-9]*\) \([0-9]*\)$/\1 \2/p' protocol/apir_commands.h)
-last_minor=$(sed -n 's/^ *: *\([0-9]*\)u;$/\1/p' protocol/apir_commands.h | tail -1)
-since_of() {
-  local n=$1 m c
-  while read -r m c; do [ "$n" -lt "$c" ] && { echo "$m"; return; }; done <<<"$ladder"
-  echo "$last_minor"
-}
+# The code's rows: X( N, NAME, since, classes).
+code_rows=$(sed -n 's/^ *X( *\([0-9]*\), *\([A-Z0-9_]*\), *\([0-9]*\),.*/\1 \2 \3/p' protocol/apir_commands.h)
 doc_rows=$(awk -F'|' '/^## / { in_cmds = ($0 ~ /^## [0-9]+\. Backend commands/) }
   in_cmds && /^\| *[0-9]+ \| [A-Z][A-Z0-9_]+ \|/ { n = $2; name = $3; m = $(NF-1); gsub(/ /, "", n); gsub(/ /, "", name); gsub(/ /, "", m);
     print n, name, m }' docs/PROTOCOL.md)
 n_code=0
-while read -r n name; do
+while read -r n name since; do
   n_code=$((n_code + 1))
-  want="$n $name $(since_of "$n")"
+  want="$n $name $since"
   grep -qx "$want" <<<"$doc_rows" || bad "docs/PROTOCOL.md: no command row '$want' (number, name, minor) as protocol/apir_commands.h has it"
 done <<<"$code_rows"
 n_doc=$(grep -c . <<<"$doc_rows" || true)

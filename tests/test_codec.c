@@ -684,15 +684,32 @@ static void test_command_table_extensions(void)
         CHECK(strcmp(apir_command_name(i), c->name) == 0);
     }
     CHECK(APIR_CMD_DEVICE_SELECT == APIR_CMD_COUNT_0_1);
-    CHECK(APIR_CMD_BUFFER_NOTE_WEIGHT == APIR_CMD_COUNT_0_2);
-    CHECK(APIR_CMD_BUFFER_SET_TENSOR_HASH == APIR_CMD_COUNT_0_3);
-    CHECK(apir_command_minor(APIR_CMD_BACKEND_GRAPH_COMPUTE) == 1 && apir_command_minor(APIR_CMD_DEVICE_SELECT) == 2 &&
-          apir_command_minor(APIR_CMD_BACKEND_GRAPH_RECOMPUTE) == 2 && apir_command_minor(APIR_CMD_BUFFER_WRITTEN) == 3 &&
-          apir_command_minor(APIR_CMD_HOST_GET_VERSION) == 3 && apir_command_minor(APIR_CMD_BUFFER_SET_TENSOR_HASH) == 4 &&
-          apir_command_minor(APIR_CMD_BUFFER_CACHE_TENSOR) == 4);
+    /* The since column: every command of the reference at 1, then minors
+     * that never go down along the numbers (a new command takes a new
+     * number), none above the minor we speak. */
+    for (uint32_t i = 0; i < APIR_CMD_COUNT; i++) {
+        CHECK_MSG(apir_command_since(i) >= 1 && apir_command_since(i) <= APIR_VERSION_MINOR, "command %u: since %u", i,
+                  apir_command_since(i));
+        if (i > 0)
+            CHECK_MSG(apir_command_since(i) >= apir_command_since(i - 1), "command %u: since %u below command %u's", i,
+                      apir_command_since(i), i - 1);
+        CHECK(i >= APIR_CMD_COUNT_0_1 || apir_command_since(i) == 1);
+        CHECK(apir_minor_speaks(apir_command_since(i), i) && !apir_minor_speaks(apir_command_since(i) - 1, i));
+    }
+    CHECK(apir_command_since(APIR_CMD_BACKEND_GRAPH_COMPUTE) == 1 && apir_command_since(APIR_CMD_DEVICE_SELECT) == 2 &&
+          apir_command_since(APIR_CMD_BACKEND_GRAPH_RECOMPUTE) == 2 && apir_command_since(APIR_CMD_BUFFER_NOTE_WEIGHT) == 3 &&
+          apir_command_since(APIR_CMD_BUFFER_WRITTEN) == 3 && apir_command_since(APIR_CMD_HOST_GET_VERSION) == 3 &&
+          apir_command_since(APIR_CMD_BUFFER_SET_TENSOR_HASH) == 4 && apir_command_since(APIR_CMD_BUFFER_CACHE_TENSOR) == 4);
     /* 0.5 added no command: the next one needs 0.6 */
-    CHECK(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED == APIR_CMD_COUNT_0_4 &&
-          apir_command_minor(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) == 6);
+    CHECK(apir_command_since(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) == 6);
+    CHECK(apir_command_since(APIR_CMD_COUNT) == 0 && !apir_minor_speaks(UINT32_MAX, APIR_CMD_COUNT));
+    /* Features: their minors, and none past the minor we speak. */
+    CHECK(!apir_minor_has(1, APIR_FEATURE_ZERO_COPY) && apir_minor_has(2, APIR_FEATURE_ZERO_COPY));
+    CHECK(!apir_minor_has(2, APIR_FEATURE_LIMIT_REASON) && apir_minor_has(3, APIR_FEATURE_LIMIT_REASON));
+    CHECK(!apir_minor_has(2, APIR_FEATURE_FILE_BLOBS) && apir_minor_has(3, APIR_FEATURE_FILE_BLOBS));
+    for (int f = 0; f < APIR_FEATURE_COUNT; f++)
+        CHECK(apir_minor_has(APIR_VERSION_MINOR, (enum apir_feature)f) && !apir_minor_has(1, (enum apir_feature)f));
+    CHECK(!apir_minor_has(UINT32_MAX, APIR_FEATURE_COUNT));
     CHECK(APIR_VERSION_MINOR == 6);
     /* What may run while a graph is on the device: queries, graphs, uploads;
      * never a read, a synchronize, or anything freeing or writing memory
@@ -794,7 +811,7 @@ static void test_command_classes(void)
 #define KIND_LETTER_digest  'd'
 
 #define ITEM_LETTER(kind, field) KIND_LETTER_##kind,
-#define X_LETTERS(num, NAME, classes)                                                  \
+#define X_LETTERS(num, NAME, since, classes)                                           \
     static const char letters_req_##NAME[] = { APIR_REQ_##NAME(ITEM_LETTER) '\0' };    \
     static const char letters_rep_##NAME[] = { APIR_REP_##NAME(ITEM_LETTER) '\0' };
 APIR_COMMAND_LIST(X_LETTERS)
@@ -803,7 +820,7 @@ APIR_COMMAND_LIST(X_LETTERS)
 static const struct {
     const char *request, *reply;
 } item_letters[APIR_CMD_COUNT] = {
-#define X_LETTER_ROW(num, NAME, classes) [num] = { letters_req_##NAME, letters_rep_##NAME },
+#define X_LETTER_ROW(num, NAME, since, classes) [num] = { letters_req_##NAME, letters_rep_##NAME },
     APIR_COMMAND_LIST(X_LETTER_ROW)
 #undef X_LETTER_ROW
 };
@@ -1073,7 +1090,7 @@ typedef void typed_encode_fn(struct apir_encoder *x_enc, const struct items *x_v
 typedef bool typed_decode_fn(struct apir_decoder *x_dec, const struct items *x_want, const size_t *x_ends, size_t x_k,
                              bool *x_match);
 
-#define X_TYPED(num, NAME, classes)                                                                        \
+#define X_TYPED(num, NAME, since, classes)                                                                 \
     static void typed_request_##NAME(struct apir_encoder *x_enc, const struct items *x_v)                  \
     {                                                                                                      \
         int x_p = 0;                                                                                       \
@@ -1111,7 +1128,7 @@ static const struct {
     typed_encode_fn *request, *reply;
     typed_decode_fn *decode_reply;
 } typed[APIR_CMD_COUNT] = {
-#define X_TYPED_ROW(num, NAME, classes) [num] = { typed_request_##NAME, typed_reply_##NAME, typed_decode_##NAME },
+#define X_TYPED_ROW(num, NAME, since, classes) [num] = { typed_request_##NAME, typed_reply_##NAME, typed_decode_##NAME },
     APIR_COMMAND_LIST(X_TYPED_ROW)
 #undef X_TYPED_ROW
 };

@@ -38,7 +38,7 @@ static inline uint32_t fwd_raw(struct apir_session *s, uint32_t cmd, const void 
     return r;
 }
 
-#define APIR_X_TEST_FWD(num, NAME, classes)                                                                 \
+#define APIR_X_TEST_FWD(num, NAME, since, classes)                                                          \
     static inline uint32_t fwd_##NAME(struct apir_session *s APIR_REQ_##NAME(APIR_ITEM_PARAM_IN)            \
                                           APIR_REP_##NAME(APIR_ITEM_PARAM_OUT))                             \
     {                                                                                                       \

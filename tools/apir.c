@@ -244,7 +244,7 @@ static int info_one(const char *endpoint, uint32_t *next)
     int32_t count = 0;
     apir_call_DEVICE_GET_DEVICE_COUNT(&r, &count);
     uint32_t lib_major = 0, lib_minor = 0;
-    if (r.minor >= 3 && apir_call_HOST_GET_VERSION(&r, &lib_major, &lib_minor) == APIR_HANDLER_OK)
+    if (apir_minor_speaks(r.minor, APIR_CMD_HOST_GET_VERSION) && apir_call_HOST_GET_VERSION(&r, &lib_major, &lib_minor) == APIR_HANDLER_OK)
         printf("host %s: APIR 0.%u (host library %u.%u), %d device(s)\n", r.t->endpoint, r.minor, lib_major, lib_minor,
                count);
     else

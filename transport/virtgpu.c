@@ -394,7 +394,7 @@ static uint32_t library_minor(struct vgpu_transport *v)
     uint32_t major = 0, minor = 1;
     int rc = forward_bare(v, APIR_CMD_HOST_GET_VERSION, &enc, "the version query", &reply);
     if (rc == APIR_HANDLER_OK && apir_decode_reply_HOST_GET_VERSION(&reply, &major, &minor) && major == APIR_VERSION_MAJOR &&
-        minor >= 1) {
+        minor >= APIR_VERSION_MINOR_REFERENCE) {
         APIR_INFO("guest", "virtgpu: the host library speaks APIR %u.%u", major, minor);
         return minor;
     }
@@ -405,9 +405,9 @@ static uint32_t library_minor(struct vgpu_transport *v)
     apir_encode_reserve(&enc, APIR_CMD_HEADER_SIZE);
     apir_encode_request_DEVICE_SELECT(&enc, 0);
     rc = forward_bare(v, APIR_CMD_DEVICE_SELECT, &enc, "the protocol probe", &reply);
-    minor = rc == APIR_HANDLER_OK ? 2 : 1;
+    minor = rc == APIR_HANDLER_OK ? apir_command_since(APIR_CMD_DEVICE_SELECT) : APIR_VERSION_MINOR_REFERENCE;
     APIR_INFO("guest", "virtgpu: the host library has no version query; it %s apir 0.2 commands",
-              minor == 2 ? "runs" : "does not run");
+              rc == APIR_HANDLER_OK ? "runs" : "does not run");
     return minor;
 }
 
@@ -438,7 +438,7 @@ static int handshake(struct vgpu_transport *v, size_t len, uint64_t timeout_ns, 
         v->base.broken = true;
         return -1;
     }
-    if (guest_minor >= 2) {
+    if (guest_minor > APIR_VERSION_MINOR_REFERENCE) {
         uint32_t lib = library_minor(v);
         minor = guest_minor < lib ? guest_minor : lib;
     } else {

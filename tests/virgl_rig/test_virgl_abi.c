@@ -129,7 +129,7 @@ static bool reply_ok;
  * whether the reply held its items.  Not for the worker threads (one
  * request and reply buffer).
  */
-#define VIRGL_X_CALL(num, NAME, classes)                                                                        \
+#define VIRGL_X_CALL(num, NAME, since, classes)                                                                 \
     static inline uint32_t call_##NAME(uint32_t ctx APIR_REQ_##NAME(APIR_ITEM_PARAM_IN)                         \
                                            APIR_REP_##NAME(APIR_ITEM_PARAM_OUT))                                \
     {                                                                                                           \
