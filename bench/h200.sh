@@ -37,6 +37,9 @@
 #   bench/h200.sh multi        on nvidia-h200-x2 (issue 16): one apir-host --backend CUDA serving both GPUs as
 #                              APIR0/APIR1, 8B Q4_0 and 1B F16 -sm layer pp2048/tg128 vs CUDA0/CUDA1, with the
 #                              guest's events (llama.cpp's pipeline) and without them (APIR_EVENTS=0); tokens
+#   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
+#                              vs as many native processes (1B Q4_0): wall time, aggregate t/s, memory per
+#                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -418,6 +421,17 @@ net2)
     room 90 && (cd .deps/bin && timeout "$(phase_timeout 150)" "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0/APIR1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
   done
   kill "${hps[@]}"; wait 2>/dev/null
+  log "done, $(left) s left"
+  ;;
+many)
+  # Issue 26 item 4: N = 1, 4, 16, 64 llama-bench processes at once through one apir-host
+  # --backend CUDA against N native ones (a 1B Q4_0 model: 64 copies fit), with the time to a
+  # first token and each process's memory (bench/many_guests.sh).
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/1b-q4_0.gguf ] || build/apir-gguf-gen -o $M/1b-q4_0.gguf --size 1b --type q4_0 >/dev/null
+  log "many guests on one H200 (1B Q4_0, llama-bench -p 256 -n 64 -t 2 each)"
+  BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin timeout "$(phase_timeout 540)" bash bench/many_guests.sh --backend CUDA \
+    --model $M/1b-q4_0.gguf --n "${MANY_N:-1 4 16 64}" -p 256 -n 64 -t 2 2>&1 | tee -a "$OUT/h200.log"
   log "done, $(left) s left"
   ;;
 esac
