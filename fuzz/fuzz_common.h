@@ -9,12 +9,15 @@
 
 #include "apir_messages.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -30,6 +33,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
             abort();                                                                   \
         }                                                                              \
     } while (0)
+
+/*
+ * waitpid for a harness's computing child, again after a signal.  Not
+ * coverage-instrumented: libFuzzer's own timer (-timeout) interrupts the
+ * wait now and then, and the retries would be new coverage in one run and
+ * not in another, so that a fixed seed and run count (fuzz/run.sh --gate)
+ * would not give the same run on every machine.
+ */
+__attribute__((no_sanitize("coverage"))) static inline pid_t fz_wait_child(pid_t pid, int *status)
+{
+    pid_t w;
+    do
+        w = pid > 0 ? waitpid(pid, status, 0) : -1;
+    while (w < 0 && errno == EINTR);
+    return w;
+}
 
 /* An exact-size heap copy of an input (a real message or blob ends where
  * its size says: ASan then reports a read past it); free() it. */

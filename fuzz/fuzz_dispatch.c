@@ -47,10 +47,7 @@ static uint32_t forward_isolated(struct apir_session *s, uint32_t cmd, struct ap
         _exit(r > 100 ? 100 : (int)r);
     }
     int status = 0;
-    pid_t w;
-    do  /* libFuzzer's timers interrupt the wait */
-        w = pid > 0 ? waitpid(pid, &status, 0) : -1;
-    while (w < 0 && errno == EINTR);
+    pid_t w = fz_wait_child(pid, &status);
     FZ_ASSERT(pid > 0 && w == pid, "fork/wait failed (errno %d)", errno);
     if (WIFEXITED(status) && WEXITSTATUS(status) == CONTAINED_ABORT_EXIT)
         return APIR_HANDLER_FAILED;

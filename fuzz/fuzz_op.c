@@ -27,6 +27,24 @@
  * place its index leaves in a buffer the host allocates (ALLOC_BUFFER: no
  * guard pages there, but it takes the host's non-shadow index path).
  *
+ * Edges inputs (issue 24, item 2: those that start with EDGES_MARK) go
+ * further, to see accesses that stay near a tensor but leave it:
+ *   - each operand (leaf, node, a view's source) may sit in a mapping of its
+ *     own, as a buffer of just its extent flush with the mapping's end or
+ *     its start, so that one byte past either edge of the tensor is a guard
+ *     page (a buffer shared with other tensors hides reads that land in a
+ *     neighbour; the write oracle sees only writes);
+ *   - strides, those of size-1 dimensions above all (ggml's contiguity
+ *     predicates ignore them and an extent check does not count them), take
+ *     values from the whole range a record carries: 0, a few bytes, the
+ *     natural one, one element off, the tensor's own extent (the next step
+ *     lands just past it), a page, the buffer, past the mapping, up to
+ *     4 GiB (stride_value);
+ *   - a leaf may be a view of a tensor laid out to hold it, at its source's
+ *     start or flush with its end.
+ * Every other input reads exactly as it did before the edges existed, so
+ * the findings saved before them replay the same node.
+ *
  * Oracles, checked in the computing process (a child, as process isolation
  * computes; ggml asserts there are contained, and findings only with
  * FUZZ_OP_STRICT=1, fuzz/run.sh's default: see on_abort):
@@ -66,6 +84,17 @@
 #define MSG_RES 3u                 /* the blob graphs and uploads go through */
 #define MSG_SIZE (256u * 1024u)
 #define GUARDED_RES0 4u
+/* Edges inputs: the first byte, and the mappings of one operand each
+ * (buffer numbers OWN0.., after the guarded ones and the host-allocated
+ * one).  The host's limits (fuzz_host.h: 16 blobs, 32 buffers) hold the
+ * message blob, the guarded buffers and these. */
+#define EDGES_MARK 0xa5
+#define N_OWN 8
+#define OWN_SIZE (64u * 1024u)
+#define OWN_RES0 (GUARDED_RES0 + N_GUARDED)
+#define OWN0 (N_GUARDED + 1)
+#define N_BUFS (OWN0 + N_OWN)
+#define REGION_MAX (64u * 1024u)   /* the largest of GUARDED_SIZE, ALLOC_SIZE, OWN_SIZE */
 #define MAX_TENSORS 48
 #define CONTAINED_ABORT_EXIT 42
 #define ORACLE_EXIT 43
@@ -73,10 +102,12 @@
  * does not end (a finding), and the child must not outlive the parent. */
 #define CHILD_SECONDS 4
 
-/* Memory of the buffers: [guard][GUARDED_SIZE][guard] each. */
+/* Memory of the buffers: [guard][GUARDED_SIZE][guard] each, and
+ * [guard][OWN_SIZE][guard] for each own mapping. */
 static uint8_t *guarded[N_GUARDED];
+static uint8_t *own_map[N_OWN];
 static uint8_t *msg_blob;
-static uint8_t snapshot[N_GUARDED + 1][GUARDED_SIZE];
+static uint8_t snapshot[N_BUFS][REGION_MAX];
 static bool verbose;
 
 /* ---- aborts: caught while constructing, contained (or not) in the child --- */
@@ -133,10 +164,14 @@ struct gen {
     struct ggml_tensor *t[MAX_TENSORS];
     int n;
     uint64_t next[N_GUARDED + 1];    /* bump allocators per buffer */
-    int buf_of[MAX_TENSORS];         /* 0..N_GUARDED-1 guarded, N_GUARDED alloc'd */
-    uint64_t off_of[MAX_TENSORS];
+    int buf_of[MAX_TENSORS];         /* 0..N_GUARDED-1 guarded, N_GUARDED alloc'd, OWN0.. own */
+    uint64_t off_of[MAX_TENSORS];    /* in its buffer (the record's data) */
     bool use_alloc;                  /* index leaves in the host-allocated buffer */
     bool constructed;                /* made by a constructor (not raw) */
+    bool edges;                      /* the input started with EDGES_MARK */
+    int n_own;                       /* own mappings taken */
+    uint64_t own_start[N_OWN];       /* where that buffer starts in its mapping */
+    uint64_t own_size[N_OWN];
 };
 
 static uint32_t rd(struct gen *g, unsigned n) { return (uint32_t)fz_read_le(&g->r, n); }
@@ -164,6 +199,88 @@ static enum ggml_type pick_type(struct gen *g)
                                             GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_I32, GGML_TYPE_Q4_0,
                                             GGML_TYPE_Q8_0, GGML_TYPE_I64, GGML_TYPE_I8, GGML_TYPE_I16 };
     return types[rd(g, 1) % (sizeof(types) / sizeof(types[0]))];
+}
+
+/* ggml's own stride of dimension k for t's type and shape (ggml_new_tensor's). */
+static size_t natural_stride(const struct ggml_tensor *t, int k)
+{
+    size_t nb = ggml_type_size(t->type);
+    for (int j = 0; j < k; j++)
+        nb *= (size_t)(j == 0 ? t->ne[0] / ggml_blck_size(t->type) : t->ne[j]);
+    return nb;
+}
+
+/*
+ * Edges inputs: a stride for dimension k of t from the whole range a record
+ * carries (32 bits), weighted to the values that matter.  t's extent (what
+ * a host counts) is taken before the change: a stride of that many bytes on
+ * a size-1 dimension points a kernel that steps it once just past the
+ * tensor, onto the guard page when it sits flush with its mapping's end.
+ */
+static size_t stride_value(struct gen *g, const struct ggml_tensor *t, int k)
+{
+    const size_t ts = ggml_type_size(t->type), natural = natural_stride(t, k), extent = ggml_nbytes(t);
+    uint32_t v = rd(g, 1);
+    switch (v % 16) {
+    case 0: return 0;
+    case 1: return 1 + (v >> 4) % 3;                       /* inside one element */
+    case 2: return ts;
+    case 3: return natural;
+    case 4: return natural + ts;                           /* one element off, either way */
+    case 5: return natural > ts ? natural - ts : 0;
+    case 6: return extent;                                 /* the next step: just past the tensor */
+    case 7: return extent + ts * ((v >> 4) % 4);
+    case 8: return (size_t)4096 << ((v >> 4) % 4);         /* pages: past a guard page */
+    case 9: return OWN_SIZE + 4096;                        /* past the mapping and its guard */
+    case 10: return 0x80000000u;
+    case 11: return 0xffffffffu - ts * ((v >> 4) % 4);      /* the largest a record holds */
+    case 12: return (size_t)1 << (rd(g, 1) % 32);
+    case 13: return natural * (2 + (v >> 4) % 3);
+    default: return rd(g, 4);
+    }
+}
+
+/* Edges inputs: up to three of t's strides from stride_value, each on a
+ * size-1 dimension when the input prefers one and t has one. */
+static void edge_strides(struct gen *g, struct ggml_tensor *t)
+{
+    uint32_t how = rd(g, 1);
+    for (unsigned c = 0; c < (how & 3); c++) {
+        int k = (int)(rd(g, 1) & 3);
+        if (how & (4u << c))
+            for (int j = 0; j < 4; j++)
+                if (t->ne[(k + j) & 3] == 1) {
+                    k = (k + j) & 3;
+                    break;
+                }
+        if (k == 0 && ggml_blck_size(t->type) > 1)
+            continue;  /* a block type's element stride is its block: a host refuses any other */
+        t->nb[k] = stride_value(g, t, k);
+    }
+}
+
+/*
+ * Edges inputs: t (a fresh leaf) as a view, with t's shape and nb[1..3]
+ * (its element stride is the type's, as ggml_view_4d makes it), of a plain
+ * tensor laid out to hold it, the view at its source's start or flush with
+ * its end: a view record's strides reach the kernels as a leaf's do, and
+ * its offset is one more number to check.  t itself when that source would
+ * not fit a buffer anyway.
+ */
+static struct ggml_tensor *as_view(struct gen *g, struct ggml_tensor *t)
+{
+    const size_t ts = ggml_type_size(t->type);
+    size_t dense = ggml_row_size(t->type, t->ne[0]) * (size_t)(t->ne[1] * t->ne[2] * t->ne[3]);
+    size_t need = ggml_nbytes(t) > dense ? ggml_nbytes(t) : dense;  /* the constructor asserts the dense size */
+    uint32_t how = rd(g, 1);
+    size_t blocks = (need + ts * (how & 3) + ts - 1) / ts;
+    if (blocks * ts > OWN_SIZE)
+        return t;
+    struct ggml_tensor *src = ggml_new_tensor_1d(g->ctx, t->type, (int64_t)blocks * ggml_blck_size(t->type));
+    size_t offs = how & 4 ? blocks * ts - need : 0;
+    struct ggml_tensor *v =
+        ggml_view_4d(g->ctx, src, t->ne[0], t->ne[1], t->ne[2], t->ne[3], t->nb[1], t->nb[2], t->nb[3], offs);
+    return v;
 }
 
 /* A leaf: shape mostly from the shared dims, layout varied. */
@@ -200,6 +317,11 @@ static struct ggml_tensor *leaf_of(struct gen *g, enum ggml_type type)
         break;
     default:
         break;
+    }
+    if (g->edges) {
+        edge_strides(g, t);
+        if (rd(g, 1) < 48)
+            t = as_view(g, t);
     }
     return t;
 }
@@ -269,6 +391,17 @@ static struct ggml_tensor *construct(struct gen *g, enum ggml_op op)
     case GGML_OP_RESHAPE: return ggml_reshape(c, L(g), L(g));
     case GGML_OP_VIEW: {
         struct ggml_tensor *a = L(g);
+        if (g->edges) {
+            /* any strides, an offset at either end of the source */
+            struct ggml_tensor *v = ggml_view_4d(c, a, ri(g, 1, 8), ri(g, 1, 4), ri(g, 1, 2), ri(g, 1, 2), 0, 0, 0, 0);
+            for (int k = 1; k < 4; k++)
+                v->nb[k] = stride_value(g, v, k);
+            size_t a_bytes = ggml_nbytes(a), v_bytes = ggml_nbytes(v) < a_bytes ? ggml_nbytes(v) : a_bytes;
+            size_t offs = rd(g, 1) & 1 ? 0 : a_bytes - v_bytes;
+            v->view_offs = offs;
+            memcpy(v->op_params, &offs, sizeof(offs));
+            return v;
+        }
         return ggml_view_2d(c, a, ri(g, 1, 32), ri(g, 1, 8), (size_t)ri(g, 0, 255), (size_t)ri(g, 0, 255) * 4);
     }
     case GGML_OP_PERMUTE: return ggml_permute(c, L(g), ri(g, 0, 3), ri(g, 0, 3), ri(g, 0, 3), ri(g, 0, 3));
@@ -428,7 +561,11 @@ static void mutate(struct gen *g, struct ggml_tensor *t)
         t->ne[k] = (int64_t)((uint64_t)t->ne[k] + (uint64_t)(int64_t)ri(g, -1, 2));
         break;
     }
-    case 1: t->nb[rd(g, 1) & 3] = (size_t)ri(g, 0, 64) * 4; break;
+    case 1: {
+        int k = (int)(rd(g, 1) & 3);
+        t->nb[k] = g->edges ? stride_value(g, t, k) : (size_t)ri(g, 0, 64) * 4;
+        break;
+    }
     case 2: t->op_params[rd(g, 1) % (GGML_MAX_OP_PARAMS / 4)] = (int32_t)rd(g, 4); break;
     case 3: t->type = pick_type(g); break;
     case 4: t->src[rd(g, 1) % GGML_MAX_SRC] = L(g); break;
@@ -446,7 +583,48 @@ static int find_t(const struct gen *g, const struct ggml_tensor *t)
     return -1;
 }
 
-static uint64_t buf_size_of(int b) { return b < N_GUARDED ? GUARDED_SIZE : ALLOC_SIZE; }
+/* Buffer b as the host sees it (its size), and the memory around it that
+ * the oracle watches (its region: an own mapping is wider than its buffer,
+ * which starts own_start into it). */
+static uint64_t buf_size_of(const struct gen *g, int b)
+{
+    return b < N_GUARDED ? GUARDED_SIZE : b == N_GUARDED ? ALLOC_SIZE : g->own_size[b - OWN0];
+}
+static uint64_t buf_start_of(const struct gen *g, int b) { return b < OWN0 ? 0 : g->own_start[b - OWN0]; }
+static uint64_t region_size_of(int b) { return b < N_GUARDED ? GUARDED_SIZE : b == N_GUARDED ? ALLOC_SIZE : OWN_SIZE; }
+static int n_bufs_of(const struct gen *g) { return OWN0 + g->n_own; }
+
+/*
+ * Edges inputs: t alone in the next own mapping, in a buffer of just its
+ * extent (rounded to the 32 bytes a CPU buffer's start needs) flush with the
+ * mapping's end, or starting at the mapping's start: t's last byte is then
+ * followed, or its first byte preceded, by the guard page.  False when the
+ * mappings are taken.
+ */
+static bool place_own(struct gen *g, int i, bool at_end)
+{
+    if (g->n_own == N_OWN)
+        return false;
+    int o = g->n_own++;
+    uint64_t n = ggml_nbytes(g->t[i]);
+    if (n == 0)
+        n = 1;  /* FROM_PTR refuses an empty buffer */
+    if (n > OWN_SIZE) {  /* does not fit: the host must refuse it as sent */
+        g->own_start[o] = 0;
+        g->own_size[o] = OWN_SIZE;
+        g->off_of[i] = 0;
+    } else if (at_end) {
+        g->own_size[o] = (n + 31) & ~(uint64_t)31;
+        g->own_start[o] = OWN_SIZE - g->own_size[o];
+        g->off_of[i] = g->own_size[o] - n;
+    } else {
+        g->own_start[o] = 0;
+        g->own_size[o] = n;
+        g->off_of[i] = 0;
+    }
+    g->buf_of[i] = OWN0 + o;
+    return true;
+}
 
 /* Places t and what it reaches; -1 when there are too many. */
 static int place(struct gen *g, struct ggml_tensor *t)
@@ -470,8 +648,13 @@ static int place(struct gen *g, struct ggml_tensor *t)
         return i;
     }
     bool is_index = t->type == GGML_TYPE_I32 || t->type == GGML_TYPE_I64;
+    if (g->edges && !(g->use_alloc && is_index)) {
+        uint32_t own = rd(g, 1);  /* 5 in 8: a mapping of its own */
+        if (own < 160 && place_own(g, i, own & 1))
+            return i;
+    }
     int b = g->use_alloc && is_index ? N_GUARDED : (int)(rd(g, 1) % N_GUARDED);
-    uint64_t size = buf_size_of(b), nbytes = ggml_nbytes(t);
+    uint64_t size = buf_size_of(g, b), nbytes = ggml_nbytes(t);
     uint32_t where = rd(g, 1);
     uint64_t off;
     if (where < 16 && nbytes <= size)
@@ -517,8 +700,8 @@ static struct apir_tensor_rec rec_of(const struct gen *g, int i, const uint64_t 
 static void fill(struct gen *g, uint8_t *const *base)
 {
     uint32_t x = rd(g, 4) | 1u;
-    for (int b = 0; b <= N_GUARDED; b++)
-        for (uint64_t k = 0; k < buf_size_of(b); k += 4) {
+    for (int b = 0; b < n_bufs_of(g); b++)
+        for (uint64_t k = 0; k < region_size_of(b); k += 4) {
             x ^= x << 13; x ^= x >> 17; x ^= x << 5;
             float f = (float)(int32_t)(x % 2000u - 1000) / 256.0f;
             memcpy(base[b] + k, &f, 4);
@@ -527,10 +710,10 @@ static void fill(struct gen *g, uint8_t *const *base)
         struct ggml_tensor *t = g->t[i];
         if (t->op != GGML_OP_NONE || t->view_src || (t->type != GGML_TYPE_I32 && t->type != GGML_TYPE_I64))
             continue;
-        uint64_t size = buf_size_of(g->buf_of[i]), nbytes = ggml_nbytes(t);
+        uint64_t size = buf_size_of(g, g->buf_of[i]), nbytes = ggml_nbytes(t);
         if (g->off_of[i] > size || nbytes > size - g->off_of[i])
             continue;  /* does not fit: the host refuses it */
-        uint8_t *p = base[g->buf_of[i]] + g->off_of[i];
+        uint8_t *p = base[g->buf_of[i]] + buf_start_of(g, g->buf_of[i]) + g->off_of[i];
         uint64_t n = nbytes / ggml_type_size(t->type);
         uint32_t spread = rd(g, 1);
         for (uint64_t k = 0; k < n; k++) {
@@ -561,13 +744,25 @@ static void allowed_writes(const struct gen *g, int node, uint8_t *const *allow)
         int i = w[k] ? find_t(g, w[k]) : -1;
         if (i < 0)
             continue;
-        uint64_t size = buf_size_of(g->buf_of[i]), off = g->off_of[i], n = ggml_nbytes(w[k]);
+        int b = g->buf_of[i];
+        uint64_t size = buf_size_of(g, b), off = g->off_of[i], n = ggml_nbytes(w[k]);
         if (off >= size)
             continue;
         if (n > size - off)
             n = size - off;
-        memset(allow[g->buf_of[i]] + off, 1, n);
+        memset(allow[b] + buf_start_of(g, b) + off, 1, n);
     }
+}
+
+/* ggml_op_desc, which indexes its name tables with a UNARY or GLU node's
+ * sub-op unchecked: a raw node's can be anything. */
+static const char *op_name(const struct ggml_tensor *t)
+{
+    if (t->op == GGML_OP_UNARY && (uint32_t)ggml_get_op_params_i32(t, 0) >= GGML_UNARY_OP_COUNT)
+        return "UNARY (sub-op out of range)";
+    if (t->op == GGML_OP_GLU && (uint32_t)ggml_get_op_params_i32(t, 0) >= GGML_GLU_OP_COUNT)
+        return "GLU (sub-op out of range)";
+    return ggml_op_desc(t);
 }
 
 /* FUZZ_VERBOSE: what was sent, for triage. */
@@ -576,9 +771,15 @@ static void dump(const struct gen *g)
     for (int i = 0; i < g->n; i++) {
         const struct ggml_tensor *t = g->t[i];
         fprintf(stderr, "fuzz_op: #%d %-14s %-5s ne %lld %lld %lld %lld nb %zu %zu %zu %zu buf %d off %llu", i + 1,
-                ggml_op_desc(t), ggml_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1],
+                op_name(t), ggml_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1],
                 (long long)t->ne[2], (long long)t->ne[3], t->nb[0], t->nb[1], t->nb[2], t->nb[3], g->buf_of[i],
                 (unsigned long long)g->off_of[i]);
+        if (g->buf_of[i] >= OWN0)
+            fprintf(stderr, " (own mapping: buffer of %llu bytes at %llu of %u)",
+                    (unsigned long long)buf_size_of(g, g->buf_of[i]), (unsigned long long)buf_start_of(g, g->buf_of[i]),
+                    OWN_SIZE);
+        if (t->view_src)
+            fprintf(stderr, " view of #%d at %zu", find_t(g, t->view_src) + 1, t->view_offs);
         for (int k = 0; k < GGML_MAX_SRC; k++)
             if (t->src[k])
                 fprintf(stderr, " src%d #%d", k, find_t(g, t->src[k]) + 1);
@@ -589,21 +790,29 @@ static void dump(const struct gen *g)
 /* In the child, after the host answered: the write oracle. */
 static void check_writes(const struct gen *g, int node, bool accepted, uint8_t *const *base)
 {
-    static uint8_t allow_mem[N_GUARDED + 1][GUARDED_SIZE];
-    uint8_t *allow[N_GUARDED + 1];
-    for (int b = 0; b <= N_GUARDED; b++) {
+    static uint8_t allow_mem[N_BUFS][REGION_MAX];
+    uint8_t *allow[N_BUFS];
+    for (int b = 0; b < n_bufs_of(g); b++) {
         allow[b] = allow_mem[b];
-        memset(allow[b], 0, GUARDED_SIZE);
+        memset(allow[b], 0, region_size_of(b));
     }
     if (accepted && !ggml_op_is_empty(g->t[node]->op))
         allowed_writes(g, node, allow);
-    for (int b = 0; b <= N_GUARDED; b++)
-        for (uint64_t k = 0; k < buf_size_of(b); k++)
+    for (int b = 0; b < n_bufs_of(g); b++) {
+        if (memcmp(base[b], snapshot[b], region_size_of(b)) == 0)
+            continue;
+        for (uint64_t k = 0; k < region_size_of(b); k++)
             if (base[b][k] != snapshot[b][k] && !allow[b][k]) {
-                fprintf(stderr, "FUZZ ORACLE: %s (%s) changed byte %llu of buffer %d outside what it may write\n",
-                        ggml_op_desc(g->t[node]), accepted ? "accepted" : "refused", (unsigned long long)k, b);
+                /* k counts from the region's start: an own mapping's buffer
+                 * starts buf_start_of into it */
+                fprintf(stderr,
+                        "FUZZ ORACLE: %s (%s) changed byte %llu of buffer %d (region of %llu, buffer at %llu) "
+                        "outside what it may write\n",
+                        op_name(g->t[node]), accepted ? "accepted" : "refused", (unsigned long long)k, b,
+                        (unsigned long long)region_size_of(b), (unsigned long long)buf_start_of(g, b));
                 _exit(ORACLE_EXIT);
             }
+    }
 }
 
 /*
@@ -630,6 +839,29 @@ static bool hits_known(const struct gen *g, int node_i)
     return false;
 }
 
+/*
+ * Issue 24 class 1 (fuzz_op-61, -62): a size-1 dimension whose stride is
+ * not ggml_new_tensor's, i.e. not the stride below it times that
+ * dimension's count.  The import normalises these (host/import.c); on a
+ * tree without that, FUZZ_SKIP_KNOWN skips such inputs so that a run looks
+ * past them.  Not a reason to leave an input out of the seeds.
+ */
+static bool has_odd_size1_stride(const struct gen *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        const struct ggml_tensor *t = g->t[i];
+        for (int k = 0; k < 4; k++) {
+            if (t->ne[k] != 1)
+                continue;
+            size_t want = k == 0 ? ggml_type_size(t->type)
+                                 : t->nb[k - 1] * (size_t)(k == 1 ? t->ne[0] / ggml_blck_size(t->type) : t->ne[k - 1]);
+            if (t->nb[k] != want)
+                return true;
+        }
+    }
+    return false;
+}
+
 static bool build(struct gen *g, struct ggml_tensor **node);
 
 /* The no-alloc context inputs build their tensors in: one for the process,
@@ -649,42 +881,60 @@ static struct ggml_context *scratch_ctx(void)
 
 /*
  * FUZZ_OP_SEEDS=DIR: writes, per op, a few inputs whose node its constructor
- * accepts (random bytes, tried until some pass) and exits.  Random leaves
- * rarely fit an op's shape rules, and the constructors are not
- * coverage-instrumented, so these give the fuzzer a start inside every op.
+ * accepts (random bytes, tried until some pass) and exits: plain inputs and
+ * edges inputs.  Random leaves rarely fit an op's shape rules, and the
+ * constructors are not coverage-instrumented, so these give the fuzzer a
+ * start inside every op.
  */
 static void write_constructible_seeds(const char *dir)
 {
     uint32_t x = 0x9e3779b9u;
-    for (int op = 0; op < GGML_OP_COUNT; op++) {
-        int found = 0;
-        for (int attempt = 0; attempt < 20000 && found < 4; attempt++) {
-            uint8_t in[96];
-            for (size_t i = 0; i < sizeof(in); i++) {
-                x ^= x << 13; x ^= x >> 17; x ^= x << 5;
-                in[i] = (uint8_t)x;
-            }
-            in[0] = (uint8_t)op;
-            in[1] = (uint8_t)((in[1] & 0x80) | 0x11);  /* constructed, not mutated */
-            struct gen g;
-            memset(&g, 0, sizeof(g));
-            g.r.p = in;
-            g.r.left = sizeof(in);
-            g.ctx = scratch_ctx();
-            struct ggml_tensor *node;
-            bool ok = build(&g, &node) && g.constructed && !hits_known(&g, find_t(&g, node));
-            if (!ok)
-                continue;
-            char path[512];
-            snprintf(path, sizeof(path), "%s/constructed-%02d-%d.bin", dir, op, found++);
-            FILE *f = fopen(path, "wb");
-            if (!f || fwrite(in, 1, sizeof(in), f) != sizeof(in) || fclose(f) != 0) {
-                perror(path);
-                exit(1);
+    for (int edges = 0; edges < 2; edges++) {
+        for (int op = 0; op < GGML_OP_COUNT; op++) {
+            int found = 0;
+            for (int attempt = 0; attempt < 20000 && found < 4; attempt++) {
+                uint8_t in[128];  /* edges inputs read more bytes per leaf */
+                size_t len = edges ? sizeof(in) : 96;
+                for (size_t i = 0; i < len; i++) {
+                    x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+                    in[i] = (uint8_t)x;
+                }
+                uint8_t *body = in;
+                if (edges)
+                    *body++ = EDGES_MARK;
+                body[0] = (uint8_t)op;
+                body[1] = (uint8_t)((body[1] & 0x80) | 0x11);  /* constructed, not mutated */
+                struct gen g;
+                memset(&g, 0, sizeof(g));
+                g.r.p = in;
+                g.r.left = len;
+                g.ctx = scratch_ctx();
+                struct ggml_tensor *node;
+                bool ok = build(&g, &node) && g.constructed && !hits_known(&g, find_t(&g, node));
+                if (!ok)
+                    continue;
+                char path[512];
+                snprintf(path, sizeof(path), "%s/constructed-%s%02d-%d.bin", dir, edges ? "edges-" : "", op, found++);
+                FILE *f = fopen(path, "wb");
+                if (!f || fwrite(in, 1, len, f) != len || fclose(f) != 0) {
+                    perror(path);
+                    exit(1);
+                }
             }
         }
     }
     exit(0);
+}
+
+/* size bytes (a multiple of the page size) with a PROT_NONE page right
+ * before and right after them. */
+static uint8_t *map_guarded(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *p = mmap(NULL, size + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect(p, page, PROT_NONE) != 0 || mprotect(p + page + size, page, PROT_NONE) != 0)
+        abort();
+    return p + page;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -697,14 +947,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     previous_abort = ggml_set_abort_callback(on_abort);
     if (getenv("FUZZ_OP_SEEDS"))
         write_constructible_seeds(getenv("FUZZ_OP_SEEDS"));
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    for (int b = 0; b < N_GUARDED; b++) {
-        uint8_t *p = mmap(NULL, GUARDED_SIZE + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED || mprotect(p, page, PROT_NONE) != 0 ||
-            mprotect(p + page + GUARDED_SIZE, page, PROT_NONE) != 0)
-            abort();
-        guarded[b] = p + page;
-    }
+    for (int b = 0; b < N_GUARDED; b++)
+        guarded[b] = map_guarded(GUARDED_SIZE);
+    for (int o = 0; o < N_OWN; o++)
+        own_map[o] = map_guarded(OWN_SIZE);
     msg_blob = mmap(NULL, MSG_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (msg_blob == MAP_FAILED)
         abort();
@@ -714,6 +960,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 /* Builds the node; false when nothing can be sent. */
 static bool build(struct gen *g, struct ggml_tensor **node)
 {
+    if (g->r.left && g->r.p[0] == EDGES_MARK) {
+        g->edges = true;
+        rd(g, 1);
+    }
     enum ggml_op op = (enum ggml_op)(rd(g, 1) % GGML_OP_COUNT);
     uint32_t mode = rd(g, 1);
     g->use_alloc = (mode & 0x80) != 0;
@@ -742,6 +992,28 @@ static bool build(struct gen *g, struct ggml_tensor **node)
     return made && place(g, made) >= 0;
 }
 
+/* A blob of the harness's memory and the guest buffer over all of it
+ * (DEVICE_BUFFER_FROM_PTR): its handle. */
+static uint64_t buffer_from_ptr(struct apir_session *s, uint32_t res, uint8_t *p, uint64_t size)
+{
+    if (!apir_session_blob_add(s, res, p, size, NULL, NULL))
+        abort();
+    uint8_t req[24], rep[16];
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, req, sizeof(req));
+    apir_encode_request_DEVICE_BUFFER_FROM_PTR(&enc, res, size, size);
+    size_t used = 0;
+    if (fz_forward(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, req, apir_encoder_used(&enc), rep, sizeof(rep), &used) !=
+        APIR_HANDLER_OK)
+        abort();
+    uint64_t handle, buft;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, rep, used);
+    if (!apir_decode_reply_DEVICE_BUFFER_FROM_PTR(&dec, &handle, &buft) || !handle)
+        abort();
+    return handle;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct gen g;
@@ -755,26 +1027,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     struct fz_known k;
     struct apir_session *s = fz_session_new(&k);
-    uint64_t handles[N_GUARDED + 1];
-    uint8_t *base[N_GUARDED + 1];
+    uint64_t handles[N_BUFS];
+    uint8_t *base[N_BUFS];  /* each buffer's region (fill, snapshot, oracle) */
     if (!apir_session_blob_add(s, MSG_RES, msg_blob, MSG_SIZE, NULL, NULL))
         abort();
     for (int b = 0; b < N_GUARDED; b++) {
-        if (!apir_session_blob_add(s, GUARDED_RES0 + (uint32_t)b, guarded[b], GUARDED_SIZE, NULL, NULL))
-            abort();
-        uint8_t req[24], rep[16];
-        struct apir_encoder enc;
-        apir_encoder_init(&enc, req, sizeof(req));
-        apir_encode_request_DEVICE_BUFFER_FROM_PTR(&enc, GUARDED_RES0 + (uint32_t)b, GUARDED_SIZE, GUARDED_SIZE);
-        size_t used = 0;
-        if (fz_forward(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, req, apir_encoder_used(&enc), rep, sizeof(rep), &used) !=
-            APIR_HANDLER_OK)
-            abort();
-        uint64_t buft;
-        struct apir_decoder dec;
-        apir_decoder_init(&dec, rep, used);
-        if (!apir_decode_reply_DEVICE_BUFFER_FROM_PTR(&dec, &handles[b], &buft) || !handles[b])
-            abort();
+        handles[b] = buffer_from_ptr(s, GUARDED_RES0 + (uint32_t)b, guarded[b], GUARDED_SIZE);
         base[b] = guarded[b];
     }
     handles[N_GUARDED] = fz_alloc_buffer(s, ALLOC_SIZE, &k);
@@ -782,10 +1040,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!slot)
         abort();
     base[N_GUARDED] = ((struct apir_host_buffer *)slot->object)->base;  /* CPU buffer: host memory */
+    for (int o = 0; o < g.n_own; o++) {
+        handles[OWN0 + o] = buffer_from_ptr(s, OWN_RES0 + (uint32_t)o, own_map[o] + g.own_start[o], g.own_size[o]);
+        base[OWN0 + o] = own_map[o];
+    }
 
     fill(&g, base);
-    for (int b = 0; b <= N_GUARDED; b++)
-        memcpy(snapshot[b], base[b], buf_size_of(b));
+    for (int b = 0; b < n_bufs_of(&g); b++)
+        memcpy(snapshot[b], base[b], region_size_of(b));
 
     /* The graph message: one node, every tensor it reaches. */
     static struct apir_tensor_rec recs[MAX_TENSORS];
@@ -802,7 +1064,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     apir_encoder_init(&re, req, sizeof(req));
     apir_encode_request_BACKEND_GRAPH_COMPUTE_AT(&re, MSG_RES, 0, apir_encoder_used(&e));
 
-    if (fz_skipping_known() && hits_known(&g, find_t(&g, node))) {
+    if (fz_skipping_known() && (hits_known(&g, find_t(&g, node)) || has_odd_size1_stride(&g))) {
         apir_session_free(s);
         return 0;
     }
@@ -830,18 +1092,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         _exit(0);
     }
     int status = 0;
-    pid_t w;
-    do
-        w = pid > 0 ? waitpid(pid, &status, 0) : -1;
-    while (w < 0 && errno == EINTR);
+    pid_t w = fz_wait_child(pid, &status);
     FZ_ASSERT(pid > 0 && w == pid, "fork/wait failed (errno %d)", errno);
     FZ_ASSERT(!WIFSIGNALED(status) || WTERMSIG(status) != SIGALRM, "%s: compute did not end within %d s",
-              ggml_op_desc(node), CHILD_SECONDS);
-    FZ_ASSERT(WIFEXITED(status), "%s: the computing process died of signal %d", ggml_op_desc(node),
+              op_name(node), CHILD_SECONDS);
+    FZ_ASSERT(WIFEXITED(status), "%s: the computing process died of signal %d", op_name(node),
               WIFSIGNALED(status) ? WTERMSIG(status) : -1);
-    FZ_ASSERT(WEXITSTATUS(status) != ORACLE_EXIT, "%s: oracle (see the child's line above)", ggml_op_desc(node));
+    FZ_ASSERT(WEXITSTATUS(status) != ORACLE_EXIT, "%s: oracle (see the child's line above)", op_name(node));
     FZ_ASSERT(WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == CONTAINED_ABORT_EXIT, "%s: child exit %d",
-              ggml_op_desc(node), WEXITSTATUS(status));
+              op_name(node), WEXITSTATUS(status));
     apir_session_free(s);
     return 0;
 }

@@ -28,6 +28,7 @@
 #include "calls.h"
 
 #include "apir_proto.h"
+#include "fdpass.h"
 #include "wait.h"
 
 #include <stdlib.h>
@@ -56,7 +57,7 @@ size_t apir_download_piece_from_env(void)
     if (kb == 0)
         return 0;
     size_t bytes = (size_t)kb << 10;
-    bytes &= ~(size_t)4095;  /* pieces start on pages of the data area */
+    bytes = apir_page_round_down(bytes);  /* pieces start on pages of the data area */
     return bytes < APIR_CHUNK_MIN ? APIR_CHUNK_MIN : bytes;
 }
 
@@ -162,7 +163,7 @@ static int get_in_pieces(struct apir_remote *r, uint64_t buffer, const struct ap
 static size_t piece_for(const struct apir_remote *r, size_t room)
 {
     size_t piece = r->get_piece;
-    size_t half = (room / 2) & ~(size_t)4095;
+    size_t half = apir_page_round_down(room / 2);
     if (piece > half)
         piece = half;
     return piece >= APIR_CHUNK_MIN ? piece : 0;

@@ -16,6 +16,34 @@
 #include "ggml.h"
 #include "endpoint_list.h"  /* APIR_MAX_DEVICES */
 #include "remote.h"
+#include "apir_ggml_features.h"  /* what the built-for ggml has: cmake/GgmlFeatures.cmake */
+
+/*
+ * Every ggml function this library calls, each imported weak.  ggml's loader
+ * opens backends with RTLD_NOW: one function the program's ggml lacks (an
+ * older tree without ggml_log_get) would fail the load before our check runs,
+ * with a linker message instead of ours.  Weak, a missing one is a NULL
+ * address that apir_ggml_check (frontend_compat.c) names.  A ggml call not in
+ * this list is a strong import: the guest_ggml_imports test fails on it.
+ */
+#define APIR_GGML_IMPORTS(X)                                                              \
+    X(ggml_version) X(ggml_commit) X(ggml_tensor_overhead) X(ggml_graph_overhead_custom)  \
+    X(ggml_type_name) X(ggml_op_name) X(ggml_unary_op_name) X(ggml_glu_op_name)           \
+    X(ggml_nbytes) X(ggml_is_quantized) X(ggml_op_desc)                                   \
+    X(ggml_graph_n_nodes) X(ggml_graph_node) X(ggml_log_internal)                         \
+    X(ggml_log_callback_default) X(ggml_backend_buffer_init) X(ggml_backend_buffer_name)  \
+    X(ggml_backend_buffer_is_host) X(ggml_backend_buffer_get_usage)                       \
+    X(ggml_backend_buft_alloc_buffer) X(ggml_backend_cpu_buffer_type)                     \
+    APIR_GGML_IMPORTS_LOG_GET(X)
+#if APIR_GGML_HAS_LOG_GET
+#define APIR_GGML_IMPORTS_LOG_GET(X) X(ggml_log_get)
+#else
+#define APIR_GGML_IMPORTS_LOG_GET(X)
+#endif
+#define APIR_PRAGMA_(x) _Pragma(#x)
+#define APIR_X_WEAK(f) APIR_PRAGMA_(weak f)
+APIR_GGML_IMPORTS(APIR_X_WEAK)
+#undef APIR_X_WEAK
 
 #define APIR_REG_NAME "APIR"
 
@@ -105,6 +133,7 @@ struct apir_device {
     uint32_t kept_next;
     uint64_t serialize_ns, serialize_count;   /* APIR_PROFILE */
     uint32_t generation;              /* connection the handles above belong to (lock held) */
+    uint32_t ggml_refused_generation; /* a connection whose host refused our ggml (said once) */
 };
 
 /* A buffer's context: its handle and the opaque base the host gave; or, for
@@ -159,6 +188,19 @@ struct apir_device *apir_event_device(ggml_backend_event_t event);
 
 /* frontend_backend.c */
 ggml_backend_t apir_backend_new(struct apir_device *d);
+
+/* frontend_compat.c: is the program's ggml the one this library was built
+ * for (its version and commit, the sizes and tables it can be asked about,
+ * the functions imported above)?  False, with the first difference, what
+ * this library was built for and how to build one for the program in why. */
+bool apir_ggml_check(char *why, size_t why_size);
+/* Does the host compute with the ggml our tensors are numbered by (asks it:
+ * HOST_CHECK_GGML)?  False, why in why: use none of its devices. */
+bool apir_ggml_host_agrees(struct apir_remote *r, char *why, size_t why_size);
+bool apir_ggml_host_agrees_locked(struct apir_remote *r, char *why, size_t why_size);
+#define APIR_GGML_HOW_TO_BUILD                                                                          \
+    "build libggml-apir.so for this program's ggml: scripts/guest-for.sh with its llama.cpp tree, a git " \
+    "bundle of it, or node-llama-cpp@VERSION (README: \"Which ggml a guest may use\")"
 
 /* serialize.c: records of tensors.  False when a tensor cannot be sent
  * (a shape beyond 32 bits; with placement, a buffer that is not ours). */

@@ -84,7 +84,11 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     struct apir_device *d = backend->context;
     struct apir_remote *r = &d->remote;
     uint32_t status = GGML_STATUS_FAILED;
+#if APIR_GGML_HAS_GRAPH_UID
     const uint64_t uid = cgraph->uid;
+#else
+    const uint64_t uid = 0;  /* a ggml that names no reused graph: each is sent */
+#endif
     const bool keyed = uid != 0 && apir_minor_speaks(r->minor, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED);
     pthread_mutex_lock(&r->lock);
     if (apir_remote_gone_locked(r)) {
@@ -144,8 +148,10 @@ static const struct ggml_backend_i apir_backend_iface = {
     .free = backend_free,
     .set_tensor_async = NULL,
     .get_tensor_async = NULL,
+#if APIR_GGML_HAS_BACKEND_2D_ASYNC
     .set_tensor_2d_async = NULL,
     .get_tensor_2d_async = NULL,
+#endif
     .cpy_tensor_async = NULL,
     .synchronize = backend_synchronize,
     .graph_plan_create = NULL,

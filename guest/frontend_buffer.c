@@ -382,8 +382,10 @@ static const struct ggml_backend_buffer_i apir_buffer_iface = {
     .memset_tensor = buffer_memset_tensor,
     .set_tensor = buffer_set_tensor,
     .get_tensor = buffer_get_tensor,
+#if APIR_GGML_HAS_BUFFER_2D
     .set_tensor_2d = NULL,
     .get_tensor_2d = NULL,
+#endif
     .cpy_tensor = buffer_cpy_tensor,
     .clear = buffer_clear,
     .reset = NULL,

@@ -48,7 +48,9 @@ static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props 
      * without this: a copy more per weight (a 2 GB model loaded in 2.5 s
      * against 0.27 s natively on the H200).  Our set_tensor copies from any
      * guest memory, a file mapping included. */
+#if APIR_GGML_HAS_CAPS_MMAP
     props->caps.mmap_support = true;
+#endif
 }
 
 static ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char *params)
@@ -216,8 +218,17 @@ bool apir_device_ready_locked(struct apir_device *d, const char *what)
         APIR_ERROR("guest", "%s: %s failed: the host at %s is unreachable", d->name, what, r->endpoint);
         return false;
     }
-    if (d->generation != r->conn->generation)
+    if (d->generation != r->conn->generation) {
+        /* A restarted host may be another build: its ggml is asked again. */
+        char why[768];
+        if (!apir_ggml_host_agrees_locked(r, why, sizeof(why))) {
+            if (d->ggml_refused_generation != r->conn->generation)
+                APIR_ERROR("guest", "%s: %s failed: %s", d->name, what, why);
+            d->ggml_refused_generation = r->conn->generation;
+            return false;
+        }
         device_reconnected_locked(d);
+    }
     return true;
 }
 
@@ -347,6 +358,14 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
     /* A remote CPU is still offered as an accelerator: the point is to run
      * there, not on the guest's CPU backend. */
     d->type = type == GGML_BACKEND_DEVICE_TYPE_CPU ? GGML_BACKEND_DEVICE_TYPE_GPU : (enum ggml_backend_dev_type)type;
+    /* The host's number, in the host's ggml: one past the program's last
+     * type (META came later than ACCEL) would mean nothing here. */
+#if APIR_GGML_HAS_DEVICE_TYPE_META
+    if (type > GGML_BACKEND_DEVICE_TYPE_META)
+#else
+    if (type > GGML_BACKEND_DEVICE_TYPE_ACCEL)
+#endif
+        d->type = GGML_BACKEND_DEVICE_TYPE_GPU;
     /* Which host, and which of its devices when the name does not say it
      * (a second host's first device is APIR<n> here but device 0 there). */
     int len = snprintf(d->description, sizeof(d->description), "%.100s via %.127s", remote_desc.s, d->remote.t->endpoint);

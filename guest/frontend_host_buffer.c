@@ -138,8 +138,10 @@ static const struct ggml_backend_buffer_i host_buffer_iface = {
     .memset_tensor = host_buffer_memset_tensor,
     .set_tensor = host_buffer_set_tensor,
     .get_tensor = host_buffer_get_tensor,
+#if APIR_GGML_HAS_BUFFER_2D
     .set_tensor_2d = NULL,
     .get_tensor_2d = NULL,
+#endif
     .cpy_tensor = host_buffer_cpy_tensor,
     .clear = host_buffer_clear,
     .reset = NULL,

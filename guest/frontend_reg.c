@@ -100,10 +100,15 @@ static void log_to_ggml(enum apir_log_level level, const char *line)
  * themselves (notice.h). */
 static bool ggml_log_reaches_user(void)
 {
+#if APIR_GGML_HAS_LOG_GET
     ggml_log_callback cb = NULL;
     void *user = NULL;
     ggml_log_get(&cb, &user);
     return cb == NULL || cb == ggml_log_callback_default;
+#else
+    /* A ggml that cannot say which logger it has: notices go to stderr. */
+    return false;
+#endif
 }
 
 static void warn_endpoint_problem(void *arg, const char *msg)
@@ -116,7 +121,7 @@ static void warn_endpoint_problem(void *arg, const char *msg)
  * the warning a single endpoint has always had ("no APIR device: ..."). */
 static void host_left_out(const struct apir_reg_ctx *c, uint32_t host_no, const char *why)
 {
-    char what[600];
+    char what[1024];
     if (c->hosts.n == 1)
         snprintf(what, sizeof(what), "no APIR device: %s", why);
     else
@@ -144,6 +149,14 @@ static void connect_host(struct apir_reg_ctx *c, uint32_t host_no)
         return;
     if (!apir_remote_open(&first->remote, endpoint, 0, err, sizeof(err))) {
         host_left_out(c, host_no, err);
+        free(first);
+        return;
+    }
+    /* Before any tensor: our op and type numbers must mean the same there. */
+    char ggml_why[768];
+    if (!apir_ggml_host_agrees(&first->remote, ggml_why, sizeof(ggml_why))) {
+        host_left_out(c, host_no, ggml_why);
+        apir_remote_close(&first->remote);
         free(first);
         return;
     }
@@ -205,14 +218,28 @@ static void connect_devices(void)
         atexit(print_profiles);
 }
 
+/* Another ggml than ours (frontend_compat.c): a registry without devices,
+ * so that the program goes on with its other backends.  Said on stderr
+ * through apir's own logger, not ggml's, whose functions are then not ours
+ * to call, and as a notice (once, even where the program silences logs). */
+static void check_ggml(void)
+{
+    char why[1024];
+    if (apir_ggml_check(why, sizeof(why))) {
+        apir_log_set_sink(log_to_ggml);
+        apir_notice_set_log_visible(ggml_log_reaches_user);
+        connect_devices();
+        return;
+    }
+    apir_notice(APIR_NOTICE_NO_DEVICE, why, APIR_GGML_HOW_TO_BUILD);
+}
+
 static ggml_backend_reg_t apir_backend_reg(void)
 {
     apir_reg.api_version = GGML_BACKEND_API_VERSION;
     apir_reg.iface = apir_reg_iface;
     apir_reg.context = &reg_ctx;
-    apir_log_set_sink(log_to_ggml);
-    apir_notice_set_log_visible(ggml_log_reaches_user);
-    pthread_once(&reg_ctx.once, connect_devices);
+    pthread_once(&reg_ctx.once, check_ggml);
     return &apir_reg;
 }
 

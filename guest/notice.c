@@ -15,12 +15,6 @@ void apir_notice_set_log_visible(apir_notice_log_visible_fn fn)
     atomic_store(&log_visible, fn);
 }
 
-void apir_notice_reset(void)
-{
-    for (int i = 0; i < APIR_NOTICE_CAUSE_COUNT; i++)
-        atomic_store(&said[i], false);
-}
-
 void apir_notice(enum apir_notice_cause cause, const char *what, const char *remedy)
 {
     if ((unsigned)cause >= APIR_NOTICE_CAUSE_COUNT || atomic_exchange(&said[cause], true))

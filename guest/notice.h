@@ -32,7 +32,4 @@ void apir_notice_set_log_visible(apir_notice_log_visible_fn fn);
 /* Says `what` and `remedy` once per cause (thread-safe). */
 void apir_notice(enum apir_notice_cause cause, const char *what, const char *remedy);
 
-/* Tests: forget which causes were said. */
-void apir_notice_reset(void);
-
 #endif

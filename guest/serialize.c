@@ -195,10 +195,18 @@ static bool visit_add(struct apir_graph_scratch *g, uint32_t *n, const struct gg
  * the whole graph's hash set and counts (ggml_graph_view). */
 static uint32_t node_use_count(const struct ggml_cgraph *graph, int i)
 {
+#if APIR_GGML_HAS_NODE_USE_COUNT
     if (graph->visited_hash_set.size == 0 || !graph->use_counts)
         return 0;
     int32_t n = ggml_node_get_use_count(graph, i);
     return n > 0 ? (uint32_t)n : 0;
+#else
+    /* A ggml without the count's accessor also has no graph uids, so no
+     * keyed graphs, the only ones that carry counts. */
+    (void)graph;
+    (void)i;
+    return 0;
+#endif
 }
 
 /* Is the buffer another device's: not ours, or an APIR buffer of another

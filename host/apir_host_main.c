@@ -1,15 +1,18 @@
 /*
  * apir-host: serves a real ggml backend to guests over the shm transport.
  *
- * What runs as root (when started as root): the daemon - it binds the
- * socket, accepts connections, reads each peer's uid (SO_PEERCRED), paces
- * them and forks and re-executes itself as a worker per guest; it never
- * parses a byte a guest sends (a refused connection is only drained).  A
- * worker loads the backend as root (the backend libraries and a GPU's device
- * nodes need it), then enters the sandbox (sandbox.c) - its own uid,
- * seccomp - before the guest's hello.
+ * What runs with the daemon's rights (root, or a user with CAP_SETUID and
+ * CAP_SETGID: dist/systemd): the daemon - it binds the socket, accepts
+ * connections, reads each peer's uid (SO_PEERCRED), paces them and starts
+ * a worker per guest, this program re-executed in namespaces of its own
+ * (workers.c); it never parses a byte a guest sends (a refused connection
+ * is only drained).  A worker loads the backend with the daemon's rights
+ * (the backend libraries and a GPU's device nodes may need them), then
+ * enters the sandbox (sandbox.c) - its own uid, seccomp - before the
+ * guest's hello.
  * With --isolation thread this process serves every guest itself, without
- * a sandbox: for trusted guests only.
+ * a sandbox: for trusted guests only, and only with
+ * --insecure-shared-process said too.
  *
  * The command line (getopt_long): every option in long_opts below, with
  * --opt VALUE and --opt=VALUE; the short letters are those rpc-server users
@@ -36,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,7 +47,7 @@
 /* tests/worker_attack.c, linked into the test build apir-host-hooks only:
  * "attacker code" run inside a sandboxed worker (tests/test_hostile.c). */
 void apir_test_attack_prepare(void);
-void apir_test_attack_run(void);
+void apir_test_attack_run(int guest_fd);
 #endif
 
 /* Exit statuses (usage() and the README list them). */
@@ -73,6 +77,7 @@ enum {
     OPT_LIST_DEVICES,
     OPT_LOG_LEVEL,
     OPT_ISOLATION,
+    OPT_INSECURE_SHARED_PROCESS,
     OPT_WORKER_UID_BASE,
     OPT_NO_SANDBOX,
     OPT_SANDBOX_LOG,
@@ -85,8 +90,14 @@ enum {
     OPT_MAX_BLOBS,
     OPT_MAX_BLOB_MIB,
     OPT_MAX_CLIENTS_PER_UID,
+    OPT_MAX_CLIENTS_PER_TENANT,
+    OPT_TENANT_BY,
+    OPT_CONNECT_RATE,
+    OPT_CONNECT_BURST,
     OPT_SPAWN_RATE,
     OPT_SPAWN_BURST,
+    OPT_GUEST_LOG_RATE,
+    OPT_GUEST_LOG_BURST,
     OPT_HANDSHAKE_TIMEOUT_MS,
     OPT_GRAPH_TIMEOUT_MS,
     OPT_SOCKET_MODE,
@@ -109,6 +120,8 @@ enum {
     OPT_STREAM_TLS,
     OPT_CLIENT_ID,
     OPT_WORKER_SLOT,
+    OPT_WORKER_UID,
+    OPT_PEER_CRED,
     OPT_STATS_FD,
     OPT_WEIGHT_CACHE_FD,
 };
@@ -130,6 +143,7 @@ static const struct option long_opts[] = {
     { "list-devices", no_argument, NULL, OPT_LIST_DEVICES },
     { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
     { "isolation", required_argument, NULL, OPT_ISOLATION },
+    { "insecure-shared-process", no_argument, NULL, OPT_INSECURE_SHARED_PROCESS },
     { "worker-uid-base", required_argument, NULL, OPT_WORKER_UID_BASE },
     { "no-sandbox", no_argument, NULL, OPT_NO_SANDBOX },
     { "sandbox-log", no_argument, NULL, OPT_SANDBOX_LOG },
@@ -141,9 +155,15 @@ static const struct option long_opts[] = {
     { "max-graph-tensors", required_argument, NULL, OPT_MAX_GRAPH_TENSORS },
     { "max-blobs", required_argument, NULL, OPT_MAX_BLOBS },
     { "max-blob-mib", required_argument, NULL, OPT_MAX_BLOB_MIB },
-    { "max-clients-per-uid", required_argument, NULL, OPT_MAX_CLIENTS_PER_UID },
+    { "max-clients-per-uid", required_argument, NULL, OPT_MAX_CLIENTS_PER_UID },  /* the old name: per tenant */
+    { "max-clients-per-tenant", required_argument, NULL, OPT_MAX_CLIENTS_PER_TENANT },
+    { "tenant-by", required_argument, NULL, OPT_TENANT_BY },
+    { "connect-rate", required_argument, NULL, OPT_CONNECT_RATE },
+    { "connect-burst", required_argument, NULL, OPT_CONNECT_BURST },
     { "spawn-rate", required_argument, NULL, OPT_SPAWN_RATE },
     { "spawn-burst", required_argument, NULL, OPT_SPAWN_BURST },
+    { "guest-log-rate", required_argument, NULL, OPT_GUEST_LOG_RATE },
+    { "guest-log-burst", required_argument, NULL, OPT_GUEST_LOG_BURST },
     { "handshake-timeout-ms", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT_MS },
     { "graph-timeout-ms", required_argument, NULL, OPT_GRAPH_TIMEOUT_MS },
     { "socket-mode", required_argument, NULL, OPT_SOCKET_MODE },
@@ -165,6 +185,8 @@ static const struct option long_opts[] = {
     { "stream-tls", no_argument, NULL, OPT_STREAM_TLS },
     { "client-id", required_argument, NULL, OPT_CLIENT_ID },
     { "worker-slot", required_argument, NULL, OPT_WORKER_SLOT },
+    { "worker-uid", required_argument, NULL, OPT_WORKER_UID },
+    { "peer-cred", required_argument, NULL, OPT_PEER_CRED },
     { "stats-fd", required_argument, NULL, OPT_STATS_FD },
     { "weight-cache-fd", required_argument, NULL, OPT_WEIGHT_CACHE_FD },
     { NULL, 0, NULL, 0 },
@@ -216,26 +238,40 @@ static void usage(FILE *out, const char *default_socket, const char *backend_dir
             "      --log-level LEVEL    error|warn|info|debug (default info, or $APIR_LOG_LEVEL)\n"
             "      --isolation MODE     process: each guest in its own sandboxed worker process (default);\n"
             "                           thread: all guests in this process, unsandboxed - TRUSTED GUESTS ONLY\n"
-            "                           (a guest that crashes or compromises it reaches every other guest)\n"
+            "                           (a guest that crashes or compromises it reaches every other guest, and\n"
+            "                           the daemon's rights): refused without --insecure-shared-process\n"
+            "      --insecure-shared-process  let --isolation thread start (never for untrusted guests)\n"
             "worker sandbox (process isolation):\n"
-            "      --worker-uid-base N  as root, worker k runs as uid/gid N+k (default %u)\n"
+            "      --worker-uid-base N  each worker runs as a uid/gid of its own from N up, none shared by two\n"
+            "                           live workers (default %u; root, or CAP_SETUID and CAP_SETGID)\n"
             "      --no-sandbox         workers keep the daemon's uid and every syscall (debugging only)\n"
             "      --sandbox-log        name each refused syscall in the worker's log (still refused)\n"
-            "      --sandbox-allow LIST also allow these syscalls (comma-separated names), e.g. for a GPU driver\n"
+            "      --sandbox-allow LIST also allow these syscalls (comma-separated names), e.g. for a GPU driver;\n"
+            "                           not those that would undo the sandbox (sendmsg, kill, setuid...)\n"
             "limits per guest (over a limit the call fails; other guests go on):\n"
             "      --max-clients N      concurrent guests (64)\n"
             "      --max-buffers N      live buffers (4096)\n"
-            "      --max-alloc-mib N    MiB in live buffers (unlimited)\n"
+            "      --max-alloc-mib N    MiB in live buffers (default: half the devices' memory, at least\n"
+            "                           1024; 0: no limit)\n"
             "      --max-graph-nodes N  nodes per graph (65536)\n"
             "      --max-graph-tensors N  tensors per graph (262144)\n"
             "      --max-blobs N        shared-memory blobs (1024)\n"
             "      --max-blob-mib N     MiB of shared memory mapped (half the RAM, at most 65536)\n"
             "denial of service:\n"
-            "      --max-clients-per-uid N  concurrent connections of one peer uid, root's too (16; 0: no limit)\n"
-            "      --spawn-rate N       new connections per second, all peers (20; 0: no limit)\n"
-            "      --spawn-burst N      ... at once (40)\n"
+            "      --tenant-by cgroup|uid  what tells local guests apart: cgroup (default): their container\n"
+            "                           (cgroup and uid, read at connect; the uid when unreadable); uid: their\n"
+            "                           uid.  A stream guest's tenant is its address (an IPv6 /64).  Every limit\n"
+            "                           below is per tenant: one tenant's connections cost no other tenant\n"
+            "      --max-clients-per-tenant N  connections of one tenant, waiting or served, root's too (16; 0: no\n"
+            "                           limit; 64 guests of one tenant: 64, with --spawn-burst 64)\n"
+            "      --connect-rate N     new connections per second of one tenant, before their hello (50;\n"
+            "                           0: no limit), --connect-burst N at once (100)\n"
+            "      --spawn-rate N       guests started per second of one tenant, once their hello is in (20;\n"
+            "                           0: no limit), --spawn-burst N at once (40)\n"
             "      --handshake-timeout-ms N  a connection's hello must come by then (5000; at most 600000)\n"
             "      --graph-timeout-ms N one command's time; a worker over it is ended (60000; 0: none)\n"
+            "      --guest-log-rate N   log lines a guest's commands may cause a second (10; 0: no limit), then\n"
+            "                           one \"N log lines suppressed\" line; --guest-log-burst N at once (100)\n"
             "what the host does (apir stat, apir ps):\n"
             "      --control unix:PATH  control socket (default: the socket's path + \".ctl\"; none: no control\n"
             "                           socket); mode 0600: only root and the host's user may read it\n"
@@ -320,6 +356,7 @@ struct args {
     char path[108];
     struct apir_shm_listen_options listen;  /* the socket file's mode and group */
     bool list, isolate, version, help;
+    bool insecure_shared_process;  /* --insecure-shared-process: --isolation thread may start */
     const char *backend_dir;     /* --backend-dir, else NULL */
     int serve_fd, stats_fd;
     int serve_stream_fd;         /* a worker serving a stream guest (--serve-stream-fd) */
@@ -332,6 +369,9 @@ struct args {
     bool stream_tls;             /* a worker: handshake first (--stream-tls) */
     int weight_cache_fd;         /* a worker's line to the daemon's weight cache (weight_cache.h), or -1 */
     unsigned long long worker_slot, client_id;
+    long long worker_uid;        /* a worker: the uid the daemon gave it (--worker-uid), or -1 */
+    struct ucred peer;           /* a worker: its guest as the daemon saw it (--peer-cred PID:UID:GID) */
+    bool peer_given;
     /* the control socket (control.h): NULL path and !control_none: beside
      * the guest socket */
     char control_path[108];
@@ -446,6 +486,9 @@ static int parse_args(struct args *a, int argc, char **argv)
             }
             a->isolate = !strcmp(optarg, "process");
             break;
+        case OPT_INSECURE_SHARED_PROCESS:
+            a->insecure_shared_process = true;
+            break;
         case OPT_WORKER_UID_BASE:
             NUM(1, 0xFFFFFFFEull);
             a->sandbox.uid_base = (uint32_t)n;
@@ -468,8 +511,8 @@ static int parse_args(struct args *a, int argc, char **argv)
             a->cfg.limits.max_buffers = (uint32_t)n;
             break;
         case OPT_MAX_ALLOC_MIB:
-            NUM(0, UINT64_MAX >> 20);
-            a->cfg.limits.max_alloc_bytes = (uint64_t)n << 20;
+            NUM(0, (UINT64_MAX >> 20) - 1);
+            a->cfg.limits.max_alloc_bytes = n ? (uint64_t)n << 20 : UINT64_MAX;
             break;
         case OPT_MAX_GRAPH_NODES:
             NUM(0, UINT32_MAX);
@@ -488,8 +531,35 @@ static int parse_args(struct args *a, int argc, char **argv)
             a->cfg.limits.max_blob_bytes = (uint64_t)n << 20;
             break;
         case OPT_MAX_CLIENTS_PER_UID:
+        case OPT_MAX_CLIENTS_PER_TENANT:
             NUM(0, UINT32_MAX);
-            a->cfg.limits.max_clients_per_uid = (uint32_t)n;
+            a->cfg.limits.max_clients_per_tenant = (uint32_t)n;
+            break;
+        case OPT_TENANT_BY:
+            if (!strcmp(optarg, "cgroup")) {
+                a->cfg.tenant_by = APIR_TENANT_BY_CGROUP;
+            } else if (!strcmp(optarg, "uid")) {
+                a->cfg.tenant_by = APIR_TENANT_BY_UID;
+            } else {
+                fprintf(stderr, "apir-host: --tenant-by wants cgroup or uid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case OPT_CONNECT_RATE:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.connect_per_s = (uint32_t)n;
+            break;
+        case OPT_CONNECT_BURST:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.connect_burst = (uint32_t)n;
+            break;
+        case OPT_GUEST_LOG_RATE:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.guest_log_per_s = (uint32_t)n;
+            break;
+        case OPT_GUEST_LOG_BURST:
+            NUM(0, UINT32_MAX);
+            a->cfg.limits.guest_log_burst = (uint32_t)n;
             break;
         case OPT_SPAWN_RATE:
             NUM(0, UINT32_MAX);
@@ -548,6 +618,21 @@ static int parse_args(struct args *a, int argc, char **argv)
             NUM(0, UINT32_MAX);
             a->worker_slot = n;
             break;
+        case OPT_WORKER_UID:
+            NUM(1, 0xFFFFFFFEull);
+            a->worker_uid = (long long)n;
+            break;
+        case OPT_PEER_CRED: {
+            int pid = 0;
+            unsigned uid = 0, gid = 0, used = 0;
+            if (sscanf(optarg, "%d:%u:%u%n", &pid, &uid, &gid, &used) != 3 || optarg[used]) {
+                fprintf(stderr, "apir-host: --peer-cred %s: not PID:UID:GID\n", optarg);
+                return EXIT_USAGE;
+            }
+            a->peer = (struct ucred){ .pid = pid, .uid = uid, .gid = gid };
+            a->peer_given = true;
+            break;
+        }
         case OPT_STATS_FD:
             NUM(0, INT_MAX);
             a->stats_fd = (int)n;
@@ -766,6 +851,7 @@ int main(int argc, char **argv)
     a.serve_stream_fd = -1;
     a.stats_fd = -1;
     a.weight_cache_fd = -1;
+    a.worker_uid = -1;
     a.metrics_interval_s = APIR_METRICS_INTERVAL_DEFAULT_S;
     apir_shm_listen_options_default(&a.listen);  /* the environment's; options override */
     apir_shm_default_path(a.path, sizeof(a.path));
@@ -792,6 +878,14 @@ int main(int argc, char **argv)
         APIR_PRINT_VERSION(stdout, "apir-host");
         return EXIT_OK;
     }
+    /* One process for every guest: what a guest that compromises it
+     * reaches is every other guest and the daemon's rights. */
+    if (!a.isolate && !a.insecure_shared_process && !a.list && a.serve_fd < 0 && a.serve_stream_fd < 0) {
+        fprintf(stderr, "apir-host: --isolation thread serves every guest in this one process, unsandboxed: a guest "
+                        "that compromises it reaches every other guest and this process's rights.  For trusted "
+                        "guests only: add --insecure-shared-process to start it anyway\n");
+        return EXIT_USAGE;
+    }
     struct apir_host_config cfg = a.cfg;
     cfg.backend_dir = backend_dir;
     char err[256];
@@ -816,6 +910,10 @@ int main(int argc, char **argv)
         sigemptyset(&stop.sa_mask);
         sigaction(SIGTERM, &stop, NULL);
         sigaction(SIGINT, &stop, NULL);
+        if (!apir_sandbox_worker_start(&a.sandbox, a.worker_uid, err, sizeof(err))) {
+            fprintf(stderr, "apir-host worker: sandbox: %s\n", err);
+            return EXIT_FAIL;
+        }
         if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
             fprintf(stderr, "apir-host worker: %s\n", err);
             return EXIT_FAIL;
@@ -840,14 +938,15 @@ int main(int argc, char **argv)
         apir_test_attack_prepare();
 #endif
         if (a.worker_slot >= cfg.limits.max_clients ||
-            !apir_sandbox_enter(&a.sandbox, &host, (uint32_t)a.worker_slot, err, sizeof(err))) {
+            !apir_sandbox_enter(&a.sandbox, &host, a.worker_uid, err, sizeof(err))) {
             fprintf(stderr, "apir-host worker: sandbox: %s\n", a.worker_slot >= cfg.limits.max_clients ? "bad slot" : err);
             return EXIT_FAIL;
         }
 #ifdef APIR_TEST_HOOKS
-        apir_test_attack_run();
+        apir_test_attack_run(a.serve_fd >= 0 ? a.serve_fd : a.serve_stream_fd);
 #endif
-        int wrc = (a.serve_fd >= 0 ? apir_shm_serve_fd(&host, a.serve_fd, a.client_id, stats)
+        const struct ucred *peer = a.peer_given ? &a.peer : NULL;
+        int wrc = (a.serve_fd >= 0 ? apir_shm_serve_fd(&host, a.serve_fd, a.client_id, stats, peer)
                                    : apir_stream_serve_fd(&host, a.serve_stream_fd, a.client_id, stats, a.peer_name,
                                                           tls_keys)) == 0
                       ? 0
@@ -870,8 +969,12 @@ int main(int argc, char **argv)
         APIR_INFO("host", "%d CPU thread(s) per guest%s", cfg.n_threads,
                   cfg.n_threads == apir_host_default_threads() ? " (the cores this process may use)" : "");
     if (!a.isolate)
-        APIR_WARN("host", "--isolation thread: every guest is served in this one unsandboxed process; "
-                  "use it for trusted guests only");
+        APIR_WARN("host", "--isolation thread --insecure-shared-process: every guest is served in this one "
+                  "unsandboxed process; use it for trusted guests only");
+    if (a.isolate && !apir_workers_sandbox(&a.sandbox, host.cfg.limits.max_clients, err, sizeof(err))) {
+        fprintf(stderr, "apir-host: %s\n", err);
+        return EXIT_FAIL;
+    }
     /* The weight cache: sessions use it directly in thread mode; with
      * workers, this process serves it to them from a thread of its own. */
     if (cfg.weight_cache_dir) {
@@ -885,7 +988,7 @@ int main(int argc, char **argv)
         APIR_INFO("host", "weight cache in %s: a guest can tell whether another guest sent the same weights "
                   "(docs/SECURITY.md)", cfg.weight_cache_dir);
     }
-    else if (!a.sandbox.enabled)
+    if (a.isolate && !a.sandbox.enabled)
         APIR_WARN("host", "--no-sandbox: workers run with the daemon's privileges and every syscall (debugging only)");
     g_server = apir_shm_server_listen(&host, a.path, &a.listen, err, sizeof(err));
     if (!g_server) {

@@ -15,15 +15,19 @@ bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size)
         return false;
     }
     if (size > apir_buffer_bytes_left(s)) {
-        apir_session_refuse_limit(s, "buffer quota reached (%llu bytes in %u buffers, asking %llu): --max-alloc-mib %llu",
+        const bool by_default = lim->max_alloc_bytes == s->host->alloc_quota_default;
+        apir_session_refuse_limit(s, "buffer quota reached (%llu bytes in %u buffers, asking %llu): --max-alloc-mib %llu%s",
                                   (unsigned long long)s->bytes_allocated, s->n_buffers, (unsigned long long)size,
-                                  (unsigned long long)(lim->max_alloc_bytes >> 20));
+                                  (unsigned long long)(lim->max_alloc_bytes >> 20),
+                                  by_default ? " (the default: " APIR_ALLOC_QUOTA_SHARE_TEXT " of the device memory; 0: no limit)"
+                                             : "");
         return false;
     }
     return true;
 }
 
-uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf, uint32_t device, uint32_t pinned_blob)
+uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf, uint32_t device,
+                              struct apir_blob *blob)
 {
     struct apir_host_buffer *hb = calloc(1, sizeof(*hb));
     uint64_t handle = hb ? apir_handle_new(&s->handles, APIR_HANDLE_BUFFER, hb, 0) : 0;
@@ -38,7 +42,8 @@ uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf,
     hb->base = ggml_backend_buffer_get_base(buf);
     hb->size = ggml_backend_buffer_get_size(buf);
     hb->device = device;
-    hb->pinned_blob = pinned_blob;
+    hb->pinned_blob = blob ? blob->res_id : 0;
+    hb->blob = blob ? apir_session_blob_hold(blob) : NULL;
     hb->opaque_base = ((uint64_t)apir_handle_slot_index(&s->handles, slot) + 1) << APIR_OPAQUE_BASE_SHIFT;
     s->n_buffers++;
     s->bytes_allocated += hb->size;
@@ -60,8 +65,9 @@ void apir_buffer_release(struct apir_session *s, struct apir_host_buffer *hb)
 {
     apir_buffer_forget_copies(s, hb, NULL, SIZE_MAX);
     ggml_backend_buffer_free(hb->buffer);
-    if (hb->pinned_blob)
-        apir_session_blob_unpin(s, hb->pinned_blob);
+    /* After the buffer: it is the blob's memory the buffer was made on. */
+    if (hb->blob)
+        apir_session_blob_put(s, hb->blob);
     s->n_buffers--;
     s->bytes_allocated -= hb->size;
     s->buffers_epoch++;

@@ -2,7 +2,7 @@
  * The session's backend buffers: made under a handle with an opaque base
  * address and within the session's quota, and released in one place (a
  * guest's BUFFER_FREE_BUFFER and the session's end both come here, so the
- * counters, pins and host copies stay in step).
+ * counters, blob references and host copies stay in step).
  */
 #ifndef APIR_BUFFERS_H
 #define APIR_BUFFERS_H
@@ -27,16 +27,20 @@ static inline uint64_t apir_buffer_bytes_left(const struct apir_session *s)
 bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size);
 
 /* Registers buf under a new handle; frees buf and returns 0 on failure.
- * pinned_blob: the res_id buf wraps (BUFFER_FROM_PTR), else 0. */
-uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf, uint32_t device, uint32_t pinned_blob);
+ * blob: the blob buf wraps (BUFFER_FROM_PTR), else NULL; the buffer holds
+ * a reference to it until it is released, so the blob stays mapped (and
+ * its res_id taken) as long as the buffer lives, destroyed or not. */
+uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf, uint32_t device,
+                              struct apir_blob *blob);
 
 /* [data, data+len) of hb is about to change: the host's copies of those
  * bytes - upload mirrors (upload_mirror.c), weight copies
  * (weight_copies.c) - are old.  len SIZE_MAX: the whole buffer. */
 void apir_buffer_forget_copies(struct apir_session *s, struct apir_host_buffer *hb, const void *data, size_t len);
 
-/* Frees hb, its handle, its copies and its pin; kept graphs that may point
- * into it stop being reused (buffers_epoch). */
+/* Frees hb, its handle, its copies and its blob reference (the last one of
+ * a destroyed blob unmaps it); kept graphs that may point into it stop
+ * being reused (buffers_epoch). */
 void apir_buffer_release(struct apir_session *s, struct apir_host_buffer *hb);
 
 /* Every buffer of the session (its end). */

@@ -23,6 +23,7 @@
 #include "session.h"
 #include "wait.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,10 +125,9 @@ APIR_HANDLER(DEVICE_BUFFER_FROM_PTR)
         return APIR_HANDLER_LIMIT;
     ggml_backend_buffer_t buf =
         ggml_backend_dev_buffer_from_host_ptr(cur_dev(s), blob->ptr, (size_t)req->size, (size_t)req->max_tensor_size);
-    uint64_t handle = buf ? apir_buffer_register(s, buf, s->device, req->blob) : 0;
+    uint64_t handle = buf ? apir_buffer_register(s, buf, s->device, blob) : 0;
     if (!handle)
         return APIR_HANDLER_FAILED;
-    blob->pins++;
     rep->buffer = handle;
     rep->buffer_type = s->buft_handles[s->device];
     return APIR_HANDLER_OK;
@@ -454,6 +454,100 @@ APIR_HANDLER(HOST_GET_VERSION)
     (void)req;
     rep->major = APIR_VERSION_MAJOR;
     rep->minor = APIR_VERSION_MINOR;
+    return APIR_HANDLER_OK;
+}
+
+/* ---- the guest's ggml (apir 0.7) -------------------------------------------- */
+
+/* ggml's numbered tables: a tensor record carries an op and a type number,
+ * UNARY's and GLU's first op parameter a unary or GLU op number. */
+enum ggml_table { TABLE_OPS, TABLE_UNARY, TABLE_GLU, TABLE_TYPES };
+
+static int ggml_table_count(enum ggml_table t)
+{
+    switch (t) {
+    case TABLE_OPS: return GGML_OP_COUNT;
+    case TABLE_UNARY: return GGML_UNARY_OP_COUNT;
+    case TABLE_GLU: return GGML_GLU_OP_COUNT;
+    default: return GGML_TYPE_COUNT;
+    }
+}
+
+static const char *ggml_table_name(enum ggml_table t, int i)
+{
+    const char *n;
+    switch (t) {
+    case TABLE_OPS: n = ggml_op_name((enum ggml_op)i); break;
+    case TABLE_UNARY: n = ggml_unary_op_name((enum ggml_unary_op)i); break;
+    case TABLE_GLU: n = ggml_glu_op_name((enum ggml_glu_op)i); break;
+    default: n = ggml_type_name((enum ggml_type)i); break;
+    }
+    return n ? n : "";
+}
+
+/* Every number the guest's table has names what ours names there (the guest
+ * may have fewer, or more: numbers past ours name nothing here, and records
+ * carrying them are refused like any unknown op or type, so a scheduler's
+ * supports_op puts those nodes elsewhere).  Else why. */
+static bool ggml_table_agrees(enum ggml_table t, const char *guest, char *why, size_t why_size, int *guest_n)
+{
+    static const char *const what[] = { "op", "unary op", "GLU op", "tensor type" };
+    const int ours = ggml_table_count(t);
+    int i = 0;
+    for (const char *p = guest; *p; i++) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (i < ours) {
+            const char *name = ggml_table_name(t, i);
+            if (strlen(name) != len || strncmp(name, p, len) != 0) {
+                snprintf(why, why_size, "its %s %d is %.*s, the host's %s: the two ggml number their %ss differently",
+                         what[t], i, (int)(len < 40 ? len : 40), p, name, what[t]);
+                *guest_n = i;
+                return false;
+            }
+        }
+        p = end ? end + 1 : p + len;
+    }
+    *guest_n = i;
+    return true;
+}
+
+/*
+ * Is the guest's ggml computed right by ours?  Tensor records carry the
+ * guest's op and type numbers and op parameters, so the host computes them
+ * only if every number means the same here.  Renumbered tables are refused
+ * whole (apir maps no numbers: an op whose parameters changed meaning keeps
+ * its name, and no table tells that); another commit with the same tables
+ * is computed, and both sides log it (docs: "Which ggml a guest may use").
+ */
+APIR_HANDLER(HOST_CHECK_GGML)
+{
+    static _Thread_local char reason[512], host_ggml[128];
+    snprintf(host_ggml, sizeof(host_ggml), "%s (llama.cpp %s)", ggml_version(), ggml_commit());
+    rep->host_ggml = host_ggml;
+    reason[0] = '\0';
+    rep->reason = reason;
+    const char *tables[] = { req->ops.s, req->unary_ops.s, req->glu_ops.s, req->types.s };
+    int guest_n[4] = { 0 };
+    rep->verdict = APIR_GGML_SAME;
+    if (!req->ops.s[0] || !req->types.s[0])
+        snprintf(reason, sizeof(reason), "it sent no %s table", req->ops.s[0] ? "tensor type" : "op");
+    for (int t = TABLE_OPS; t <= TABLE_TYPES && !reason[0]; t++)
+        ggml_table_agrees((enum ggml_table)t, tables[t], reason, sizeof(reason), &guest_n[t]);
+    if (reason[0]) {
+        rep->verdict = APIR_GGML_REFUSED;
+        APIR_WARN("host", "%s: guest ggml %.40s (llama.cpp %.40s) refused: %s (ours: %s)", s->name, req->version.s,
+                  req->commit.s, reason, host_ggml);
+        return APIR_HANDLER_OK;
+    }
+    const char *ours = ggml_commit();
+    size_t lg = strlen(req->commit.s), lo = strlen(ours);
+    if (lg < 7 || lo < 7 || strncmp(req->commit.s, ours, lg < lo ? lg : lo) != 0 ||
+        strcmp(req->version.s, ggml_version()) != 0) {
+        rep->verdict = APIR_GGML_TABLES_EQUAL;
+        APIR_INFO("host", "%s: guest ggml %.40s (llama.cpp %.40s), ours %s: its %d ops, %d types named as ours, computed",
+                  s->name, req->version.s, req->commit.s, host_ggml, guest_n[TABLE_OPS], guest_n[TABLE_TYPES]);
+    }
     return APIR_HANDLER_OK;
 }
 

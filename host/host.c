@@ -30,17 +30,48 @@ static uint64_t default_blob_bytes(void)
 void apir_limits_default(struct apir_limits *l)
 {
     l->max_buffers = 4096;
-    l->max_alloc_bytes = UINT64_MAX;  /* the device's own memory is the limit */
+    l->max_alloc_bytes = APIR_ALLOC_QUOTA_AUTO;  /* a share of the devices' memory */
     l->max_graph_nodes = 65536;
     l->max_graph_tensors = 262144;
     l->max_blobs = 1024;
     l->max_blob_bytes = default_blob_bytes();
     l->max_clients = 64;
-    l->max_clients_per_uid = 16;
+    /* Per tenant (a container, a uid, an address: shm_server.c, admission).  16 of the
+     * 64 places: four tenants that fill their share still leave room; a
+     * program of one tenant starting more guests at once raises it
+     * (--max-clients-per-tenant 64 --spawn-burst 64 for 64 guests). */
+    l->max_clients_per_tenant = 16;
+    /* Before the hello, per source: generous (a refusal costs as much as
+     * serving the hello), only a bound on one source's churn. */
+    l->connect_per_s = 50;
+    l->connect_burst = 100;
     l->spawn_per_s = 20;
     l->spawn_burst = 40;
     l->handshake_timeout_ms = 5000;
     l->graph_timeout_ms = 60000;
+    /* A guest refused at every command: 10 lines a second after the first
+     * 100, instead of one per command (up to 2.5 GiB of log a minute). */
+    l->guest_log_per_s = 10;
+    l->guest_log_burst = 100;
+}
+
+void apir_host_resolve_alloc_quota(struct apir_host *host)
+{
+    struct apir_limits *l = &host->cfg.limits;
+    if (l->max_alloc_bytes != APIR_ALLOC_QUOTA_AUTO)
+        return;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < host->n_devices; i++) {
+        size_t dev_free = 0, dev_total = 0;
+        ggml_backend_dev_memory(host->devices[i], &dev_free, &dev_total);
+        total += dev_total;
+    }
+    uint64_t quota = total / APIR_ALLOC_QUOTA_SHARE_DEN * APIR_ALLOC_QUOTA_SHARE_NUM;
+    l->max_alloc_bytes = quota > APIR_ALLOC_QUOTA_FLOOR ? quota : APIR_ALLOC_QUOTA_FLOOR;
+    host->alloc_quota_default = l->max_alloc_bytes;
+    APIR_DEBUG("host", "memory quota per guest: %llu MiB (%u/%u of %llu MiB of device memory; --max-alloc-mib)",
+               (unsigned long long)(l->max_alloc_bytes >> 20), APIR_ALLOC_QUOTA_SHARE_NUM, APIR_ALLOC_QUOTA_SHARE_DEN,
+               (unsigned long long)(total >> 20));
 }
 
 /*
@@ -157,6 +188,9 @@ bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, 
             host->pin_shared = cfg->pin_shared_memory;
         }
     }
+    /* Host memory is asked for without cost (apir_host_resolve_alloc_quota). */
+    if (!host->device_memory)
+        apir_host_resolve_alloc_quota(host);
     return true;
 }
 

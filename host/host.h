@@ -14,21 +14,44 @@
 
 #define APIR_HOST_MAX_DEVICES 16
 
+/* max_alloc_bytes until it is sized from the devices (apir_host_resolve_alloc_quota). */
+#define APIR_ALLOC_QUOTA_AUTO (UINT64_MAX - 1)
+/* The default per-guest memory quota: this share of the devices' memory,
+ * at least APIR_ALLOC_QUOTA_FLOOR. */
+#define APIR_ALLOC_QUOTA_SHARE_NUM 1
+#define APIR_ALLOC_QUOTA_SHARE_DEN 2
+#define APIR_ALLOC_QUOTA_SHARE_TEXT "half"
+#define APIR_ALLOC_QUOTA_FLOOR (1ull << 30)
+
 /* Per-session limits.  Over a limit the call fails; other sessions go on. */
 struct apir_limits {
     uint32_t max_buffers;        /* live buffers per session */
-    uint64_t max_alloc_bytes;    /* bytes in live buffers per session */
+    uint64_t max_alloc_bytes;    /* bytes in live buffers per session; UINT64_MAX: none; APIR_ALLOC_QUOTA_AUTO */
     uint32_t max_graph_nodes;
     uint32_t max_graph_tensors;
     uint32_t max_blobs;          /* shared-memory blobs per session */
     uint64_t max_blob_bytes;     /* bytes of blobs mapped per session */
     uint32_t max_clients;        /* concurrent sessions (daemon) */
-    /* Denial of service (shm_server.c): a guest must not hold what others need. */
-    uint32_t max_clients_per_uid;  /* concurrent connections of one peer uid, root's too (0: no limit) */
-    uint32_t spawn_per_s;          /* new connections per second, all peers together (token bucket) */
+    /* Denial of service (shm_server.c, admission): a guest must not hold what others
+     * need.  A tenant is a local peer's container (its cgroup) or uid
+     * (tenant_by), or a stream peer's address; each has its own counts and
+     * buckets, so no tenant's connections - silent, hung up or served -
+     * cost another anything but the shared max_clients. */
+    uint32_t max_clients_per_tenant; /* connections of one tenant, waiting or served, root's too (0: no limit) */
+    uint32_t connect_per_s;        /* new connections per second of one source, before its hello (0: no limit) */
+    uint32_t connect_burst;        /* ... and at once */
+    uint32_t spawn_per_s;          /* guests started per second of one tenant, after its hello (0: no limit) */
     uint32_t spawn_burst;          /* ... and at once */
     uint32_t handshake_timeout_ms; /* a connection that sends no hello by then is closed */
     uint32_t graph_timeout_ms;     /* one command's time (a graph's compute); over it the worker ends (0: none) */
+    uint32_t guest_log_per_s;      /* log lines a guest's commands may cause a second (0: no limit) */
+    uint32_t guest_log_burst;      /* ... and at once */
+};
+
+/* How local peers are told apart for the limits above (--tenant-by). */
+enum apir_tenant_by {
+    APIR_TENANT_BY_CGROUP,   /* the peer's cgroup (its container), else its uid */
+    APIR_TENANT_BY_UID,
 };
 
 void apir_limits_default(struct apir_limits *l);
@@ -52,6 +75,7 @@ struct apir_host_config {
     const char *weight_cache_dir;
     uint64_t weight_cache_max_bytes;   /* --weight-cache-max-gib, APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound */
     struct apir_limits limits;
+    enum apir_tenant_by tenant_by;
 };
 
 /*
@@ -68,6 +92,7 @@ struct apir_host {
     ggml_backend_dev_t devices[APIR_HOST_MAX_DEVICES];
     bool device_memory; /* a device has its own memory (a GPU): its work leaves the CPU idle */
     bool pin_shared;   /* device_memory, and page-locking shared memory is on (pin.c) */
+    uint64_t alloc_quota_default; /* the default memory quota as sized (apir_host_resolve_alloc_quota); 0: not */
     /* How sessions reach the weight cache (weight_cache.h), set by whoever
      * opened or was given it (apir_host_main.c); NULL: no cache. */
     struct apir_wcache_link *weight_cache;
@@ -75,6 +100,17 @@ struct apir_host {
 
 /* Loads ggml's backends and picks the devices; false with a message in err. */
 bool apir_host_init(struct apir_host *host, const struct apir_host_config *cfg, char *err, size_t err_len);
+
+/*
+ * The default per-guest memory quota (max_alloc_bytes APIR_ALLOC_QUOTA_AUTO)
+ * made a number: APIR_ALLOC_QUOTA_SHARE of the served devices' total memory
+ * (ggml_backend_dev_memory), at least APIR_ALLOC_QUOTA_FLOOR.  apir_host_init
+ * does it for devices in host memory; a GPU's memory is asked for only where
+ * guests are served (apir_session_new): asking a CUDA device creates a
+ * context, which the daemon of worker processes never needs.  Call it
+ * before guests run (it writes the host's limits).
+ */
+void apir_host_resolve_alloc_quota(struct apir_host *host);
 
 /* Lists every device of every backend ggml found (for --list-devices). */
 void apir_host_print_devices(const char *backend_dir, void *out_file);

@@ -49,15 +49,6 @@ static void write_end(struct apir_stats_page *p)
 #define PUT(field, v) atomic_store_explicit(&p->field, (uint64_t)(v), memory_order_relaxed)
 #define GET(field) atomic_load_explicit(&p->field, memory_order_relaxed)
 
-void apir_stats_publish_state(struct apir_stats_page *p, enum apir_guest_state state)
-{
-    if (!p)
-        return;
-    write_begin(p);
-    PUT(state, state);
-    write_end(p);
-}
-
 void apir_stats_publish(struct apir_stats_page *p, const struct apir_session *s, enum apir_guest_state state,
                         uint64_t last_command_ns, int32_t says_pid)
 {
@@ -272,7 +263,9 @@ static void fmt_bytes(char *buf, size_t len, uint64_t n)
         snprintf(buf, len, "%.1f GiB", (double)n / 1073741824.0);
 }
 
-/* A limit of this many bytes is no limit. */
+/* A limit of this many bytes is no limit.  APIR_ALLOC_QUOTA_AUTO is the
+ * default memory quota not sized in this process (a daemon of worker
+ * processes never asks a GPU for its memory: host.h): shown as a share. */
 static bool unlimited(uint64_t max)
 {
     return max == UINT64_MAX;
@@ -336,6 +329,8 @@ static void put_quota(struct strbuf *b, const char *what, uint64_t used, uint64_
     }
     if (unlimited(max))
         put(b, "%s %s (no limit)", what, u);
+    else if (max == APIR_ALLOC_QUOTA_AUTO)
+        put(b, "%s %s of %u/%u of the device memory", what, u, APIR_ALLOC_QUOTA_SHARE_NUM, APIR_ALLOC_QUOTA_SHARE_DEN);
     else
         put(b, "%s %s of %s (%.0f%%)", what, u, m, 100.0 * (double)used / (double)max);
 }
@@ -366,6 +361,8 @@ static void render_text(struct strbuf *b, const struct apir_host_view *v)
     put(b, "limits per guest: %u buffers, ", l->max_buffers);
     if (unlimited(l->max_alloc_bytes))
         put(b, "buffer bytes unlimited, ");
+    else if (l->max_alloc_bytes == APIR_ALLOC_QUOTA_AUTO)
+        put(b, "%u/%u of the device memory in buffers, ", APIR_ALLOC_QUOTA_SHARE_NUM, APIR_ALLOC_QUOTA_SHARE_DEN);
     else {
         fmt_bytes(by, sizeof(by), l->max_alloc_bytes);
         put(b, "%s in buffers, ", by);
@@ -457,6 +454,8 @@ static void put_json_max(struct strbuf *b, uint64_t max)
 {
     if (unlimited(max))
         put(b, "null");
+    else if (max == APIR_ALLOC_QUOTA_AUTO)
+        put(b, "\"auto\"");
     else
         put(b, "%llu", (unsigned long long)max);
 }
@@ -488,8 +487,9 @@ static void render_json(struct strbuf *b, const struct apir_host_view *v)
     put_json_str(b, ggml_backend_reg_name(h->reg));
     put(b, ",\n  \"isolation\": \"%s\",\n  \"started_at\": \"%s\",\n  \"uptime_s\": %.3f,\n", v->isolated ? "process" : "thread",
         start, since_s(v, v->start_ns));
-    put(b, "  \"limits\": {\"max_clients\": %u, \"max_clients_per_uid\": %u, \"max_buffers\": %u, \"max_alloc_bytes\": ",
-        l->max_clients, l->max_clients_per_uid, l->max_buffers);
+    put(b, "  \"limits\": {\"max_clients\": %u, \"max_clients_per_tenant\": %u, \"tenant_by\": \"%s\", "
+        "\"max_buffers\": %u, \"max_alloc_bytes\": ", l->max_clients, l->max_clients_per_tenant,
+        h->cfg.tenant_by == APIR_TENANT_BY_UID ? "uid" : "cgroup", l->max_buffers);
     put_json_max(b, l->max_alloc_bytes);
     put(b, ", \"max_blobs\": %u, \"max_blob_bytes\": ", l->max_blobs);
     put_json_max(b, l->max_blob_bytes);
@@ -609,7 +609,7 @@ static void render_prometheus(struct strbuf *b, const struct apir_host_view *v)
                 t.recomputes);
     host_metric(b, "apir_limit_clients", "gauge", "Most guests at once (--max-clients).", l->max_clients);
     host_metric(b, "apir_limit_buffers", "gauge", "Live buffers per guest (--max-buffers).", l->max_buffers);
-    if (!unlimited(l->max_alloc_bytes))
+    if (!unlimited(l->max_alloc_bytes) && l->max_alloc_bytes != APIR_ALLOC_QUOTA_AUTO)
         host_metric(b, "apir_limit_buffer_bytes", "gauge", "Bytes in live buffers per guest (--max-alloc-mib).",
                     l->max_alloc_bytes);
     host_metric(b, "apir_limit_blobs", "gauge", "Shared-memory blobs per guest (--max-blobs).", l->max_blobs);

@@ -98,8 +98,6 @@ bool apir_stats_page_valid(const struct apir_stats_page *p);
  */
 void apir_stats_publish(struct apir_stats_page *p, const struct apir_session *s, enum apir_guest_state state,
                         uint64_t last_command_ns, int32_t says_pid);
-/* Before a session exists (a worker that has not read its hello). */
-void apir_stats_publish_state(struct apir_stats_page *p, enum apir_guest_state state);
 
 /* The reading side: a consistent copy, or false (after a bounded number of
  * tries, or a bad header) with whatever was read. */

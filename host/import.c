@@ -1,5 +1,6 @@
 #include "import.h"
 #include "graph_exec.h"
+#include "op_derive.h"
 #include "op_shapes.h"
 #include "weight_copies.h"
 
@@ -122,6 +123,39 @@ static const char *check_record(struct apir_session *s, const struct apir_tensor
     return NULL;
 }
 
+/*
+ * Strides of size-1 dimensions.  A record's strides are the guest's, and
+ * nothing bounds the stride of a dimension of size 1: its index is always
+ * 0, so the extent (record_nbytes: (ne - 1) * nb per dimension) never
+ * counts it, and ggml_is_contiguous skips such dimensions.  Kernels use
+ * those strides all the same: having checked contiguity, many walk the
+ * tensor flat - ggml_nrows rows at j * nb[1] (SOFT_MAX_BACK, SCALE,
+ * CROSS_ENTROPY_LOSS_BACK, POOL_1D), planes at k * nb[2] (DIAG_MASK_*,
+ * POOL_2D), sequence i's state at i * nb[3] (SSM_SCAN, whose states are
+ * one [d_state, dim, heads, 1] tensor when there is one slot) - so a
+ * "contiguous" [nc, 1, 2, 1] with nb[1] = 1 GiB has its second row a GiB
+ * away.  So a contiguous tensor's size-1 strides are set to what
+ * ggml_new_tensor gives them (apir_canonical_unit_strides), for leaves,
+ * views and nodes alike, before anything else looks at the tensor:
+ *  - no element moves (the index there is 0), the extent stays what was
+ *    checked, and nothing a graph ggml built computes changes: the host's
+ *    tensor is the guest's, element for element;
+ *  - "contiguous" then means every stride canonical, so a flat walk of the
+ *    tensor's rows, planes or sequences lands exactly on them;
+ *  - a node's strides are its constructor's (op_derive.c compares them,
+ *    canonicalised the same way): a fresh result's are ggml_new_tensor's,
+ *    an in-place result's are its source's (ggml_view_tensor).
+ * A tensor that is not contiguous keeps its strides: ggml gives the size-1
+ * dimensions of permuted views other strides, and looks at them
+ * (op_derive.h).  The kernels that walk such tensors flat are held by their
+ * operand rules (op_operands.c): rows at j * nb[1] need
+ * ggml_is_contiguous_1 with dense rows (ROWS_BY_NB1: CLAMP, LEAKY_RELU,
+ * SILU_BACK, CROSS_ENTROPY_LOSS, ARGSORT/TOP_K; GLU asserts it), a
+ * predicate that counts the stride of a size-1 dimension 1 (dimension 2
+ * must follow it), so row j at j * nb[1] is row j whatever that stride
+ * is; rows read back to back (SSM_CONV) need nb[1] exactly.
+ */
+
 /* Makes the ggml tensor of a checked record in sc; srcs are filled in later. */
 static struct ggml_tensor *make_tensor(struct apir_import_scratch *sc, const struct apir_tensor_rec *rec,
                                        struct apir_host_buffer *hb)
@@ -243,6 +277,8 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_impor
     struct ggml_tensor *t = make_tensor(sc, rec, hb);
     if (!t)
         return fail("scratch context full");
+    if (!apir_canonical_unit_strides(t))
+        return fail("tensor strides overflow");
     if (buf)
         *buf = hb;
     return t;
@@ -422,6 +458,27 @@ static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
     return true;
 }
 
+/*
+ * The CPU backend runs an RMS_NORM and the MUL right after it that reads it
+ * as one kernel (ggml-cpu.c ggml_cpu_try_fuse_ops, when the MUL's other
+ * operand is f32 rows of the norm's length): it walks the norm's source and
+ * writes the MUL's result with the same indices, and asserts the two have
+ * one shape.  A MUL that broadcasts the norm into a larger operand would
+ * abort there (a norm times its weights, as ggml graphs make it, has the
+ * norm's shape), so that pair is refused.
+ */
+static bool fused_norm_mul_ok(const struct ggml_tensor *norm, const struct ggml_tensor *mul)
+{
+    if (norm->op != GGML_OP_RMS_NORM || mul->op != GGML_OP_MUL || !norm->src[0] ||
+        (mul->src[0] != norm && mul->src[1] != norm))
+        return true;
+    const struct ggml_tensor *w = mul->src[0] == norm ? mul->src[1] : mul->src[0];
+    if (!w || w->type != GGML_TYPE_F32 || mul->type != GGML_TYPE_F32 || w->ne[0] != norm->ne[0] ||
+        w->nb[0] != sizeof(float))
+        return true;  /* not fused */
+    return ggml_are_same_shape(norm->src[0], mul);
+}
+
 struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
                                       uint64_t size, bool use_counts)
 {
@@ -460,6 +517,8 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
         /* Never hand a backend an op it does not support: some abort. */
         if (!ggml_op_is_empty(node->op) && !ggml_backend_dev_supports_op(dev, node))
             return fail("graph has an op the host backend does not support");
+        if (i > 0 && !fused_norm_mul_ok(ggml_graph_node(graph, -1), node))
+            return fail("MUL after an RMS_NORM it broadcasts (the CPU backend's fused kernel asserts one shape)");
         ggml_graph_add_node(graph, node);
     }
     if (use_counts && apir_decoder_left(&dec) > 0) {

@@ -4,8 +4,10 @@
  * Everything the host computes on comes through here: a record is checked
  * field by field (type, op, shape, strides, buffer handle, bounds), only then
  * is a tensor made, in the scratch context the caller names, with pointer
- * fields the host fills in itself.  Lists and graphs also check that every src/view id
- * resolves inside the message and that the references form no cycle.
+ * fields the host fills in itself and the strides of its size-1 dimensions
+ * made canonical (import.c says why).  Lists and graphs also check that
+ * every src/view id resolves inside the message and that the references
+ * form no cycle.
  */
 #ifndef APIR_IMPORT_H
 #define APIR_IMPORT_H

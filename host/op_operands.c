@@ -3,8 +3,10 @@
 #include "ggml-impl.h"
 #include "ggml.h"
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ---- type sets, from the pinned CPU backend's tables -------------------- */
 
@@ -24,6 +26,25 @@ static bool has_cpu_vec_dot(enum ggml_type type)
         return true;
     default:
         return false;
+    }
+}
+
+/* The type a CPU vec_dot takes its second operand in (type_traits_cpu
+ * .vec_dot_type) for the types has_cpu_vec_dot accepts: MUL_MAT_ID uses a
+ * src1 of that type as it is, and converts any other from f32 (asserting
+ * that it is f32). */
+static enum ggml_type cpu_vec_dot_type(enum ggml_type type)
+{
+    switch (type) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        return type;
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1:
+        return GGML_TYPE_Q8_1;
+    case GGML_TYPE_Q1_0: case GGML_TYPE_Q2_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
+    case GGML_TYPE_MXFP4: case GGML_TYPE_NVFP4: case GGML_TYPE_IQ4_NL:
+        return GGML_TYPE_Q8_0;
+    default:  /* the K, IQ (but IQ4_NL) and TQ types */
+        return GGML_TYPE_Q8_K;
     }
 }
 
@@ -143,8 +164,9 @@ static bool src0_type_allowed(enum src0_rule rule, enum ggml_type type)
     case F32_F16: return is_f32_or_f16(type);
     case F32_F16_BF16: return is_f32_or_f16(type) || type == GGML_TYPE_BF16;
     case REPEAT_TYPES:
-        return is_f32_or_f16(type) || type == GGML_TYPE_BF16 || type == GGML_TYPE_I16 || type == GGML_TYPE_I32 ||
-               type == GGML_TYPE_I64;
+        /* repeat_f16 (f16, bf16, i16) and repeat_f32 (f32, i32); its i64
+         * case is commented out: GGML_ABORT */
+        return is_f32_or_f16(type) || type == GGML_TYPE_BF16 || type == GGML_TYPE_I16 || type == GGML_TYPE_I32;
     case SET_TYPES: return type == GGML_TYPE_F32 || type == GGML_TYPE_I32;
     case GET_ROWS_TYPES:
         /* get_rows_q for every block type with a to_float, f16, bf16, f32
@@ -178,7 +200,13 @@ static const char *types_error(const struct ggml_tensor *t)
     case GGML_OP_MUL_MAT: case GGML_OP_MUL_MAT_ID:
         /* ggml_compute_forward_mul_mat calls type_traits_cpu[src0]->vec_dot
          * per row pair */
-        return has_cpu_vec_dot(a->type) ? NULL : "MUL_MAT weights of a type without a CPU vec_dot";
+        if (!has_cpu_vec_dot(a->type))
+            return "MUL_MAT weights of a type without a CPU vec_dot";
+        /* mul_mat_id converts a src1 not of the vec_dot type from f32,
+         * asserting that it is (fuzz_op-63); the CPU backend's supports_op
+         * says the same for MUL_MAT, not for MUL_MAT_ID */
+        return b->type == GGML_TYPE_F32 || b->type == cpu_vec_dot_type(a->type) ? NULL
+                                                                                 : "MUL_MAT src1 neither f32 nor the weights' vec_dot type";
     case GGML_OP_OUT_PROD:
         /* ggml_compute_forward_out_prod: f32, f16 (with f32 src1) and the
          * quantized types it dequantizes */
@@ -312,101 +340,13 @@ static const char *types_error(const struct ggml_tensor *t)
     }
 }
 
-/* ---- layouts the CPU kernels assert ------------------------------------ */
+/* ---- layouts --------------------------------------------------------- */
 
 /* Rows dense: nb[0] is the element (block) size.  Many kernels step
  * through a row as a plain array and assert so; the constructors make
  * results dense, but a node's sources (and an in-place node's result, a
  * view of its source) can be any view. */
 static bool rows_dense(const struct ggml_tensor *t) { return t->nb[0] == ggml_type_size(t->type); }
-
-/* The asserts of the pinned ggml-cpu kernels on their operands' layout
- * (GGML_ASSERT(nb00 == sizeof(...)), ggml_is_contiguous*(), per entry
- * point; ops.cpp, binary-ops.cpp apply_binary_op, unary-ops.cpp
- * apply_unary_op*): refused here, so a guest's node never reaches them. */
-/* ggml_is_contiguous says nothing of nb[0] where ne[0] is one element;
- * a kernel asserting both needs both. */
-static bool contiguous_dense(const struct ggml_tensor *t) { return ggml_is_contiguous(t) && rows_dense(t); }
-
-static const char *layout_error(const struct ggml_tensor *t)
-{
-    const struct ggml_tensor *a = t->src[0], *b = t->src[1];
-    switch (t->op) {
-    case GGML_OP_ADD: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV:
-        /* apply_binary_op: nb0, nb00; add_q_f32: nb00, nb10 */
-        if (!rows_dense(a) || !rows_dense(t) || (t->op == GGML_OP_ADD && ggml_is_quantized(a->type) && !rows_dense(b)))
-            return "binary op rows not dense";
-        return NULL;
-    case GGML_OP_ADD_ID:
-        return rows_dense(a) && rows_dense(b) && rows_dense(t) ? NULL : "ADD_ID rows not dense";
-    case GGML_OP_ARGSORT: case GGML_OP_TOP_K:
-        /* argsort_f32 / top_k_f32 find row i of the source at i * nb01 alone,
-         * for every row of all dimensions: rows one stride apart throughout
-         * (a gapped dim 2 or 3 would send them past the source; fuzz_op-60) */
-        return rows_dense(a) && rows_dense(t) && ggml_is_contiguous_1(a) ? NULL : "sort source rows not one stride apart";
-    case GGML_OP_ADD1: case GGML_OP_CLAMP: case GGML_OP_CUMSUM: case GGML_OP_SUM_ROWS: case GGML_OP_OUT_PROD:
-    case GGML_OP_ROPE: case GGML_OP_ROPE_BACK: case GGML_OP_LIGHTNING_INDEXER:
-        return rows_dense(a) && rows_dense(t) ? NULL : "rows not dense";
-    case GGML_OP_REPEAT: case GGML_OP_REPEAT_BACK: case GGML_OP_RMS_NORM: case GGML_OP_GROUP_NORM: case GGML_OP_DIAG:
-    case GGML_OP_TIMESTEP_EMBEDDING: case GGML_OP_OPT_STEP_ADAMW: case GGML_OP_OPT_STEP_SGD:
-        return rows_dense(a) ? NULL : "source rows not dense";
-    case GGML_OP_RMS_NORM_BACK: case GGML_OP_CONV_TRANSPOSE_1D: case GGML_OP_CONV_TRANSPOSE_2D: case GGML_OP_SSM_CONV:
-    case GGML_OP_CROSS_ENTROPY_LOSS:
-        return rows_dense(a) && rows_dense(b) ? NULL : "source rows not dense";
-    case GGML_OP_IM2COL: case GGML_OP_IM2COL_3D:
-        return rows_dense(b) ? NULL : "IM2COL input rows not dense";
-    case GGML_OP_SSM_SCAN:
-        for (int i = 0; i < 7; i++)
-            if (!rows_dense(t->src[i]))
-                return "SSM_SCAN operand rows not dense";
-        return NULL;
-    case GGML_OP_ACC: case GGML_OP_SET:
-        return ggml_is_contiguous(t) && ggml_is_contiguous(a) && rows_dense(b) ? NULL : "ACC/SET operands not contiguous";
-    case GGML_OP_SCALE:
-        return ggml_is_contiguous(t) && ggml_is_contiguous(a) ? NULL : "operand not contiguous";
-    case GGML_OP_DIAG_MASK_INF: case GGML_OP_DIAG_MASK_ZERO:
-        /* diag_mask_f32 asserts both contiguous and nb[0] of both */
-        return contiguous_dense(t) && contiguous_dense(a) ? NULL : "operand not contiguous";
-    case GGML_OP_GET_ROWS_BACK:
-        return ggml_is_contiguous(t) && rows_dense(a) ? NULL : "GET_ROWS_BACK operands not contiguous";
-    case GGML_OP_SOFT_MAX_BACK:
-        return ggml_is_contiguous(t) && ggml_is_contiguous(a) && ggml_is_contiguous(b) ? NULL
-                                                                                      : "SOFT_MAX_BACK operands not contiguous";
-    case GGML_OP_TRI: case GGML_OP_CONV_2D: case GGML_OP_CONV_3D:
-        return ggml_is_contiguous(a) ? NULL : "source not contiguous";
-    case GGML_OP_COL2IM_1D:
-        return ggml_is_contiguous(a) && ggml_is_contiguous(t) ? NULL : "COL2IM_1D operands not contiguous";
-    case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
-        for (int i = 0; i < 3; i++)
-            if (!ggml_is_contiguous(t->src[i]))
-                return "CROSS_ENTROPY_LOSS_BACK operand not contiguous";
-        return ggml_is_contiguous(t) ? NULL : "CROSS_ENTROPY_LOSS_BACK result not contiguous";
-    case GGML_OP_GATED_DELTA_NET:
-        for (int i = 0; i < 3; i++)
-            if (!ggml_is_contiguous_rows(t->src[i]))
-                return "GATED_DELTA_NET q/k/v rows not dense";
-        for (int i = 3; i < 6; i++)
-            if (!ggml_is_contiguous(t->src[i]))
-                return "GATED_DELTA_NET gate/beta/state not contiguous";
-        return NULL;
-    case GGML_OP_GLU:
-        /* every GLU kernel asserts ggml_is_contiguous_1 of its operands */
-        if (!ggml_is_contiguous_1(a) || !ggml_is_contiguous_1(t) || (b && !ggml_is_contiguous_1(b)))
-            return "GLU operands not contiguous in their rows";
-        return NULL;
-    case GGML_OP_UNARY: case GGML_OP_SQR: case GGML_OP_SQRT: case GGML_OP_LOG: case GGML_OP_SIN: case GGML_OP_COS:
-        /* unary-ops.cpp: apply_unary_op asserts dense rows (nb0, nb00), and
-         * apply_unary_op_functor (XIELU) ggml_is_contiguous_1 as well */
-        if (!rows_dense(a) || !rows_dense(t))
-            return "unary op rows not dense";
-        if (t->op == GGML_OP_UNARY && ggml_get_unary_op(t) == GGML_UNARY_OP_XIELU &&
-            (!ggml_is_contiguous_1(a) || !ggml_is_contiguous_1(t)))
-            return "unary op operands not contiguous in their rows";
-        return NULL;
-    default:
-        return NULL;
-    }
-}
 
 /* ---- recurrent kernels: operand extents they derive --------------------- */
 
@@ -478,6 +418,437 @@ static const char *gated_delta_net_error(const struct ggml_tensor *t)
     return NULL;
 }
 
+/* ---- operand agreement: what each kernel's address arithmetic assumes --- */
+
+/*
+ * Read off the pinned ggml-cpu entry points (ops.cpp, binary-ops.cpp,
+ * unary-ops.cpp, ggml-cpu.c for MUL_MAT/MUL_MAT_ID), one entry per op:
+ * where a kernel forms an operand's addresses from another operand's
+ * counts or strides, or walks a tensor in a way its strides do not state
+ * (rows at j * nb[1] over ggml_nrows, arrays of ne[0] from a row start),
+ * the entry requires the layout that makes those addresses the operand's
+ * own elements.  What the constructor already ties (shapes, types, its
+ * asserts) is only named; other files' rules are named where they are
+ * (op_shapes.c: parameters and extents; op_policy.c: index values).  A
+ * contiguous tensor's size-1 strides are canonical by now (import.c), so
+ * "contiguous" means every stride canonical; ggml_is_contiguous_1
+ * (ROWS_BY_NB1) counts the stride of a size-1 dimension 1 itself.
+ *
+ * The table is the allowlist: an op without an entry is refused
+ * (FLASH_ATTN_BACK, the custom ops, an op added to ggml later).
+ */
+
+/* A node's operands as the table names them: its sources, then itself. */
+enum { S0, S1, S2, S3, S4, S5, S6, DST, N_OPERANDS };
+
+static const char *const operand_names[N_OPERANDS] = { "src0", "src1", "src2", "src3", "src4", "src5", "src6", "result" };
+
+enum layout_check {
+    END = 0,          /* (a zeroed slot ends an entry's list) */
+    ROWS_DENSE,       /* nb[0] is the element (block) size: rows are arrays */
+    ROWS_WIDE,        /* nb[0] at least the element size: ne[0] elements read as an
+                       * array from any row start stay inside the tensor */
+    PLANE_WIDE,       /* the same for [ne1][ne0] read as one array from a plane start */
+    ROWS_BY_NB1,      /* row j of ggml_nrows lies at j * nb[1] (ggml_is_contiguous_1,
+                       * rows dense) */
+    ROWS_PACKED,      /* rows dense and back to back: nb[1] is ne[0] elements */
+    CONTIGUOUS,       /* ggml_is_contiguous: with canonical size-1 strides, every
+                       * stride canonical */
+    CONTIGUOUS_DENSE, /* that, and nb[0] the element size (asserted by some kernels) */
+    CONTIGUOUS_1,     /* ggml_is_contiguous_1 */
+    CONTIGUOUS_ROWS,  /* ggml_is_contiguous_rows */
+    SAME_STRIDES,     /* b is addressed with a's strides: the same nb (size-1 dims aside) */
+    NOT_PERMUTED,     /* nb[0] <= nb[1] <= nb[2] <= nb[3] (asserted) */
+};
+
+static const char *const check_failures[] = {
+    [ROWS_DENSE] = "rows not dense",
+    [ROWS_WIDE] = "rows narrower than their elements",
+    [PLANE_WIDE] = "planes narrower than their rows",
+    [ROWS_BY_NB1] = "rows not at j * nb[1]",
+    [ROWS_PACKED] = "rows not back to back",
+    [CONTIGUOUS] = "not contiguous",
+    [CONTIGUOUS_DENSE] = "not contiguous",
+    [CONTIGUOUS_1] = "not contiguous in its rows",
+    [CONTIGUOUS_ROWS] = "rows not dense",
+    [SAME_STRIDES] = "not laid out as",
+    [NOT_PERMUTED] = "permuted",
+};
+
+struct agreement {
+    uint8_t check, a, b;  /* b: SAME_STRIDES' second operand */
+};
+
+#define MAX_AGREEMENTS 8
+
+struct operand_rule {
+    const char *kernel;  /* the kernel's accesses the rule is about */
+    struct agreement checks[MAX_AGREEMENTS];
+    const char *(*more)(const struct ggml_tensor *t);  /* what the checks cannot say */
+};
+
+static bool rows_wide(const struct ggml_tensor *t)
+{
+    return t->ne[0] <= 1 || t->nb[0] >= ggml_type_size(t->type);
+}
+
+static bool holds(enum layout_check check, const struct ggml_tensor *a, const struct ggml_tensor *b)
+{
+    switch (check) {
+    case ROWS_DENSE: return rows_dense(a);
+    case ROWS_WIDE: return rows_wide(a);
+    case PLANE_WIDE: return rows_wide(a) && (a->ne[1] <= 1 || a->nb[1] >= ggml_row_size(a->type, a->ne[0]));
+    case ROWS_BY_NB1: return rows_dense(a) && ggml_is_contiguous_1(a);
+    case ROWS_PACKED: return rows_dense(a) && a->nb[1] == ggml_row_size(a->type, a->ne[0]);
+    case CONTIGUOUS: return ggml_is_contiguous(a);
+    case CONTIGUOUS_DENSE: return ggml_is_contiguous(a) && rows_dense(a);
+    case CONTIGUOUS_1: return ggml_is_contiguous_1(a);
+    case CONTIGUOUS_ROWS: return ggml_is_contiguous_rows(a);
+    case SAME_STRIDES:
+        /* where an index can be other than 0 (the shapes are the constructor's) */
+        for (int i = 0; b && i < GGML_MAX_DIMS; i++)
+            if ((a->ne[i] > 1 || b->ne[i] > 1) && a->nb[i] != b->nb[i])
+                return false;
+        return true;
+    case NOT_PERMUTED: return a->nb[0] <= a->nb[1] && a->nb[1] <= a->nb[2] && a->nb[2] <= a->nb[3];
+    case END: break;
+    }
+    return false;
+}
+
+/* add_q_f32 (src0 of a block type): f32 src1 rows read as arrays, and it
+ * asserts a result that is not permuted */
+static const char *add_more(const struct ggml_tensor *t)
+{
+    if (!ggml_is_quantized(t->src[0]->type))
+        return NULL;
+    if (!rows_dense(t->src[1]))
+        return "ADD of a block type: src1 rows not dense";
+    return holds(NOT_PERMUTED, t, NULL) ? NULL : "ADD of a block type: result permuted";
+}
+
+/* add1_q_f32 asserts a result that is not permuted (it places batch i3 at
+ * i3 * nb[0], inside the result only while nb[0] <= nb[3]) */
+static const char *add1_more(const struct ggml_tensor *t)
+{
+    if (!ggml_is_quantized(t->src[0]->type) || holds(NOT_PERMUTED, t, NULL))
+        return NULL;
+    return "ADD1 of a block type: result permuted";
+}
+
+/* concat_any (types other than f32/i32, f16/bf16/i16, i8) copies whole
+ * rows as arrays and asserts ggml_is_contiguous_rows of both sources */
+static const char *concat_more(const struct ggml_tensor *t)
+{
+    switch (t->src[0]->type) {
+    case GGML_TYPE_F32: case GGML_TYPE_I32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_I16:
+    case GGML_TYPE_I8:
+        return NULL;  /* element by element, each by its own strides */
+    default:
+        return ggml_is_contiguous_rows(t->src[0]) && ggml_is_contiguous_rows(t->src[1]) ? NULL
+                                                                                      : "CONCAT rows not dense";
+    }
+}
+
+/* With the Hadamard hint, mul_mat runs fwht_f32 instead: each src1 row of
+ * ne10 floats (a power of two, asserted) is transformed in place in the
+ * result's row at the same indices - ne10 floats written where the result
+ * has ne0 = src0's ne1. */
+static const char *mul_mat_more(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *b = t->src[1];
+    if (t->op_params[1] != GGML_HINT_SRC0_IS_HADAMARD)
+        return NULL;  /* any other value: the plain product */
+    if (b->type != GGML_TYPE_F32 || t->type != GGML_TYPE_F32)
+        return "MUL_MAT Hadamard transform of a type other than f32";
+    if (t->ne[0] != b->ne[0] || (b->ne[0] & (b->ne[0] - 1)) != 0)
+        return "MUL_MAT Hadamard transform: rows not a power of two as long as the result's";
+    return NULL;
+}
+
+/* get_rows_back reads src0 row i at i * nb[1] for every index i <
+ * nelements(src1): src0 (a matrix, constructor) needs that many rows */
+static const char *get_rows_back_more(const struct ggml_tensor *t)
+{
+    return ggml_nelements(t->src[1]) <= t->src[0]->ne[1] ? NULL : "GET_ROWS_BACK with more indices than source rows";
+}
+
+/* im2col_f32/_f16 read an image plane [IH][IW] (2-D) or a row [IW] (1-D)
+ * as one array from (n, c), and keep those two strides in ints */
+static const char *im2col_more(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *b = t->src[1];
+    const bool is_2D = t->op_params[6] == 1;
+    if (is_2D && !holds(PLANE_WIDE, b, NULL))
+        return "IM2COL image planes narrower than their rows";
+    const int n_dim = is_2D ? 3 : 2, c_dim = is_2D ? 2 : 1;
+    if ((b->ne[n_dim] > 1 && b->nb[n_dim] > INT_MAX) || (b->ne[c_dim] > 1 && b->nb[c_dim] > INT_MAX))
+        return "IM2COL image strides beyond an int";
+    return NULL;
+}
+
+/* ssm_scan_f32 takes B and C's group g = h / (heads / groups) and asserts
+ * heads % groups == 0 */
+static const char *ssm_scan_more(const struct ggml_tensor *t)
+{
+    const int64_t heads = t->src[1]->ne[1], groups = t->src[4]->ne[1];
+    return groups > 0 && heads % groups == 0 ? NULL : "SSM_SCAN groups do not divide the heads";
+}
+
+/* upscale_f32 finds the source of result index i at i / sf, sf = (float)ne
+ * / ne_src, unclamped for planes and batches in every mode and for every
+ * dimension in NEAREST mode; on dimensions of millions the float rounding
+ * of the last index can reach ne_src, one past the source.  Computed as
+ * the kernel does (and as a reciprocal multiply, should a compiler make
+ * it one). */
+static bool scaled_index_inside(int64_t ne, int64_t ne_src, float sf)
+{
+    if (ne <= 0)
+        return true;
+    if (ne_src <= 0)
+        return false;  /* every mode reads index 0 of the empty source */
+    const float last = (float)(ne - 1);
+    return (int64_t)(last / sf) < ne_src && (int64_t)(last * (1.0f / sf)) < ne_src;
+}
+
+static const char *upscale_more(const struct ggml_tensor *t)
+{
+    const struct ggml_tensor *a = t->src[0];
+    const int32_t flags = t->op_params[0];
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (i < 2 && (flags & 0xFF) != GGML_SCALE_MODE_NEAREST && a->ne[i] > 0)
+            continue;  /* clamped to the source's dimension */
+        float sf = (float)t->ne[i] / (float)a->ne[i];
+        if (i < 2 && (flags & GGML_SCALE_FLAG_ALIGN_CORNERS) && t->ne[i] > 1 && a->ne[i] > 1)
+            sf = (float)(t->ne[i] - 1) / (float)(a->ne[i] - 1);
+        if (!scaled_index_inside(t->ne[i], a->ne[i], sf))
+            return "UPSCALE source index past the source";
+    }
+    return NULL;
+}
+
+/* apply_unary_op_functor (XIELU) asserts ggml_is_contiguous_1 */
+static const char *unary_more(const struct ggml_tensor *t)
+{
+    if (ggml_get_unary_op(t) != GGML_UNARY_OP_XIELU)
+        return NULL;
+    return ggml_is_contiguous_1(t->src[0]) && ggml_is_contiguous_1(t) ? NULL
+                                                                       : "unary op operands not contiguous in their rows";
+}
+
+#define CHECK1(c, a) { c, a, 0 }
+#define NO_CHECKS { { END, 0, 0 } }
+#define SAME(a, b) { SAME_STRIDES, a, b }
+
+#define NO_KERNEL "no kernel: a leaf or a view, placed inside its buffer or source by import"
+#define UNARY_OPS_CPP "apply_unary_op (unary-ops.cpp): src0 and the result (one shape) by the same row indices, rows as arrays (asserted)"
+#define DUP "dup: every operand indexed within its own ne by its own nb (the result's counters run over its own dims), or copied densely when contiguous; types: cpy_types_error"
+#define BINARY "apply_binary_op (binary-ops.cpp): src0 and the result (one shape) by the row's indices, src1 by them modulo its ne (ggml_can_repeat); rows as arrays (asserted)"
+#define ACC_SET "acc_f32 / set_*: src0 copied over the result (both contiguous, asserted), src1 rows as arrays written into a view of params strides and offset (op_shapes.c acc_view_fits)"
+#define DIAG_MASK "diag_mask_f32: the result's planes k < ne2 * ne3 at k * nb[2] (both contiguous with dense rows, asserted; canonical size-1 strides make those its planes)"
+#define ROPE_ "rope_flt: src0 and the result (one shape) by the same indices, rows as arrays (asserted); positions read as an array (a vector that long, constructor); factors and params: op_shapes.c"
+#define SORT "argsort_f32 / top_k_f32: source row i at i * nb[1] for every i < nrows (fuzz_op-60), the result's likewise (fresh)"
+#define RECURRENT "rwkv_wkv6 / gla / rwkv_wkv7: every operand read densely, by element counts derived from src1, the result and the state (recurrent_error)"
+
+static const struct operand_rule operand_rules[GGML_OP_COUNT] = {
+    [GGML_OP_NONE] = { NO_KERNEL, NO_CHECKS, NULL },
+    [GGML_OP_RESHAPE] = { NO_KERNEL, NO_CHECKS, NULL },
+    [GGML_OP_VIEW] = { NO_KERNEL, NO_CHECKS, NULL },
+    [GGML_OP_PERMUTE] = { NO_KERNEL, NO_CHECKS, NULL },
+    [GGML_OP_TRANSPOSE] = { NO_KERNEL, NO_CHECKS, NULL },
+    [GGML_OP_DUP] = { DUP, NO_CHECKS, NULL },
+    [GGML_OP_CPY] = { DUP, NO_CHECKS, NULL },
+    [GGML_OP_CONT] = { DUP, NO_CHECKS, NULL },
+    [GGML_OP_ADD] = { BINARY "; add_q_f32 (a block src0): src1 rows as arrays, the result not permuted (asserted)",
+                      { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, add_more },
+    [GGML_OP_SUB] = { BINARY, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_MUL] = { BINARY "; fused after an RMS_NORM: import.c", { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_DIV] = { BINARY, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_ADD_ID] = { "add_id_f32: src0 and result rows at the result's indices, src1 row ids[i1, i2] (op_policy.c); rows as arrays (asserted)",
+                         { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, S1), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_ADD1] = { "add1_*: src0 and result rows (one shape) at the same indices, rows as arrays (asserted), the scalar read once; add1_q_f32: the result not permuted (asserted)",
+                       { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, add1_more },
+    [GGML_OP_ACC] = { ACC_SET, { CHECK1(CONTIGUOUS, DST), CHECK1(CONTIGUOUS, S0), CHECK1(ROWS_DENSE, S1) }, NULL },
+    [GGML_OP_SET] = { ACC_SET, { CHECK1(CONTIGUOUS, DST), CHECK1(CONTIGUOUS, S0), CHECK1(ROWS_DENSE, S1) }, NULL },
+    [GGML_OP_SQR] = { UNARY_OPS_CPP, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_SQRT] = { UNARY_OPS_CPP, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_LOG] = { UNARY_OPS_CPP, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_SIN] = { UNARY_OPS_CPP, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_COS] = { UNARY_OPS_CPP, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_SUM] = { "sum_*: ne00 elements read as an array from every row start (asserted only in debug builds)",
+                      { CHECK1(ROWS_WIDE, S0) }, NULL },
+    [GGML_OP_SUM_ROWS] = { "sum_rows_f32: rows as arrays (asserted), one sum per row at the result's own indices",
+                           { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_CUMSUM] = { "cumsum_f32: src0 and the result (one shape) by the same indices, rows as arrays (asserted)",
+                         { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_MEAN] = { "mean_f32: ne00 elements read as an array from every row start (asserted only in debug builds)",
+                       { CHECK1(ROWS_WIDE, S0) }, NULL },
+    [GGML_OP_ARGMAX] = { "argmax_f32: row i1 of the matrix src0 read as an array of ne00 (asserted only in debug builds), into the result's element i1",
+                         { CHECK1(ROWS_WIDE, S0) }, NULL },
+    [GGML_OP_COUNT_EQUAL] = { "count_equal_i32: both operands (one shape) by their own strides; the row split: op_shapes.c count_equal_rows_ok",
+                              NO_CHECKS, NULL },
+    [GGML_OP_REPEAT] = { "repeat_*: source rows copied as arrays (asserted) to result rows (fresh) at indices within the result",
+                         { CHECK1(ROWS_DENSE, S0) }, NULL },
+    [GGML_OP_REPEAT_BACK] = { "repeat_back_f32: source rows (asserted dense) added into result rows (fresh) at indices within it",
+                              { CHECK1(ROWS_DENSE, S0) }, NULL },
+    [GGML_OP_CONCAT] = { "concat_*: elements by their own indices, src1's offset by src0's extent along dim (constructor); concat_any: rows copied as arrays (asserted)",
+                         NO_CHECKS, concat_more },
+    [GGML_OP_SILU_BACK] = { "silu_back_*: rows j < nrows of src0, src1 and the result at j * nb[1] (shapes, types: op_shapes.c silu_back_fits)",
+                            { CHECK1(ROWS_BY_NB1, S0), CHECK1(ROWS_BY_NB1, S1), CHECK1(ROWS_BY_NB1, DST) }, NULL },
+    [GGML_OP_NORM] = { "norm_f32: src0 and the result (one shape) by their own strides, as arrays only when both rows are dense",
+                       NO_CHECKS, NULL },
+    [GGML_OP_RMS_NORM] = { "rms_norm_f32: src0 rows read as arrays (asserted), written as arrays into the result's at the same indices (one shape); fused with a MUL: import.c",
+                           { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_RMS_NORM_BACK] = { "rms_norm_back_f32: src0 and src1 (shapes: op_shapes.c) rows as arrays (asserted) at the same indices, result rows fresh",
+                                { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, S1) }, NULL },
+    [GGML_OP_GROUP_NORM] = { "group_norm_f32: src0 and result rows as arrays (asserted) at the same indices (one shape)",
+                             { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_L2_NORM] = { "l2_norm_f32: src0 and the result (one shape) by their own strides, as arrays only when both rows are dense",
+                          NO_CHECKS, NULL },
+    [GGML_OP_MUL_MAT] = { "mul_mat: src0 rows and src1 columns as arrays (op_shapes.c), result by its own indices (fresh); fwht (the Hadamard hint) writes src1's row length into result rows",
+                          NO_CHECKS, mul_mat_more },
+    [GGML_OP_MUL_MAT_ID] = { "mul_mat_id: expert ids (op_policy.c) pick src0 matrices (< ne02), rows as arrays (op_shapes.c), result by its own indices (fresh)",
+                             NO_CHECKS, NULL },
+    [GGML_OP_OUT_PROD] = { "out_prod_*: the result zeroed densely (fresh), src0 rows as arrays (asserted) at plane i2 / (ne2 / ne02), src1 by its own strides",
+                           { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_SCALE] = { "scale_f32: rows j < nrows at j * nb[1] of both (contiguous, asserted; with a bias src0's at the result's nb[1], the same strides for one shape)",
+                        { CHECK1(CONTIGUOUS, S0), CHECK1(CONTIGUOUS, DST) }, NULL },
+    [GGML_OP_GET_ROWS] = { "get_rows_*: src0 row ids[..] (op_policy.c) at (i01, i11, i12) by its strides, ne00 elements read as an array from there (asserted only in debug builds); result rows fresh",
+                           { CHECK1(ROWS_WIDE, S0) }, NULL },
+    [GGML_OP_GET_ROWS_BACK] = { "get_rows_back_*: the result zeroed densely (contiguous, asserted), src0 row i at i * nb[1] (a matrix) for every index i: as many rows as indices",
+                                { CHECK1(CONTIGUOUS, DST), CHECK1(ROWS_DENSE, S0) }, get_rows_back_more },
+    [GGML_OP_SET_ROWS] = { "set_rows_impl: src0 rows (i, i02, i03) into result row ids[..] (op_policy.c) at the same i02, i03 (constructor: equal ne2, ne3), rows as arrays (constructor: ggml_is_contiguous_rows of both)",
+                           NO_CHECKS, NULL },
+    [GGML_OP_DIAG] = { "diag_f32: src0 row and result rows (fresh) as arrays (asserted)",
+                       { CHECK1(ROWS_DENSE, S0) }, NULL },
+    [GGML_OP_DIAG_MASK_INF] = { DIAG_MASK, { CHECK1(CONTIGUOUS_DENSE, DST), CHECK1(CONTIGUOUS_DENSE, S0) }, NULL },
+    [GGML_OP_DIAG_MASK_ZERO] = { DIAG_MASK, { CHECK1(CONTIGUOUS_DENSE, DST), CHECK1(CONTIGUOUS_DENSE, S0) }, NULL },
+    [GGML_OP_SOFT_MAX] = { "soft_max_f32: src0 (contiguous, constructor) and the result by the same indices, rows as arrays; mask (contiguous, constructor) row i01 < its ne1; sinks[head] (ne0 = heads, constructor)",
+                           NO_CHECKS, NULL },
+    [GGML_OP_SOFT_MAX_BACK] = { "soft_max_ext_back_f32: rows j < nrows at j * nb[1] of all three (contiguous, asserted; shapes: op_shapes.c)",
+                                { CHECK1(CONTIGUOUS, DST), CHECK1(CONTIGUOUS, S0), CHECK1(CONTIGUOUS, S1) }, NULL },
+    [GGML_OP_ROPE] = { ROPE_, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_ROPE_BACK] = { ROPE_, { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_CLAMP] = { "clamp_*: rows j < nrows(src0) at j * nb[1] of src0 and of the result, no contiguity check",
+                        { CHECK1(ROWS_BY_NB1, S0), CHECK1(ROWS_BY_NB1, DST) }, NULL },
+    [GGML_OP_CONV_TRANSPOSE_1D] = { "conv_transpose_1d_*: kernel and src1 rows as arrays (asserted), the result zeroed and written densely (fresh)",
+                                    { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, S1) }, NULL },
+    [GGML_OP_IM2COL] = { "im2col_*: an image plane [IH][IW] (2-D) or row read as one array from (n, c) by src1's strides, kept in ints; the result written densely (fresh)",
+                         { CHECK1(ROWS_DENSE, S1) }, im2col_more },
+    [GGML_OP_IM2COL_BACK] = { "im2col_back_f32: src0 read densely as the result's im2col, the result by its own strides in ints (op_shapes.c im2col_back_fits)",
+                              NO_CHECKS, NULL },
+    [GGML_OP_IM2COL_3D] = { "im2col_3d_*: src1 by its own strides ((n * IC + c) < ne13), rows dense (asserted); the result written densely (fresh)",
+                            { CHECK1(ROWS_DENSE, S1) }, NULL },
+    [GGML_OP_COL2IM_1D] = { "col2im_1d_impl: src0 read and the result written densely (both contiguous, asserted)",
+                            { CHECK1(CONTIGUOUS, S0), CHECK1(CONTIGUOUS, DST) }, NULL },
+    [GGML_OP_CONV_2D] = { "conv_2d_impl: the kernel read densely (contiguous, asserted), input and result by their own indices",
+                          { CHECK1(CONTIGUOUS, S0) }, NULL },
+    [GGML_OP_CONV_3D] = { "conv_3d_impl: the kernel read densely (contiguous, asserted), input and result by their own indices",
+                          { CHECK1(CONTIGUOUS, S0) }, NULL },
+    [GGML_OP_CONV_2D_DW] = { "conv_2d_dw_*: input, kernel and result read and written densely within their elements (layouts: op_shapes.c conv_2d_dw_layout_ok)",
+                             NO_CHECKS, NULL },
+    [GGML_OP_CONV_TRANSPOSE_2D] = { "conv_transpose_2d_impl: kernel planes read as one [ne01][ne00] array from (i02, i03), src1 rows as arrays (asserted), the result dense (fresh)",
+                                    { CHECK1(ROWS_DENSE, S0), CHECK1(PLANE_WIDE, S0), CHECK1(ROWS_DENSE, S1) }, NULL },
+    [GGML_OP_POOL_1D] = { "pool_1d_ksp: rows j < nrows at j * nb[1] of src0 (contiguous; its types: types_error) and of the result (fresh)",
+                          { CHECK1(CONTIGUOUS, S0) }, NULL },
+    [GGML_OP_POOL_2D] = { "pool_2d: src0 planes at k * nb[2] up to its ggml_nbytes, result planes densely, one per step (src0 contiguous: canonical size-1 strides make the steps its planes)",
+                          { CHECK1(CONTIGUOUS, S0) }, NULL },
+    [GGML_OP_POOL_2D_BACK] = { "pool_2d_back: result planes by its strides (fresh), src0 read densely, src1 at the result's strides (op_shapes.c pool_2d_back_fits)",
+                               NO_CHECKS, NULL },
+    [GGML_OP_UPSCALE] = { "upscale_f32: source indices from the result's through float scale factors (i / (ne / ne_src)), by the source's own strides",
+                          NO_CHECKS, upscale_more },
+    [GGML_OP_PAD] = { "pad_f32: src0 by its own strides at the result's indices less the padding (the constructor's shape), the result written densely (fresh)",
+                      NO_CHECKS, NULL },
+    [GGML_OP_PAD_REFLECT_1D] = { "pad_reflect_1d: src0 rows (contiguous, constructor) copied as arrays into result rows (fresh) between the paddings",
+                                 NO_CHECKS, NULL },
+    [GGML_OP_ROLL] = { "roll_f32: rows of both by their own strides, elements as arrays (constructor: nb[0] the element size, shifts inside the dims)",
+                       NO_CHECKS, NULL },
+    [GGML_OP_ARANGE] = { "arange_f32: the result's elements (fresh)", NO_CHECKS, NULL },
+    [GGML_OP_TIMESTEP_EMBEDDING] = { "timestep_embedding_f32: ne00 timesteps read as an array (asserted), one result row each (fresh)",
+                                     { CHECK1(ROWS_DENSE, S0) }, NULL },
+    [GGML_OP_ARGSORT] = { SORT, { CHECK1(ROWS_BY_NB1, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_TOP_K] = { SORT, { CHECK1(ROWS_BY_NB1, S0), CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_LEAKY_RELU] = { "leaky_relu_*: rows i < nrows(src0) at i * nb[1] of src0 and of the result, no contiguity check (asserted only in debug builds)",
+                             { CHECK1(ROWS_BY_NB1, S0), CHECK1(ROWS_BY_NB1, DST) }, NULL },
+    [GGML_OP_TRI] = { "tri_f32: src0 (contiguous, asserted) and the result (fresh) by the same indices",
+                      { CHECK1(CONTIGUOUS, S0) }, NULL },
+    [GGML_OP_FILL] = { "fill_*: ne0 elements written as an array from every result row start",
+                       { CHECK1(ROWS_WIDE, DST) }, NULL },
+    [GGML_OP_FLASH_ATTN_EXT] = { "flash_attn_ext_*: K/V rows at Q's head / broadcast ratios, mask rows per query (contiguous, constructor): op_shapes.c flash_attn_ext_error",
+                                 NO_CHECKS, NULL },
+    [GGML_OP_SSM_CONV] = { "ssm_conv_f32: src0 rows and src1 rows read as one array each (row i1 at i1 * ne0: asserted for src0), src0 sequences at i3 * nb[2], i3 < its ne2 (constructor)",
+                           { CHECK1(ROWS_PACKED, S0), CHECK1(ROWS_PACKED, S1) }, NULL },
+    [GGML_OP_SSM_SCAN] = { "ssm_scan_f32: sequence i3's state written at the result + x's bytes + i3 * src0->nb[3] (one state apart: src0 contiguous, canonical ne[3] stride) and read at ids[i3] * nb[3] (op_policy.c); rows as arrays (asserted)",
+                           { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, S1), CHECK1(ROWS_DENSE, S2), CHECK1(ROWS_DENSE, S3),
+                             CHECK1(ROWS_DENSE, S4), CHECK1(ROWS_DENSE, S5), CHECK1(ROWS_DENSE, S6), CHECK1(CONTIGUOUS, S0) },
+                           ssm_scan_more },
+    [GGML_OP_WIN_PART] = { "win_part_f32: src0 read and the result written densely within their elements (shapes: constructor)",
+                           NO_CHECKS, NULL },
+    [GGML_OP_WIN_UNPART] = { "win_unpart_f32: src0 read and the result written densely within their elements (op_shapes.c win_unpart_fits)",
+                             NO_CHECKS, NULL },
+    [GGML_OP_GET_REL_POS] = { "get_rel_pos_f16: src0 read and the result written densely within their elements (constructor: src0 rows for every position)",
+                              NO_CHECKS, NULL },
+    [GGML_OP_ADD_REL_POS] = { "add_rel_pos_f32: src0 copied over the result densely, src1/src2 read densely within their elements (all contiguous, constructor)",
+                              NO_CHECKS, NULL },
+    [GGML_OP_RWKV_WKV6] = { RECURRENT, NO_CHECKS, recurrent_error },
+    [GGML_OP_GATED_LINEAR_ATTN] = { RECURRENT, NO_CHECKS, recurrent_error },
+    [GGML_OP_RWKV_WKV7] = { RECURRENT, NO_CHECKS, recurrent_error },
+    [GGML_OP_SOLVE_TRI] = { "solve_tri_f32: A and B matrices read densely from their (i02, i03) starts, the result likewise (fresh)",
+                            { CHECK1(CONTIGUOUS, S0), CHECK1(CONTIGUOUS, S1) }, NULL },
+    [GGML_OP_GATED_DELTA_NET] = { "gated_delta_net_one_chunk: q/k rows at (iv3 / ratio, t, iv1 % ne1), g/beta at (iv3, t, iv1), state of sequence iv3 at iv3 * nb[3] (gated_delta_net_error)",
+                                  { CHECK1(CONTIGUOUS_ROWS, S0), CHECK1(CONTIGUOUS_ROWS, S1), CHECK1(CONTIGUOUS_ROWS, S2),
+                                    CHECK1(CONTIGUOUS, S3), CHECK1(CONTIGUOUS, S4), CHECK1(CONTIGUOUS, S5) },
+                                  gated_delta_net_error },
+    [GGML_OP_LIGHTNING_INDEXER] = { "lightning_indexer: q, k, weight, mask rows read as arrays (asserted) at indices the constructor ties, the result by its own",
+                                    { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, S1), CHECK1(ROWS_DENSE, S2), CHECK1(ROWS_DENSE, S3),
+                                      CHECK1(ROWS_DENSE, DST) }, NULL },
+    [GGML_OP_DSV4_HC_COMB] = { "dsv4_hc_comb_f32: every operand by its own strides within the constructor's shapes", NO_CHECKS, NULL },
+    [GGML_OP_DSV4_HC_PRE] = { "dsv4_hc_pre_f32: every operand by its own strides within the constructor's shapes", NO_CHECKS, NULL },
+    [GGML_OP_DSV4_HC_POST] = { "dsv4_hc_post_f32: every operand by its own strides within the constructor's shapes", NO_CHECKS, NULL },
+    [GGML_OP_UNARY] = { "ggml_compute_forward_unary: " UNARY_OPS_CPP "; XIELU also ggml_is_contiguous_1 (asserted)",
+                        { CHECK1(ROWS_DENSE, S0), CHECK1(ROWS_DENSE, DST) }, unary_more },
+    [GGML_OP_GLU] = { "glu kernels: rows i < nrows at i * nb[1] of src0, src1 and the result (ggml_is_contiguous_1 of each, asserted)",
+                      { CHECK1(CONTIGUOUS_1, S0), CHECK1(CONTIGUOUS_1, S1), CHECK1(CONTIGUOUS_1, DST) }, NULL },
+    [GGML_OP_CROSS_ENTROPY_LOSS] = { "cross_entropy_loss_f32: rows i < nrows at i * nb[1] of src0 and src1 (one shape), read as arrays (asserted)",
+                                     { CHECK1(ROWS_BY_NB1, S0), CHECK1(ROWS_BY_NB1, S1) }, NULL },
+    [GGML_OP_CROSS_ENTROPY_LOSS_BACK] = { "cross_entropy_loss_back_f32: rows i < nrows at i * nb[1] of src1, src2 and the result (all contiguous, asserted), src0's first element",
+                                          { CHECK1(CONTIGUOUS, S0), CHECK1(CONTIGUOUS, S1), CHECK1(CONTIGUOUS, S2), CHECK1(CONTIGUOUS, DST) },
+                                          NULL },
+    [GGML_OP_OPT_STEP_ADAMW] = { "opt_step_adamw_f32: one offset, from the weight's strides, for the weight, its gradient, m and v (written): all four laid out alike",
+                                 { CHECK1(ROWS_DENSE, S0), SAME(S0, S1), SAME(S0, S2), SAME(S0, S3) }, NULL },
+    [GGML_OP_OPT_STEP_SGD] = { "opt_step_sgd_f32: one offset, from the weight's strides, for the weight and its gradient: both laid out alike",
+                               { CHECK1(ROWS_DENSE, S0), SAME(S0, S1) }, NULL },
+};
+
+const char *apir_op_operand_rule(int op)
+{
+    return op >= 0 && op < GGML_OP_COUNT ? operand_rules[op].kernel : NULL;
+}
+
+static _Thread_local char layout_reason[160];
+
+static const char *layout_error(const struct ggml_tensor *t)
+{
+    const struct operand_rule *rule = &operand_rules[t->op];
+    if (!rule->kernel)
+        return "op without an operand rule";
+    for (int i = 0; i < MAX_AGREEMENTS && rule->checks[i].check != END; i++) {
+        const struct agreement *c = &rule->checks[i];
+        const struct ggml_tensor *a = c->a == DST ? t : t->src[c->a];
+        const struct ggml_tensor *b = c->check == SAME_STRIDES ? t->src[c->b] : NULL;
+        if (!a || holds((enum layout_check)c->check, a, b))
+            continue;  /* an optional operand absent, or the rule met */
+        if (c->check == SAME_STRIDES)
+            snprintf(layout_reason, sizeof(layout_reason), "%s operand layout: %s %s %s", ggml_op_desc(t),
+                     operand_names[c->b], check_failures[c->check], operand_names[c->a]);
+        else
+            snprintf(layout_reason, sizeof(layout_reason), "%s operand layout: %s %s", ggml_op_desc(t),
+                     operand_names[c->a], check_failures[c->check]);
+        return layout_reason;
+    }
+    return rule->more ? rule->more(t) : NULL;
+}
+
 /* ---- a result over its sources ------------------------------------------ */
 
 /* A kernel reading a source while writing an overlapping result reads
@@ -510,11 +881,7 @@ const char *apir_op_operands_error(const struct ggml_tensor *t, bool query)
 {
     const char *why = types_error(t);
     if (!why)
-        why = layout_error(t);
-    if (!why)
-        why = recurrent_error(t);
-    if (!why && t->op == GGML_OP_GATED_DELTA_NET)
-        why = gated_delta_net_error(t);
+        why = layout_error(t);  /* the operand rule table, recurrent extents included */
     if (!why && !query)
         why = overlap_error(t);
     return why;

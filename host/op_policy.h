@@ -29,7 +29,9 @@
  *   UNARY, GLU  the sub-op must be a known one.
  *   MAP_CUSTOM*, CUSTOM  refused (host function pointers; import.c).
  *   every other op: memory access is bounded by its tensors' ne/nb, which
- *       import.c checked against their buffers.
+ *       import.c checked against their buffers, as far as the kernel's
+ *       address arithmetic follows them: op_operands.c's rule table
+ *       requires the layouts and agreement it assumes.
  */
 #ifndef APIR_OP_POLICY_H
 #define APIR_OP_POLICY_H

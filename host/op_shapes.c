@@ -119,7 +119,11 @@ static const char *constructor_inputs_error(const struct ggml_tensor *t)
     case GGML_OP_CONV_2D: case GGML_OP_CONV_2D_DW:
         return all_positive(t, 0, 2) ? NULL : "convolution stride";
     case GGML_OP_CONV_3D:
-        return all_positive(t, 0, 3) ? NULL : "convolution stride";
+        /* conv_3d_impl divides the work buffer by a patch's size, made of
+         * the channel counts c and oc (params 9 and 11; n, 10, counts the
+         * patches): zero or negative ones (whose products the constructor
+         * accepts) divide by zero or assert */
+        return all_positive(t, 0, 3) && all_positive(t, 9, 3) ? NULL : "convolution stride or channels";
     case GGML_OP_POOL_1D:
         if (t->op_params[0] != GGML_OP_POOL_MAX && t->op_params[0] != GGML_OP_POOL_AVG)
             return "pool op";
@@ -374,6 +378,10 @@ static const char *kernel_params_error(const struct ggml_tensor *t)
          * for even i0 < ne0: with an odd ne0 one past each row. */
         if (t->op_params[2] != GGML_ROPE_TYPE_VISION && (t->ne[0] & 1))
             return "ROPE odd row length";
+        /* Vision mode rotates pairs (i, i + n_dims) for i < ne0 / 2 and
+         * asserts this: a larger n_dims would reach past the row. */
+        if (t->op_params[2] == GGML_ROPE_TYPE_VISION && (n_dims != t->ne[0] / 2 || n_offs != 0))
+            return "ROPE vision dimensions not half the row";
         if (t->src[2] && !rope_freq_factors_readable(t))
             return "ROPE frequency factors shorter than the rows";
         if (t->op_params[2] & GGML_ROPE_TYPE_MROPE) {

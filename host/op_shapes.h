@@ -26,7 +26,10 @@
  *      FLASH_ATTN_EXT V and mask);
  *   5. the node is rebuilt by ggml's own constructor and compared field by
  *      field (op_derive.h): an allowlist - an op without a derivation is
- *      refused, and so is any node ggml would not have built.
+ *      refused, and so is any node ggml would not have built;
+ *   6. op_operands.h: operand types, and the layouts and agreement each
+ *      kernel's address arithmetic assumes - a table op -> rule, again an
+ *      allowlist (an op without a rule is refused) - and overlap.
  */
 #ifndef APIR_OP_SHAPES_H
 #define APIR_OP_SHAPES_H

@@ -14,6 +14,7 @@
  *                                        "no" rather than fail)
  *   inline   struct ggml_tensor *        an APIR 0.1 inline tensor, likewise
  *   digest   struct apir_digest           a copy of the 32 bytes
+ *   string   struct apir_string           a copy, NUL-terminated (APIR_MAX_STRING)
  *   others                               their values (res stays a res_id:
  *                                        a blob range needs several items)
  *
@@ -51,6 +52,7 @@ struct apir_buft_ref {
 #define APIR_HOST_tensors struct ggml_tensor *
 #define APIR_HOST_inline  struct ggml_tensor *
 #define APIR_HOST_digest  struct apir_digest
+#define APIR_HOST_string  struct apir_string
 
 /* Tensor items of a request are imported together (apir_import_begin). */
 #define APIR_HOST_IS_TENSOR_u32     0
@@ -66,6 +68,7 @@ struct apir_buft_ref {
 #define APIR_HOST_IS_TENSOR_tensors 0
 #define APIR_HOST_IS_TENSOR_inline  0
 #define APIR_HOST_IS_TENSOR_digest  0
+#define APIR_HOST_IS_TENSOR_string  0
 
 /* Wire types: what phase one decodes each kind into - the codec's
  * APIR_OUT_<kind>, but an inline tensor, which is imported where it stands. */
@@ -83,6 +86,7 @@ typedef struct ggml_tensor *apir_tensor_ptr;
 #define APIR_WIRE_tensors APIR_OUT_tensors
 #define APIR_WIRE_inline  apir_tensor_ptr   /* already imported */
 #define APIR_WIRE_digest  APIR_OUT_digest
+#define APIR_WIRE_string  APIR_OUT_string
 
 /* One request being decoded: the first refusal wins, the rest is skipped. */
 struct apir_request_decoder {
@@ -116,6 +120,7 @@ APIR_REQ_KIND_FNS(tensor)
 APIR_REQ_KIND_FNS(tensors)
 APIR_REQ_KIND_FNS(inline)
 APIR_REQ_KIND_FNS(digest)
+APIR_REQ_KIND_FNS(string)
 #undef APIR_REQ_KIND_FNS
 
 #define APIR_HOST_ITEM_FIELD(kind, field) APIR_HOST_##kind field;

@@ -55,6 +55,10 @@ struct apir_session *apir_session_new(struct apir_host *host, const char *name)
     s->host = host;
     s->minor = APIR_VERSION_MINOR_REFERENCE;
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "session");
+    apir_log_budget_init(&s->log, s->name, host->cfg.limits.guest_log_per_s, host->cfg.limits.guest_log_burst);
+    /* The default memory quota is sized from the devices here, where the
+     * guest's own process (or thread) will use them anyway (host.h). */
+    apir_host_resolve_alloc_quota(host);
     /* buffers + one buffer type per device */
     apir_handles_init(&s->handles, host->cfg.limits.max_buffers + APIR_HOST_MAX_DEVICES);
     for (uint32_t i = 0; i < host->n_devices; i++) {
@@ -81,95 +85,109 @@ void apir_session_free(struct apir_session *s)
     /* Nothing runs on a device while memory it may use goes. */
     apir_session_settle(s);
     apir_wcache_log_session(s);
-    /* Buffers before blobs (some wrap one: its pin goes with the buffer)
+    /* Buffers before blobs (some wrap one: their references go with them)
      * and before the modules (a buffer takes its mirror and weight copies
      * with it); the streams once nothing is queued on them; the modules
      * last. */
     apir_buffers_release_all(s);
     apir_handles_destroy(&s->handles);
-    for (uint32_t i = 0; i < s->n_blobs; i++)
-        blob_unmap(&s->blobs[i]);
+    for (uint32_t i = 0; i < s->n_blobs; i++) {
+        blob_unmap(s->blobs[i]);
+        free(s->blobs[i]);
+    }
     free(s->blobs);
     for (uint32_t i = 0; i < APIR_HOST_MAX_DEVICES; i++)
         if (s->backends[i])
             ggml_backend_free(s->backends[i]);
     apir_import_scratch_free(&s->scratch);
     modules_free(s);
+    apir_log_budget_flush(&s->log);
     free(s);
+}
+
+/* Any blob still mapped under res_id, closing or not; NULL if none. */
+static struct apir_blob *blob_any(struct apir_session *s, uint32_t res_id)
+{
+    for (uint32_t i = 0; i < s->n_blobs; i++)
+        if (s->blobs[i]->res_id == res_id)
+            return s->blobs[i];
+    return NULL;
 }
 
 struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id)
 {
-    for (uint32_t i = 0; i < s->n_blobs; i++)
-        if (s->blobs[i].res_id == res_id && !s->blobs[i].closing)
-            return &s->blobs[i];
-    return NULL;
+    struct apir_blob *b = blob_any(s, res_id);
+    return b && !b->closing ? b : NULL;
 }
 
 bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, size_t size,
                            void (*release)(void *, size_t, void *), void *user)
 {
     const struct apir_limits *lim = &s->host->cfg.limits;
-    if (res_id == 0 || apir_session_blob_find(s, res_id)) {
-        APIR_WARN("host", "%s: blob res_id %u is 0 or already in use", s->name, res_id);
+    const struct apir_blob *old = res_id ? blob_any(s, res_id) : NULL;
+    if (res_id == 0 || old) {
+        if (old && old->closing)
+            APIR_WARN("host", "%s: blob res_id %u refused: the blob destroyed under that id is still wrapped by %u "
+                      "buffer(s); free them first", s->name, res_id, old->refs);
+        else
+            APIR_WARN("host", "%s: blob res_id %u is 0 or already in use", s->name, res_id);
         return false;
     }
     if (s->n_blobs >= lim->max_blobs || size > lim->max_blob_bytes - s->blob_bytes) {
-        APIR_WARN("host", "%s: blob limit reached (%u blobs, %llu bytes)", s->name, s->n_blobs,
-                  (unsigned long long)s->blob_bytes);
+        APIR_WARN("host", "%s: blob limit reached (%u blobs, %llu bytes, destroyed ones still wrapped by a buffer "
+                  "included)", s->name, s->n_blobs, (unsigned long long)s->blob_bytes);
         return false;
     }
     if (s->n_blobs == s->blobs_cap) {
         uint32_t cap = s->blobs_cap ? s->blobs_cap * 2 : 8;
-        struct apir_blob *b = realloc(s->blobs, cap * sizeof(*b));
-        if (!b)
+        struct apir_blob **t = realloc(s->blobs, cap * sizeof(*t));
+        if (!t)
             return false;
-        s->blobs = b;
+        s->blobs = t;
         s->blobs_cap = cap;
     }
-    s->blobs[s->n_blobs++] = (struct apir_blob){
-        .res_id = res_id, .serial = ++s->blob_serial, .ptr = ptr, .size = size, .release = release, .release_user = user,
+    struct apir_blob *b = malloc(sizeof(*b));
+    if (!b)
+        return false;
+    *b = (struct apir_blob){
+        .res_id = res_id, .refs = 1, .ptr = ptr, .size = size, .release = release, .release_user = user,
         .page_locked = s->host->pin_shared && size != SIZE_MAX && apir_pin(ptr, size),
     };
+    s->blobs[s->n_blobs++] = b;
     s->blob_bytes += size;
     return true;
 }
 
-static void blob_drop(struct apir_session *s, uint32_t index)
+struct apir_blob *apir_session_blob_hold(struct apir_blob *b)
 {
-    struct apir_blob *b = &s->blobs[index];
+    b->refs++;
+    return b;
+}
+
+void apir_session_blob_put(struct apir_session *s, struct apir_blob *b)
+{
+    if (--b->refs)
+        return;
+    /* The last reference: the table's went when the guest destroyed it. */
+    for (uint32_t i = 0; i < s->n_blobs; i++) {
+        if (s->blobs[i] != b)
+            continue;
+        s->blobs[i] = s->blobs[--s->n_blobs];
+        break;
+    }
     s->blob_bytes -= b->size;
     blob_unmap(b);
-    s->blobs[index] = s->blobs[--s->n_blobs];
+    free(b);
 }
 
 bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id)
 {
-    for (uint32_t i = 0; i < s->n_blobs; i++) {
-        struct apir_blob *b = &s->blobs[i];
-        if (b->res_id != res_id || b->closing)
-            continue;
-        /* A buffer still wraps it: unmap when that buffer is freed. */
-        if (b->pins)
-            b->closing = true;
-        else
-            blob_drop(s, i);
-        return true;
-    }
-    return false;
-}
-
-/* Called when a buffer that wrapped a blob goes away. */
-void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id)
-{
-    for (uint32_t i = 0; i < s->n_blobs; i++) {
-        struct apir_blob *b = &s->blobs[i];
-        if (b->res_id != res_id || !b->pins)
-            continue;
-        if (--b->pins == 0 && b->closing)
-            blob_drop(s, i);
-        return;
-    }
+    struct apir_blob *b = apir_session_blob_find(s, res_id);
+    if (!b)
+        return false;
+    b->closing = true;
+    apir_session_blob_put(s, b);  /* the table's reference */
+    return true;
 }
 
 uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64_t offset, uint64_t size)

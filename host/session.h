@@ -19,6 +19,7 @@
 
 #include "apir_codec.h"
 #include "apir_commands.h"
+#include "apir_log.h"
 #include "handles.h"
 #include "host.h"
 
@@ -26,18 +27,25 @@ struct ggml_context;
 struct ggml_tensor;
 struct ggml_cgraph;
 
-/* A shared-memory region the guest named by res_id.  The table holding these
- * moves (it grows with realloc, a removal fills the hole with the last entry):
- * a pointer to an entry is good only until the next blob is added or removed.
- * Code that must recognise a blob across a command keeps its serial. */
+/*
+ * A shared-memory region the guest named by res_id: an object of its own,
+ * at a fixed address until it is unmapped, held by references.  The
+ * session's table holds one while the guest has not destroyed it; a buffer
+ * wrapping it (BUFFER_FROM_PTR) holds one for its whole life, and so may a
+ * command that must recognise it afterwards (the shm reply blob).  Destroyed
+ * by the guest it is "closing": no command can name it any more, but it
+ * stays mapped - and its res_id stays taken - until the last reference
+ * goes.  So a buffer never outlives its memory, and a res_id is never
+ * reused while anything still holds its old blob (issue 24: pins counted by
+ * res_id let a new blob's buffer unmap the old one under a live buffer).
+ */
 struct apir_blob {
     uint32_t res_id;
-    uint64_t serial;        /* unique in the session, never reused */
+    uint32_t refs;          /* the table's (until destroyed), the buffers', commands' */
     uint8_t *ptr;
     size_t size;            /* SIZE_MAX: unknown (virgl's callback gives none) */
-    uint32_t pins;          /* buffers wrapping this blob (BUFFER_FROM_PTR) */
     bool page_locked;       /* for the GPU's copy engines (pin.c) */
-    bool closing;           /* destroyed by the guest, unmapped when unpinned */
+    bool closing;           /* destroyed by the guest, unmapped when the last reference goes */
     void (*release)(void *ptr, size_t size, void *user);
     void *release_user;
 };
@@ -51,6 +59,7 @@ struct apir_host_buffer {
     uint64_t opaque_base;   /* what BUFFER_GET_BASE answers */
     uint32_t device;
     uint32_t pinned_blob;   /* res_id wrapped by BUFFER_FROM_PTR, 0 if none */
+    struct apir_blob *blob; /* ... the blob itself, referenced while the buffer lives */
 };
 
 #define APIR_MAX_SHADOWS 64
@@ -112,9 +121,10 @@ struct apir_session {
     ggml_backend_t backends[APIR_HOST_MAX_DEVICES];
     bool backend_async[APIR_HOST_MAX_DEVICES];  /* the device copies asynchronously (props caps.async) */
 
-    struct apir_blob *blobs;
+    /* Every blob still mapped, closing ones included (they keep their
+     * res_id and count against the quota until unmapped). */
+    struct apir_blob **blobs;
     uint32_t n_blobs, blobs_cap;
-    uint64_t blob_serial;                  /* the last serial given */
     uint64_t blob_bytes;
 
     /* buffers.c; weight copies are charged to bytes_allocated too */
@@ -145,6 +155,10 @@ struct apir_session {
      * value, this guest's own use (never another's).  Sent in the reply of
      * that command (0.3: dispatch.c) and logged. */
     char limit_why[192];
+
+    /* This guest's share of the log (apir_log.h): the transport serving it
+     * enters it while it works for the guest. */
+    struct apir_log_budget log;
 };
 
 /* NULL when memory cannot be had. */
@@ -157,18 +171,24 @@ void apir_session_refuse_limit(struct apir_session *s, const char *fmt, ...) __a
 void apir_session_log_profile(const struct apir_session *s);
 void apir_session_free(struct apir_session *s);
 
-/* Blobs: add/remove is the transport's job; lookups check bounds. */
+/* Blobs: add/remove is the transport's job; lookups check bounds.  add
+ * refuses a res_id any blob still holds, a closing one included (logged,
+ * saying which). */
 bool apir_session_blob_add(struct apir_session *s, uint32_t res_id, void *ptr, size_t size,
                            void (*release)(void *, size_t, void *), void *user);
+/* The guest destroys blob res_id: unmapped now, or when the last buffer
+ * wrapping it goes.  False: no live blob res_id. */
 bool apir_session_blob_remove(struct apir_session *s, uint32_t res_id);
 /* [offset, offset+size) of blob res_id, or NULL (bounds are checked). */
 uint8_t *apir_session_blob_range(struct apir_session *s, uint32_t res_id, uint64_t offset, uint64_t size);
-/* The live blob res_id, or NULL; the pointer is good until a blob is added
- * or removed (see struct apir_blob). */
+/* The live blob res_id (not closing), or NULL.  The object stays where it
+ * is while anything references it; without a reference of one's own, only
+ * until the next blob command. */
 struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id);
-/* A buffer that wrapped blob res_id is gone; a blob the guest destroyed
- * meanwhile is unmapped now. */
-void apir_session_blob_unpin(struct apir_session *s, uint32_t res_id);
+/* A reference to b, kept until apir_session_blob_put; the last put of a
+ * closing blob unmaps it. */
+struct apir_blob *apir_session_blob_hold(struct apir_blob *b);
+void apir_session_blob_put(struct apir_session *s, struct apir_blob *b);
 
 /* Graph execution (graph_exec.h).  Computes the keyed graph accepted by the
  * last command, if any: the

@@ -12,16 +12,22 @@
  * mid-graph is freed when the graph returns, and the main loop never blocks
  * on a worker.
  *
- * Denial of service: the accept loop never waits for a guest.  New
- * connections are paced (a token bucket) and counted per peer uid
- * (SO_PEERCRED) before anything else; with process isolation the daemon then
- * only starts a worker, which reads the hello under a deadline; serving
- * threads in this process, a connection waits in a pending set, polled with
- * the rest, until its hello arrives or its deadline passes.  A worker
- * process whose guest hangs up in the middle of a command, or whose command
- * runs past the time budget, ends itself: a kernel cannot be interrupted
- * otherwise.  In one process the CPU backend's abort callback stops a graph
- * between nodes instead.
+ * Denial of service: the accept loop never waits for a guest, and what a
+ * connection costs is charged to its own tenant only (admission, below;
+ * shm_server_impl.h): a local peer's container - its cgroup, read at accept
+ * from the kernel's word (SO_PEERCRED), with its uid - or its uid, or a
+ * stream peer's address.  Before its hello a connection takes a place among
+ * the pending (polled with the rest, closed at its deadline) within its
+ * tenant's connection count and connect bucket, nothing else: no worker, no
+ * thread, no session.  Once its hello is in - and for tcp: its token
+ * checked - its tenant's spawn bucket pays for the worker process (which
+ * reads and checks the hello) or the session.  So a peer that connects and
+ * hangs up in a loop, or holds silent connections, exhausts only its own
+ * buckets and counts.  A worker process whose guest hangs up in the middle
+ * of a command, or whose command runs past the time budget, ends itself: a
+ * kernel cannot be interrupted otherwise.  In one process the CPU backend's abort callback stops a graph
+ * between nodes instead.  A guest's log lines come out of its session's
+ * budget (apir_log.h); a tenant's, before it is a guest, out of its own.
  *
  * The socket: bound here with the mode and group asked for (0660 by
  * default), or passed by a service manager (socket activation,
@@ -50,7 +56,6 @@
 #include "tls.h"
 #include "wait.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -65,6 +70,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -130,7 +136,7 @@ static int recv_blob_fd(struct shm_client *c, const char *cmd)
  */
 static bool guest_committed(int fd, uint64_t size, const char **why)
 {
-    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t page = apir_page_size();
     struct stat st;
     if (fstat(fd, &st) != 0) {
         *why = "cannot stat blob";
@@ -196,7 +202,7 @@ static uint32_t blob_file(struct shm_client *c, struct apir_decoder *req)
     int fd = recv_blob_fd(c, "SHM_BLOB_FILE");
     if (fd < 0)
         return 1;
-    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t page = apir_page_size();
     struct stat st;
     const char *why = NULL;
     uint64_t end;
@@ -279,10 +285,9 @@ static bool serve_one(struct shm_client *c)
         APIR_WARN("host", "%s: reply blob %u unknown", c->session->name, hdr.reply_res_id);
         return false;
     }
-    /* The command may add or remove blobs, which moves the table's entries:
-     * the reply blob is recognised afterwards by its serial, never by the
-     * entry's address. */
-    const uint64_t reply_serial = rb->serial;
+    /* Held for the command, which may destroy it: its memory stays mapped
+     * until the reply word is written (or not) below. */
+    apir_session_blob_hold(rb);
     _Atomic uint32_t *reply_word = (_Atomic uint32_t *)rb->ptr;
     struct apir_encoder reply;
     apir_encoder_init(&reply, rb->ptr + 4, rb->size - 4);
@@ -305,8 +310,9 @@ static bool serve_one(struct shm_client *c)
         break;
     }
     /* The reply blob may have been destroyed by this very command. */
-    rb = apir_session_blob_find(c->session, hdr.reply_res_id);
-    if (!rb || rb->serial != reply_serial) {
+    const bool reply_gone = rb->closing;
+    apir_session_blob_put(c->session, rb);
+    if (reply_gone) {
         APIR_WARN("host", "%s: the command destroyed its own reply blob %u: hanging up", c->session->name,
                   hdr.reply_res_id);
         return false;
@@ -327,6 +333,8 @@ static void *client_worker(void *arg)
     const uint64_t spin_ns = (uint64_t)apir_host_spin_us() * 1000;
     /* A fresh control blob starts at 0; the guest may ring before we run. */
     uint32_t seen = 0;
+    /* What this thread logs from now on is the guest's doing. */
+    apir_log_budget_enter(&c->session->log);
 
     while (!atomic_load(&c->dead)) {
         uint32_t seq = apir_spin_while_equal(&ctrl->cmd_seq, seen, spin_ns);
@@ -348,6 +356,8 @@ static void *client_worker(void *arg)
         if (!go_on)
             break;
     }
+    apir_log_budget_flush(&c->session->log);
+    apir_log_budget_leave(NULL);
     /* Make the main loop notice (it polls for hang-up), then let go. */
     shutdown(c->fd, SHUT_RDWR);
     apir_client_put(c);
@@ -355,8 +365,8 @@ static void *client_worker(void *arg)
 }
 
 /* The peer's process name as this host sees it: chosen by the guest (a
- * hint, never an identity), so only printable characters are kept.  Not
- * in a sandboxed worker: it may open nothing. */
+ * hint, never an identity), so escaped (apir_log_escape).  Not in a
+ * sandboxed worker: it may open nothing. */
 void apir_peer_comm(pid_t pid, char *buf, size_t len)
 {
     buf[0] = '\0';
@@ -368,10 +378,11 @@ void apir_peer_comm(pid_t pid, char *buf, size_t len)
     char raw[32];
     ssize_t n = read(fd, raw, sizeof(raw) - 1);
     close(fd);
-    size_t k = 0;
-    for (ssize_t i = 0; i < n && raw[i] != '\n' && k + 1 < len; i++)
-        buf[k++] = isprint((unsigned char)raw[i]) && raw[i] != '"' && raw[i] != '\\' ? raw[i] : '?';
-    buf[k] = '\0';
+    if (n <= 0)
+        return;
+    if (raw[n - 1] == '\n')  /* the kernel's, not the name's */
+        n--;
+    apir_log_escape(raw, (size_t)n, buf, len);
 }
 
 void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, size_t len)
@@ -380,7 +391,7 @@ void apir_peer_describe(const struct ucred *peer, bool with_comm, char *buf, siz
         snprintf(buf, len, "peer credentials unknown");
         return;
     }
-    char comm[20] = "";
+    char comm[APIR_LOG_ESCAPED_SIZE(16)] = "";
     if (with_comm)
         apir_peer_comm(peer->pid, comm, sizeof(comm));
     snprintf(buf, len, "pid %d, uid %u, gid %u%s%s%s", (int)peer->pid, (unsigned)peer->uid, (unsigned)peer->gid,
@@ -394,7 +405,7 @@ static void refuse_peer(int fd, const char *message, bool with_comm)
     snprintf(r.message, sizeof(r.message), "%s", message);
     apir_send_fds(fd, &r, sizeof(r), NULL, 0);
     struct ucred peer;
-    char who[128];
+    char who[160];
     apir_peer_cred(fd, &peer);
     apir_peer_describe(&peer, with_comm, who, sizeof(who));
     APIR_WARN("host", "guest refused (%s): %s", who, message);
@@ -510,8 +521,10 @@ bool apir_client_serve(struct shm_client *c, int fd, void *(*fn)(void *))
 }
 
 /* Reads the hello (waiting at most timeout_ms) and starts serving the guest,
- * or refuses it; fd is the client's or closed either way. */
-static void accept_client(struct apir_shm_server *srv, int fd, const struct ucred *peer, int timeout_ms)
+ * or refuses it; fd is the client's or closed either way.  tenant: the
+ * daemon's admission (a guest's session is its spawn), NULL in a worker. */
+static void accept_client(struct apir_shm_server *srv, int fd, const struct ucred *peer, struct apir_tenant *tenant,
+                          int timeout_ms)
 {
     struct apir_shm_hello hello;
     int fds[2], n_fds = 0;
@@ -526,6 +539,7 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
         why = "unsupported shm transport version";
     } else if (atomic_load(&srv->n_clients) >= srv->host->cfg.limits.max_clients) {
         why = "too many clients";
+    } else if ((why = apir_admit_guest(srv, tenant)) != NULL) {
     } else if (hello.ctrl_size != APIR_SHM_CTRL_SIZE || hello.reply_size < 8 || hello.reply_size > (1u << 20)) {
         why = "bad blob sizes";
     } else if (!(ctrl = apir_memfd_map_checked(fds[0], APIR_SHM_CTRL_SIZE, &why))) {
@@ -570,6 +584,7 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
     }
     c->ctrl = ctrl;
     c->id = id;
+    c->tenant = tenant ? tenant->key : 0;
     if (srv->listen_fd >= 0)
         apir_peer_comm(peer->pid, c->comm, sizeof(c->comm));
     struct apir_shm_hello_reply r = { .magic = APIR_SHM_MAGIC, .status = 0 };
@@ -581,7 +596,7 @@ static void accept_client(struct apir_shm_server *srv, int fd, const struct ucre
         return;
     }
     const char *name = c->session->name;
-    char who[128];
+    char who[160];
     apir_peer_describe(peer, srv->listen_fd >= 0, who, sizeof(who));
     if (!apir_client_serve(c, fd, client_worker))
         return;
@@ -622,58 +637,247 @@ static void linger_service(struct apir_shm_server *srv, uint32_t i, short revent
     srv->lingering[i] = srv->lingering[--srv->n_lingering];
 }
 
-/* Connections of one peer uid: workers, or served and pending clients. */
-static uint32_t connections_of(const struct apir_shm_server *srv, uid_t uid)
+/* ---- admission ------------------------------------------------------------ */
+
+/* Key tags: what kind of identity a tenant key names (its top byte). */
+enum { TENANT_UID = 1, TENANT_CGROUP = 2 };
+#define TENANT_KEY(tag, value) (((uint64_t)(tag) << 56) | ((value) & 0x00FFFFFFFFFFFFFFull))
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  /* Linux 6.5 */
+#endif
+
+static uint64_t fnv1a64(const void *data, size_t n, uint64_t h)
 {
-    uint32_t n = 0;
-    if (srv->worker_argv) {
-        for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++)
-            n += srv->children[i].pid != 0 && srv->children[i].peer.uid == uid;
-        return n;
-    }
-    for (const struct shm_client *c = srv->clients; c; c = c->next)
-        n += c->peer.uid == uid;
-    for (uint32_t i = 0; i < srv->n_pending; i++)
-        n += srv->pending[i].peer.uid == uid;
-    return n;
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
 }
 
-/* One token of the spawn bucket, or false: too many new connections. */
-static bool take_spawn_token(struct apir_shm_server *srv)
+/*
+ * The peer's cgroup membership, /proc/PID/cgroup as the kernel writes it
+ * (every hierarchy, v1 and v2): read at accept, so that the process that
+ * connected is (almost always) still there.  Where the kernel gives a
+ * pidfd of the peer (SO_PEERPIDFD), that process must still be alive after
+ * the read - then PID was not reused by another process meanwhile; without
+ * one, a peer that exits and whose pid is reused within microseconds could
+ * be charged to another process's cgroup.  False (the caller falls back to
+ * the uid) when it cannot be read.
+ */
+static bool peer_cgroup(int fd, pid_t pid, char *text, size_t len, size_t *n_out)
 {
-    const struct apir_limits *l = &srv->host->cfg.limits;
-    if (!l->spawn_per_s)
-        return true;
-    uint64_t now = apir_now_ns();
-    srv->spawn_tokens += (double)(now - srv->spawn_refill_ns) * 1e-9 * l->spawn_per_s;
-    srv->spawn_refill_ns = now;
-    if (srv->spawn_tokens > (double)l->spawn_burst)
-        srv->spawn_tokens = (double)l->spawn_burst;
-    if (srv->spawn_tokens < 1.0)
+    if (pid <= 0)
         return false;
-    srv->spawn_tokens -= 1.0;
+    int pidfd = -1;
+    socklen_t pl = sizeof(pidfd);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &pl) != 0)
+        pidfd = -1;
+    char path[40];
+    snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+    int cfd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = cfd >= 0 ? read(cfd, text, len - 1) : -1;
+    if (cfd >= 0)
+        close(cfd);
+    bool ok = n > 0;
+#ifdef SYS_pidfd_send_signal
+    if (ok && pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0 && errno != EPERM)
+        ok = false;  /* gone: the pid may name another process now */
+#endif
+    if (pidfd >= 0)
+        close(pidfd);
+    if (!ok)
+        return false;
+    text[n] = '\0';
+    *n_out = (size_t)n;
     return true;
 }
 
-/* Before anything is spent on a new connection: its rate and its peer's
- * share.  NULL: admitted; else why not. */
-const char *apir_server_admission_refusal(struct apir_shm_server *srv, uid_t uid)
+/* What to call a cgroup membership in log lines: the v2 path, else the
+ * first v1 hierarchy placed below its root, else "/". */
+static void cgroup_name(const char *text, char *out, size_t len)
+{
+    const char *pick = NULL;
+    size_t pick_len = 0;
+    for (const char *line = text; *line;) {
+        const char *eol = strchr(line, '\n');
+        const size_t n = eol ? (size_t)(eol - line) : strlen(line);
+        const char *path = memchr(line, ':', n);
+        path = path ? memchr(path + 1, ':', n - (size_t)(path + 1 - line)) : NULL;
+        if (path) {
+            path++;
+            const size_t plen = n - (size_t)(path - line);
+            const bool root = plen == 1 && path[0] == '/';
+            if (!strncmp(line, "0::", 3) && !root) {
+                pick = path;
+                pick_len = plen;
+                break;
+            }
+            if (!root && !pick) {
+                pick = line;  /* "N:controller:path" */
+                pick_len = n;
+            }
+        }
+        line += n + (eol ? 1 : 0);
+    }
+    if (!pick) {
+        snprintf(out, len, "/");
+        return;
+    }
+    /* The cgroup's name may be the guest's choosing (a delegated subtree). */
+    apir_log_escape(pick, pick_len, out, len);
+}
+
+/* A local peer's tenant: its uid and, --tenant-by cgroup, its cgroups. */
+static uint64_t tenant_local_key(const struct apir_shm_server *srv, int fd, const struct ucred *peer, char *name,
+                                 size_t len)
+{
+    char text[4096];
+    size_t n = 0;
+    if (srv->host->cfg.tenant_by == APIR_TENANT_BY_CGROUP && peer_cgroup(fd, peer->pid, text, sizeof(text), &n)) {
+        char cg[72];
+        cgroup_name(text, cg, sizeof(cg));
+        snprintf(name, len, "uid %u, cgroup %s", (unsigned)peer->uid, cg);
+        /* The uid too: processes of two users in one cgroup (no containers,
+         * a host without systemd) stay apart, as with --tenant-by uid. */
+        uint64_t h = fnv1a64(&peer->uid, sizeof(peer->uid), 0xcbf29ce484222325ull);
+        return TENANT_KEY(TENANT_CGROUP, fnv1a64(text, n, h));
+    }
+    snprintf(name, len, "uid %u", (unsigned)peer->uid);
+    return TENANT_KEY(TENANT_UID, (uint64_t)peer->uid);
+}
+
+static void tenant_refill(const struct apir_limits *l, struct apir_tenant *t, uint64_t now)
+{
+    const double dt = (double)(now - t->refill_ns) * 1e-9;
+    const double connect_max = l->connect_burst ? l->connect_burst : 1, spawn_max = l->spawn_burst ? l->spawn_burst : 1;
+    t->connect_tokens += dt * l->connect_per_s;
+    t->spawn_tokens += dt * l->spawn_per_s;
+    if (t->connect_tokens > connect_max)
+        t->connect_tokens = connect_max;
+    if (t->spawn_tokens > spawn_max)
+        t->spawn_tokens = spawn_max;
+    t->refill_ns = now;
+}
+
+struct apir_tenant *apir_tenant_enter(struct apir_shm_server *srv, uint64_t key, const char *name)
 {
     const struct apir_limits *l = &srv->host->cfg.limits;
-    if (uid == (uid_t)-1)
-        return "peer credentials unknown";
-    if (l->max_clients_per_uid && connections_of(srv, uid) >= l->max_clients_per_uid)
-        return "too many connections from this uid";
-    if (!take_spawn_token(srv))
-        return "too many new connections; retry later";
+    const uint64_t now = apir_now_ns();
+    struct apir_tenant *t = NULL;
+    if (!srv->tenants)
+        srv->tenants = calloc(APIR_MAX_TENANTS, sizeof(*srv->tenants));
+    if (!srv->tenants) {
+        /* No table: one shared entry on the stack's behalf - admission
+         * then only counts connections (no buckets). */
+        static _Thread_local struct apir_tenant none;
+        none = (struct apir_tenant){ .key = key, .connect_tokens = 1e9, .spawn_tokens = 1e9, .refill_ns = now };
+        srv->tenant_now = &none;
+        srv->log_before = apir_log_budget_enter(NULL);
+        return &none;
+    }
+    for (uint32_t i = 0; i < srv->n_tenants && !t; i++)
+        if (srv->tenants[i].key == key)
+            t = &srv->tenants[i];
+    if (!t) {
+        if (srv->n_tenants < APIR_MAX_TENANTS) {
+            t = &srv->tenants[srv->n_tenants++];
+        } else {
+            /* Full: the least recently seen makes room.  Its counts live in
+             * the connection lists, not here; it only gets full buckets
+             * when it comes back. */
+            t = &srv->tenants[0];
+            for (uint32_t i = 1; i < srv->n_tenants; i++)
+                if (srv->tenants[i].seen_ns < t->seen_ns)
+                    t = &srv->tenants[i];
+        }
+        *t = (struct apir_tenant){ .key = key, .connect_tokens = l->connect_burst ? l->connect_burst : 1,
+                                   .spawn_tokens = l->spawn_burst ? l->spawn_burst : 1, .refill_ns = now };
+        if (name)
+            snprintf(t->name, sizeof(t->name), "%s", name);
+        else
+            snprintf(t->name, sizeof(t->name), "tenant %016llx", (unsigned long long)key);
+        char who[sizeof(t->name) + 16];
+        snprintf(who, sizeof(who), "connections of %s", t->name);
+        apir_log_budget_init(&t->log, who, l->guest_log_per_s, l->guest_log_burst);
+    }
+    t->seen_ns = now;
+    tenant_refill(l, t, now);
+    srv->tenant_now = t;
+    srv->log_before = apir_log_budget_enter(&t->log);
+    return t;
+}
+
+void apir_tenant_leave(struct apir_shm_server *srv)
+{
+    apir_log_budget_leave(srv->log_before);
+    srv->log_before = NULL;
+    srv->tenant_now = NULL;
+}
+
+/* Connections of one tenant: waiting for their hello, and served (workers,
+ * or clients on threads here). */
+static uint32_t tenant_connections(const struct apir_shm_server *srv, uint64_t key)
+{
+    uint32_t n = 0;
+    if (srv->worker_argv)
+        for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++)
+            n += srv->children[i].pid != 0 && srv->children[i].tenant == key;
+    for (const struct shm_client *c = srv->clients; c; c = c->next)
+        n += c->tenant == key;
+    for (uint32_t i = 0; i < srv->n_pending; i++)
+        n += srv->pending[i].tenant == key;
+    return n;
+}
+
+const char *apir_admit_connection(struct apir_shm_server *srv, struct apir_tenant *t)
+{
+    const struct apir_limits *l = &srv->host->cfg.limits;
+    if (l->max_clients_per_tenant && tenant_connections(srv, t->key) >= l->max_clients_per_tenant) {
+        snprintf(srv->admission_why, sizeof(srv->admission_why),
+                 "too many connections from this tenant (%s: %u; --max-clients-per-tenant)", t->name,
+                 l->max_clients_per_tenant);
+        return srv->admission_why;
+    }
+    if (l->connect_per_s) {
+        if (t->connect_tokens < 1.0) {
+            snprintf(srv->admission_why, sizeof(srv->admission_why),
+                     "too many new connections from this source (%s); retry later (--connect-rate)", t->name);
+            return srv->admission_why;
+        }
+        t->connect_tokens -= 1.0;
+    }
     return NULL;
 }
 
-/* A new connection waits for its hello among the polled: a Unix socket
- * guest served on a thread, or any stream guest. */
-void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer, bool stream)
+const char *apir_admit_guest(struct apir_shm_server *srv, struct apir_tenant *t)
 {
-    if (srv->n_pending == sizeof(srv->pending) / sizeof(srv->pending[0])) {
+    const struct apir_limits *l = &srv->host->cfg.limits;
+    if (!t || !l->spawn_per_s)
+        return NULL;
+    if (t->spawn_tokens < 1.0) {
+        snprintf(srv->admission_why, sizeof(srv->admission_why),
+                 "too many new guests from this tenant (%s); retry later (--spawn-rate)", t->name);
+        return srv->admission_why;
+    }
+    t->spawn_tokens -= 1.0;
+    return NULL;
+}
+
+void apir_tenant_spawned(struct apir_shm_server *srv, uint64_t tenant, uint32_t children_before)
+{
+    if (!srv->children || srv->n_children <= children_before)
+        return;  /* no worker was started */
+    for (uint32_t i = 0; i < srv->host->cfg.limits.max_clients; i++)
+        if (srv->children[i].pid != 0 && srv->children[i].client_id == srv->next_id)
+            srv->children[i].tenant = tenant;
+}
+
+/* A new connection waits for its hello among the polled (either isolation). */
+void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer, uint64_t tenant,
+                             bool stream)
+{
+    if (srv->n_pending == APIR_MAX_PENDING) {
         const char *why = "too many connections waiting for their hello";
         if (stream) {
             char name[64];
@@ -686,8 +890,39 @@ void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct u
         return;
     }
     uint64_t deadline = apir_now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
-    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .peer = *peer, .deadline_ns = deadline,
-                                                            .stream = stream };
+    srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .peer = *peer, .tenant = tenant,
+                                                            .deadline_ns = deadline, .stream = stream };
+}
+
+/*
+ * A Unix socket guest that spoke: its hello is in (or it hung up).  With
+ * workers, the daemon only looks (a byte peeked: nothing is read, no
+ * descriptor taken) and hands the connection on; the worker reads and
+ * checks the hello.  So a connection that says nothing, or hangs up, never
+ * costs a worker.
+ */
+static void pending_spoke(struct apir_shm_server *srv, const struct pending_conn *p)
+{
+    if (!srv->worker_argv) {
+        accept_client(srv, p->fd, &p->peer, srv->tenant_now, 0);
+        return;
+    }
+    char b;
+    const ssize_t n = recv(p->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+        APIR_DEBUG("host", "connection (%s) closed before its hello", srv->tenant_now->name);
+        close(p->fd);
+        return;
+    }
+    const char *why = apir_admit_guest(srv, srv->tenant_now);
+    if (why) {
+        apir_server_refuse(srv, p->fd, why);
+        apir_server_linger_close(srv, p->fd);
+        return;
+    }
+    const uint32_t before = srv->n_children;
+    apir_workers_spawn(srv, p->fd, &p->peer, NULL, false);
+    apir_tenant_spawned(srv, p->tenant, before);
 }
 
 /* A pending connection spoke (its hello, read without waiting) or timed out. */
@@ -696,23 +931,27 @@ static void pending_service(struct apir_shm_server *srv, uint32_t i, short reven
     struct pending_conn p = srv->pending[i];
     if (!revents && now < p.deadline_ns)
         return;
+    apir_tenant_enter(srv, p.tenant, NULL);
     if (p.stream) {
         if (apir_stream_pending(srv, &srv->pending[i], revents, now))
             srv->pending[i] = srv->pending[--srv->n_pending];
+        apir_tenant_leave(srv);
         return;
     }
     srv->pending[i] = srv->pending[--srv->n_pending];
-    if (revents)
-        accept_client(srv, p.fd, &p.peer, 0);
-    else {
-        char who[128];
+    if (revents) {
+        pending_spoke(srv, &p);
+    } else {
+        char who[160];
         apir_peer_describe(&p.peer, true, who, sizeof(who));
         APIR_WARN("host", "connection (%s) sent no hello in %u ms: closed", who, srv->host->cfg.limits.handshake_timeout_ms);
         close(p.fd);
     }
+    apir_tenant_leave(srv);
 }
 
-/* A new connection on the listening socket. */
+/* A new connection on the listening socket: nothing is spent on it but a
+ * place among the pending, and only within its tenant's share. */
 static void accept_new(struct apir_shm_server *srv)
 {
     int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
@@ -720,15 +959,22 @@ static void accept_new(struct apir_shm_server *srv)
         return;
     struct ucred peer;
     apir_peer_cred(fd, &peer);
-    const char *why = apir_server_admission_refusal(srv, peer.uid);
+    if (peer.uid == (uid_t)-1) {
+        apir_server_refuse(srv, fd, "peer credentials unknown");
+        apir_server_linger_close(srv, fd);
+        return;
+    }
+    char name[96];
+    const uint64_t key = tenant_local_key(srv, fd, &peer, name, sizeof(name));
+    struct apir_tenant *t = apir_tenant_enter(srv, key, name);
+    const char *why = apir_admit_connection(srv, t);
     if (why) {
         apir_server_refuse(srv, fd, why);
         apir_server_linger_close(srv, fd);
-    } else if (srv->worker_argv) {
-        apir_workers_spawn(srv, fd, &peer, NULL, false);
     } else {
-        apir_server_add_pending(srv, fd, &peer, false);
+        apir_server_add_pending(srv, fd, &peer, key, false);
     }
+    apir_tenant_leave(srv);
 }
 
 static void drop_client(struct apir_shm_server *srv, struct shm_client *c)
@@ -784,11 +1030,6 @@ int apir_shm_parse_socket_mode(const char *s, unsigned *mode)
 const char *apir_shm_server_path(const struct apir_shm_server *srv)
 {
     return srv->path;
-}
-
-const char *apir_shm_server_control_path(const struct apir_shm_server *srv)
-{
-    return apir_control_path(srv->control);
 }
 
 bool apir_shm_server_control(struct apir_shm_server *srv, const struct apir_control_config *cfg, char *err,
@@ -852,11 +1093,6 @@ static char *render_view(void *user, enum apir_stats_format format, size_t *len)
     return doc;
 }
 
-bool apir_shm_server_activated(const struct apir_shm_server *srv)
-{
-    return srv->activated;
-}
-
 /* A server with its wake-up pipes and no socket yet. */
 static struct apir_shm_server *server_alloc(struct apir_host *host, char *err, size_t err_len)
 {
@@ -870,8 +1106,6 @@ static struct apir_shm_server *server_alloc(struct apir_host *host, char *err, s
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     srv->start_unix_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000;
-    srv->spawn_tokens = (double)host->cfg.limits.spawn_burst;
-    srv->spawn_refill_ns = apir_now_ns();
     srv->listen_fd = -1;
     srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
     srv->child_pipe[0] = srv->child_pipe[1] = -1;
@@ -1088,14 +1322,16 @@ static int worker_serve(struct apir_shm_server *srv)
     return rc;
 }
 
-int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats)
+int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats,
+                      const struct ucred *peer)
 {
     struct apir_shm_server *srv = worker_server(host, fd, client_id, stats);
     if (!srv)
         return -1;
-    struct ucred peer;
-    apir_peer_cred(fd, &peer);
-    accept_client(srv, fd, &peer, (int)host->cfg.limits.handshake_timeout_ms);
+    struct ucred own;
+    if (!peer)
+        apir_peer_cred(fd, &own);
+    accept_client(srv, fd, peer ? peer : &own, NULL, (int)host->cfg.limits.handshake_timeout_ms);
     return worker_serve(srv);
 }
 
@@ -1108,7 +1344,7 @@ int apir_stream_serve_fd(struct apir_host *host, int fd, uint64_t client_id, str
         return -1;
     }
     srv->tls_keys = tls_keys;
-    apir_stream_start_client(srv, fd, peer_name && *peer_name ? peer_name : "stream peer", tls_keys != NULL);
+    apir_stream_start_client(srv, fd, peer_name && *peer_name ? peer_name : "stream peer", 0, tls_keys != NULL);
     return worker_serve(srv);
 }
 
@@ -1256,5 +1492,6 @@ void apir_shm_server_free(struct apir_shm_server *srv)
         close(srv->net[i].fd);
     explicit_bzero(srv->token, sizeof(srv->token));
     apir_tls_keys_free(srv->tls_keys);
+    free(srv->tenants);
     server_discard(srv);
 }

@@ -14,6 +14,7 @@
 
 struct apir_shm_server;
 struct apir_stats_page;
+struct ucred;
 
 /* The socket file the server binds (not one a service manager passed). */
 #define APIR_SHM_SOCKET_MODE_DEFAULT 0660u
@@ -44,8 +45,6 @@ struct apir_shm_server *apir_shm_server_new(struct apir_host *host, const char *
 struct apir_shm_server *apir_shm_server_adopt(struct apir_host *host, int fd, char *err, size_t err_len);
 /* The socket's path as served ("unix:" not included). */
 const char *apir_shm_server_path(const struct apir_shm_server *srv);
-/* Whether the socket came from a service manager (socket activation). */
-bool apir_shm_server_activated(const struct apir_shm_server *srv);
 /* Serves until apir_shm_server_stop; returns 0, or -1 on a fatal error.
  * A listening server tells a service manager READY=1 as it starts serving
  * and STOPPING=1 when stopped (host/service.h; nothing without one). */
@@ -55,14 +54,16 @@ int apir_shm_server_run(struct apir_shm_server *srv);
  * --stats-fd F" appended. */
 bool apir_shm_server_isolate(struct apir_shm_server *srv, char **worker_argv);
 /* In a worker process: serve the one guest connected on fd, then return;
- * its counters go to stats (the page the daemon passed; NULL: nowhere). */
-int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats);
+ * its counters go to stats (the page the daemon passed; NULL: nowhere).
+ * peer: the guest as the daemon's SO_PEERCRED gave it (a worker's own
+ * namespaces show neither its pid nor, in a user namespace, its uid);
+ * NULL: as fd's says. */
+int apir_shm_serve_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats,
+                      const struct ucred *peer);
 /* The control socket and the metrics file (control.h), served by this
  * server's loop; false with a message in err. */
 bool apir_shm_server_control(struct apir_shm_server *srv, const struct apir_control_config *cfg, char *err,
                              size_t err_len);
-/* The control socket's path, or NULL when there is none. */
-const char *apir_shm_server_control_path(const struct apir_shm_server *srv);
 /* Async-signal-safe. */
 void apir_shm_server_stop(struct apir_shm_server *srv);
 

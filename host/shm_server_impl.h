@@ -9,6 +9,7 @@
 #ifndef APIR_SHM_SERVER_IMPL_H
 #define APIR_SHM_SERVER_IMPL_H
 
+#include "apir_log.h"
 #include "control.h"
 #include "host_stats.h"
 #include "shm_server.h"
@@ -20,10 +21,34 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+/*
+ * Admission (shm_server.c).  Who a connection is: a tenant - a local peer's
+ * container (its cgroup, with its uid) or uid (--tenant-by), or a stream
+ * peer's address (an IPv6 /64) - named by a key.  Each tenant has its own
+ * buckets and counts, and its own share of the log while it is not yet a
+ * guest: a connection costs only its own tenant (and the shared
+ * --max-clients).  Before its hello a connection is checked against its
+ * tenant's connection count and connect bucket; once its hello is in (and,
+ * tcp:, its token checked) against its spawn bucket, before a worker or
+ * session is spent on it.  The table is bounded: the least recently seen
+ * entry makes room (the counts are not in it, only buckets).
+ */
+struct apir_tenant {
+    uint64_t key;                   /* 0: a free entry */
+    char name[96];                  /* "uid 1000", "uid 1000, cgroup /docker/abc", "address 10.0.0.5" */
+    double connect_tokens, spawn_tokens;
+    uint64_t refill_ns;             /* both buckets' last refill */
+    uint64_t seen_ns;
+    struct apir_log_budget log;     /* its lines before it is a guest */
+};
+#define APIR_MAX_TENANTS 1024
+#define APIR_MAX_PENDING 256
+
 struct shm_client {
     struct apir_shm_server *srv;
     int fd;
     struct ucred peer;              /* SO_PEERCRED: pid (in our namespace), uid, gid */
+    uint64_t tenant;                /* its tenant's key (admission) */
     int32_t reported_pid;           /* what the hello says (a container's guest: often 1) */
     _Atomic uint64_t busy_since_ns; /* when the command being served began; 0: idle */
     atomic_int refs;
@@ -57,27 +82,34 @@ struct apir_shm_server {
      * backend abort takes down only its own worker. */
     char **worker_argv;
     struct worker_slot {
-        pid_t pid;                /* 0: free; the slot names the worker's uid (sandbox.h) */
+        pid_t pid;                /* 0: free */
         uint64_t client_id;
         struct ucred peer;        /* its guest (SO_PEERCRED) */
         uint64_t started_ns;
         char comm[20];            /* /proc/PID/comm of its guest at accept */
         struct apir_stats_page *stats;  /* shared with the worker (--stats-fd); NULL if none */
+        uint64_t tenant;          /* its tenant's key (set by admission once spawned) */
     } *children;                  /* max_clients slots */
     uint32_t n_children;
     int child_pipe[2];
-    /* New connections: a token bucket refilled at spawn_per_s. */
-    double spawn_tokens;
-    uint64_t spawn_refill_ns;
-    /* Serving threads: connections whose hello has not arrived yet. */
+    /* Admission: the tenants seen lately (struct apir_tenant); the one
+     * whose connection is being dealt with, and the log budget before. */
+    struct apir_tenant *tenants;
+    uint32_t n_tenants;
+    struct apir_tenant *tenant_now;
+    struct apir_log_budget *log_before;
+    char admission_why[200];      /* the last refusal's message (sent to the peer) */
+    /* Connections whose hello has not arrived yet (either isolation: a
+     * worker is started only for a connection that spoke). */
     struct pending_conn {
         int fd;
         struct ucred peer;
+        uint64_t tenant;
         uint64_t deadline_ns;
         bool stream;              /* its hello is read (and checked) here, with either isolation */
         uint8_t hello_len;        /* stream: bytes of its hello received so far */
         uint8_t hello[sizeof(struct apir_stream_hello)];
-    } pending[128];
+    } pending[APIR_MAX_PENDING];
     uint32_t n_pending;
     /* Refused connections linger until the guest has read why: closing a
      * socket with its hello unread would reset the connection and lose the
@@ -105,8 +137,8 @@ struct apir_shm_server {
     uint32_t token_len;           /* 0: none */
 };
 
-/* Stream peers are counted (admission, --max-clients-per-uid) under
- * numbers from here up, one per address (stream_server.c, peer_uid). */
+/* Stream peers are shown (apir stat) under numbers from here up, one per
+ * address (stream_server.c, peer_uid); admission counts them by address. */
 #define APIR_NET_PEER_UID_BASE 0x7E000000u
 
 
@@ -124,12 +156,27 @@ uint32_t apir_client_run_command(struct shm_client *c, const struct apir_cmd_hea
                                  struct apir_encoder *reply, bool *handled);
 /* The next client id: the daemon counts; a worker has its own. */
 uint64_t apir_server_next_id(struct apir_shm_server *srv);
-/* Before anything is spent on a new connection: its rate and its peer's
- * share.  NULL: admitted; else why not. */
-const char *apir_server_admission_refusal(struct apir_shm_server *srv, uid_t uid);
+
+/* Admission.  The tenant of key (found, or made with name), valid until
+ * the next call; its log budget is entered for this thread (the lines
+ * about this connection are its), until apir_tenant_leave. */
+struct apir_tenant *apir_tenant_enter(struct apir_shm_server *srv, uint64_t key, const char *name);
+void apir_tenant_leave(struct apir_shm_server *srv);
+/* A stream peer's tenant key and name (its address: an IPv6 /64). */
+uint64_t apir_tenant_net_key(int fd, char *name, size_t len);
+/* Before anything is spent on a new connection: its tenant's count and
+ * connect bucket.  NULL: admitted; else why not. */
+const char *apir_admit_connection(struct apir_shm_server *srv, struct apir_tenant *t);
+/* Before a worker or a session is spent on a connection whose hello came
+ * (tls: before its handshake): its tenant's spawn bucket.  NULL: go on. */
+const char *apir_admit_guest(struct apir_shm_server *srv, struct apir_tenant *t);
+/* A worker was just started for tenant (apir_workers_spawn): it is counted
+ * as one of its connections until it ends. */
+void apir_tenant_spawned(struct apir_shm_server *srv, uint64_t tenant, uint32_t children_before);
 /* A new connection waits among the polled for its hello, until its
  * deadline (--handshake-timeout-ms). */
-void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer, bool stream);
+void apir_server_add_pending(struct apir_shm_server *srv, int fd, const struct ucred *peer, uint64_t tenant,
+                             bool stream);
 
 /* stream_server.c */
 void apir_stream_accept(struct apir_shm_server *srv, uint32_t listener);
@@ -143,7 +190,7 @@ void apir_stream_refuse(struct apir_shm_server *srv, int fd, const char *peer_na
 bool apir_stream_pending(struct apir_shm_server *srv, struct pending_conn *p, short revents, uint64_t now);
 /* Serves a stream connection: one whose hello the daemon read and
  * checked, or (tls) one whose serving thread handshakes and reads it. */
-void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls);
+void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, uint64_t tenant, bool tls);
 
 /* shm_server.c: refusing a connection with a message it can read (the
  * log line names the peer by its credentials; counted). */

@@ -23,8 +23,9 @@
  * a thread.  Only then is the connection served, by a worker process (the
  * daemon passes it with --serve-stream-fd) or a thread here.  tls: - the
  * handshake runs in the sandboxed worker (or thread) at once, so that a
- * TLS library fault is contained; the spawn rate and the handshake
- * deadline bound what an unauthenticated peer costs.
+ * TLS library fault is contained; its address's buckets and connection
+ * count (admission: shm_server.c) and the handshake deadline bound what an
+ * unauthenticated peer costs, and it costs no other address anything.
  *
  * Serving: one frame at a time, in order.  The frame's "in" ranges are
  * read straight into the session's blobs (bounds-checked first: a range
@@ -45,7 +46,9 @@
 #include "tls.h"
 #include "wait.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <linux/vm_sockets.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -151,11 +154,10 @@ void apir_stream_refuse(struct apir_shm_server *srv, int fd, const char *peer_na
 }
 
 /*
- * The network has no credentials: a stream peer is counted (admission,
- * --max-clients-per-uid) under a number derived from its address, so one
- * address's connections - silent ones included - take only that address's
- * share, never every stream guest's.  Distinct addresses may share a number
- * (a 2^24 space): they then share a share, nothing more.
+ * The network has no credentials: apir stat shows a stream peer under a
+ * number derived from its address (admission counts it by address:
+ * apir_tenant_net_key).  Distinct addresses may share a number (a 2^24
+ * space).
  */
 static uid_t peer_uid(int fd)
 {
@@ -176,29 +178,90 @@ static uid_t peer_uid(int fd)
     return (uid_t)(APIR_NET_PEER_UID_BASE + (h & 0xFFFFFFu));
 }
 
+/*
+ * A stream peer's tenant: its address.  An IPv6 peer is counted by its /64,
+ * the block one site or machine gets (it may use any of its 2^64
+ * addresses); an IPv4-mapped one as IPv4.
+ */
+enum { TENANT_V4 = 3, TENANT_V6 = 4, TENANT_VSOCK = 5, TENANT_NET_UNKNOWN = 6 };
+
+uint64_t apir_tenant_net_key(int fd, char *name, size_t len)
+{
+    struct sockaddr_storage ss = { 0 };
+    socklen_t sl = sizeof(ss);
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        snprintf(name, len, "an unknown address");
+        return (uint64_t)TENANT_NET_UNKNOWN << 56;
+    }
+    char text[INET6_ADDRSTRLEN];
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)&ss;
+        const uint8_t *b = a6->sin6_addr.s6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+            uint32_t v4;
+            memcpy(&v4, b + 12, 4);
+            inet_ntop(AF_INET, b + 12, text, sizeof(text));
+            snprintf(name, len, "address %s", text);
+            return ((uint64_t)TENANT_V4 << 56) | ntohl(v4);
+        }
+        uint64_t prefix = 0;
+        for (int i = 0; i < 8; i++)
+            prefix = (prefix << 8) | b[i];
+        struct in6_addr net = { 0 };
+        memcpy(net.s6_addr, b, 8);
+        inet_ntop(AF_INET6, &net, text, sizeof(text));
+        snprintf(name, len, "address block %s/64", text);
+        /* 56 bits of the /64: two blocks agreeing on them share a tenant. */
+        return ((uint64_t)TENANT_V6 << 56) | (prefix & 0x00FFFFFFFFFFFFFFull);
+    }
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a4 = (const struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a4->sin_addr, text, sizeof(text));
+        snprintf(name, len, "address %s", text);
+        return ((uint64_t)TENANT_V4 << 56) | ntohl(a4->sin_addr.s_addr);
+    }
+    if (ss.ss_family == AF_VSOCK) {
+        const struct sockaddr_vm *v = (const struct sockaddr_vm *)&ss;
+        snprintf(name, len, "vsock CID %u", (unsigned)v->svm_cid);
+        return ((uint64_t)TENANT_VSOCK << 56) | v->svm_cid;
+    }
+    snprintf(name, len, "an unknown address");
+    return (uint64_t)TENANT_NET_UNKNOWN << 56;
+}
+
 void apir_stream_accept(struct apir_shm_server *srv, uint32_t listener)
 {
     int fd = accept4(srv->net[listener].fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
         return;
     apir_net_tune(fd);
-    char name[64];
+    char name[64], tenant_name[96];
     apir_net_peer_name(fd, name, sizeof(name));
+    const uint64_t key = apir_tenant_net_key(fd, tenant_name, sizeof(tenant_name));
+    struct apir_tenant *t = apir_tenant_enter(srv, key, tenant_name);
     const struct ucred peer = { .pid = 0, .uid = peer_uid(fd), .gid = (gid_t)-1 };
-    const char *why = apir_server_admission_refusal(srv, peer.uid);
+    const bool tls = srv->net[listener].tls;
+    const char *why = apir_admit_connection(srv, t);
+    /* TLS: the handshake is the hello's check; it runs where the guest is
+     * served (its worker process, sandboxed, or its thread), never in this
+     * loop - so the guest's spawn is paid now, before it has proved
+     * anything (its connect bucket and count bound how often). */
+    if (!why && tls)
+        why = apir_admit_guest(srv, t);
     if (why) {
-        apir_stream_refuse(srv, fd, name, srv->net[listener].tls, why);
-    } else if (srv->net[listener].tls) {
-        /* TLS: the handshake is the hello's check; it runs where the guest
-         * is served (its worker process, sandboxed, or its thread), never
-         * in this loop. */
-        if (srv->worker_argv)
+        apir_stream_refuse(srv, fd, name, tls, why);
+    } else if (tls) {
+        if (srv->worker_argv) {
+            const uint32_t before = srv->n_children;
             apir_workers_spawn(srv, fd, &peer, name, true);
-        else
-            apir_stream_start_client(srv, fd, name, true);
+            apir_tenant_spawned(srv, key, before);
+        } else {
+            apir_stream_start_client(srv, fd, name, key, true);
+        }
     } else {
-        apir_server_add_pending(srv, fd, &peer, true);
+        apir_server_add_pending(srv, fd, &peer, key, true);
     }
+    apir_tenant_leave(srv);
 }
 
 /* Constant time in the token's length: a guest learns nothing from how
@@ -252,15 +315,20 @@ bool apir_stream_pending(struct apir_shm_server *srv, struct pending_conn *p, sh
         why = h.token_len ? "wrong token" : "a token is required (APIR_TOKEN_FILE or APIR_TOKEN on the guest)";
     else if (!srv->worker_argv && atomic_load(&srv->n_clients) >= srv->host->cfg.limits.max_clients)
         why = "too many clients";
+    else
+        why = apir_admit_guest(srv, srv->tenant_now);  /* authenticated: now it may cost */
     explicit_bzero(&h.token, sizeof(h.token));
     if (why) {
         apir_stream_refuse(srv, p->fd, name, false, why);
         return true;
     }
-    if (srv->worker_argv)
+    if (srv->worker_argv) {
+        const uint32_t before = srv->n_children;
         apir_workers_spawn(srv, p->fd, &p->peer, name, false);
-    else
-        apir_stream_start_client(srv, p->fd, name, false);
+        apir_tenant_spawned(srv, p->tenant, before);
+    } else {
+        apir_stream_start_client(srv, p->fd, name, p->tenant, false);
+    }
     return true;
 }
 
@@ -442,6 +510,8 @@ static void *stream_client_worker(void *arg)
      * native with 2 ms on 2 cores). */
     if (io)
         io->rd.spin_ns = (uint64_t)(c->srv->host->device_memory ? apir_host_spin_us() : apir_spin_us()) * 1000;
+    /* What this thread logs from now on is the guest's doing. */
+    apir_log_budget_enter(&c->session->log);
     if (io && c->tls_pending && !tls_welcome(c, io)) {
         apir_net_reader_free(&io->rd);
         free(io);
@@ -470,13 +540,15 @@ static void *stream_client_worker(void *arg)
         apir_net_reader_free(&io->rd);
         free(io);
     }
+    apir_log_budget_flush(&c->session->log);
+    apir_log_budget_leave(NULL);
     /* Make the main loop notice (it polls for hang-up), then let go. */
     shutdown(c->fd, SHUT_RDWR);
     apir_client_put(c);
     return NULL;
 }
 
-void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls)
+void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, uint64_t tenant, bool tls)
 {
     const struct ucred peer = { .pid = 0, .uid = peer_uid(fd), .gid = (gid_t)-1 };
     const unsigned long long id = apir_server_next_id(srv);
@@ -490,6 +562,7 @@ void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *p
     }
     c->stream = true;
     c->id = id;
+    c->tenant = tenant;
     snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
     snprintf(c->comm, sizeof(c->comm), "%s", peer_name);  /* apir ps: its address (cut to fit) */
     if (tls) {

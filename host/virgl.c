@@ -626,6 +626,8 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
         return APIR_HANDLER_FAILED;
     }
     pthread_mutex_lock(&c->lock);
+    /* What this command makes us log is the guest's doing (its share: apir_log.h). */
+    struct apir_log_budget *log_before = apir_log_budget_enter(&c->session->log);
     if (cbs && cbs->get_shmem_ptr)
         c->cbs = cbs;
     size_t req_len = req_cur ? (size_t)(req_end - req_cur) : 0;
@@ -658,6 +660,7 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
         *reply_cur_after = reply_cur + apir_encoder_used(&reply);
     }
     unbind_blobs(c, bound, n_bound);
+    apir_log_budget_leave(log_before);
     pthread_mutex_unlock(&c->lock);
     ctx_put(c);
     return result;

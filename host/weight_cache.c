@@ -592,9 +592,12 @@ static int store_now(struct apir_wcache *c, uint32_t kind, const struct apir_dig
 /* ---- the daemon's service and the worker's side of it -------------------------- */
 
 /* One request, one reply, fixed sizes (SOCK_SEQPACKET): all the daemon ever
- * reads from a worker, with at most one descriptor (a store's memfd).  The
+ * reads from a worker, never with a descriptor (a worker may not send one:
+ * host/sandbox.c).  A store is two calls: WC_STAGE gets the worker a memfd
+ * the daemon made and keeps a descriptor of, the worker writes the tensor
+ * into it, and WC_STORE stores what the daemon's descriptor holds.  The
  * op's bits 8 and up are the digest kind (WC_KIND_SHIFT). */
-enum { WC_LOOKUP = 1, WC_STORE = 2, WC_STORE_REPLACE = 3 };
+enum { WC_LOOKUP = 1, WC_STORE = 2, WC_STORE_REPLACE = 3, WC_STAGE = 4 };
 #define WC_KIND_SHIFT 8
 struct wc_request {
     uint32_t op;
@@ -612,8 +615,17 @@ struct wc_reply {
  * under way); past it, a miss. */
 #define WC_REPLY_TIMEOUT_MS 60000
 
+/* One message, with fd if >= 0 (the daemon's replies only; a worker may
+ * not call sendmsg at all: send()). */
 static ssize_t send_msg(int sock, const void *buf, size_t len, int fd, int flags)
 {
+    if (fd < 0) {
+        ssize_t r;
+        do
+            r = send(sock, buf, len, MSG_NOSIGNAL | flags);
+        while (r < 0 && errno == EINTR);
+        return r;
+    }
     struct iovec iov = { (void *)buf, len };
     union {
         struct cmsghdr h;
@@ -705,14 +717,13 @@ void apir_wcache_link_free(struct apir_wcache_link *l)
 /* One round trip to the daemon; the reply's result, *fd a descriptor it
  * carried.  -1 when the daemon does not answer in time (replies to older
  * requests, late, are skipped by their sequence number). */
-static int remote_call(struct apir_wcache_link *l, uint32_t op, const struct apir_digest *h, uint64_t size,
-                       int send_fd, int *fd)
+static int remote_call(struct apir_wcache_link *l, uint32_t op, const struct apir_digest *h, uint64_t size, int *fd)
 {
     *fd = -1;
     pthread_mutex_lock(&l->lock);
     struct wc_request rq = { .op = op, .seq = ++l->seq, .size = size, .hash = *h };
     int result = -1;
-    if (l->fd >= 0 && send_msg(l->fd, &rq, sizeof(rq), send_fd, 0) == (ssize_t)sizeof(rq)) {
+    if (l->fd >= 0 && send_msg(l->fd, &rq, sizeof(rq), -1, 0) == (ssize_t)sizeof(rq)) {
         for (;;) {
             struct pollfd p = { l->fd, POLLIN, 0 };
             int pr = poll(&p, 1, WC_REPLY_TIMEOUT_MS);
@@ -750,7 +761,7 @@ int apir_wcache_link_lookup(struct apir_wcache_link *l, uint32_t kind, const str
     if (l->local)
         return apir_wcache_lookup(l->local, kind, h, size, bad);
     int fd;
-    int r = remote_call(l, WC_LOOKUP | kind << WC_KIND_SHIFT, h, size, -1, &fd);
+    int r = remote_call(l, WC_LOOKUP | kind << WC_KIND_SHIFT, h, size, &fd);
     *bad = r == 2;
     if (r != 1 && fd >= 0) {
         close(fd);
@@ -759,13 +770,27 @@ int apir_wcache_link_lookup(struct apir_wcache_link *l, uint32_t kind, const str
     return fd;
 }
 
-int apir_wcache_link_store(struct apir_wcache_link *l, uint32_t kind, const struct apir_digest *h, uint64_t size,
-                           int src_fd, bool replace)
+int apir_wcache_link_stage(struct apir_wcache_link *l)
 {
     if (l->local)
-        return apir_wcache_store_fd(l->local, kind, h, size, src_fd, replace);
+        return memfd_create("apir-wcache", MFD_CLOEXEC);
     int fd;
-    int r = remote_call(l, (replace ? WC_STORE_REPLACE : WC_STORE) | kind << WC_KIND_SHIFT, h, size, src_fd, &fd);
+    const struct apir_digest none = { { 0 } };
+    int r = remote_call(l, WC_STAGE, &none, 0, &fd);
+    if (r != 1 && fd >= 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+int apir_wcache_link_store(struct apir_wcache_link *l, uint32_t kind, const struct apir_digest *h, uint64_t size,
+                           int stage_fd, bool replace)
+{
+    if (l->local)
+        return apir_wcache_store_fd(l->local, kind, h, size, stage_fd, replace);
+    int fd;
+    int r = remote_call(l, (replace ? WC_STORE_REPLACE : WC_STORE) | kind << WC_KIND_SHIFT, h, size, &fd);
     if (fd >= 0)
         close(fd);
     return r < 0 ? APIR_WCACHE_FAILED : r;
@@ -783,8 +808,9 @@ static struct {
     bool running;
 } service = { NULL, { -1, -1 }, 0, false };
 
-/* Answers one request; false when the worker is gone (its socket goes). */
-static bool serve_one(int sock)
+/* Answers one request; false when the worker is gone (its socket goes).
+ * *staged: the memfd of the worker's store under way (WC_STAGE), or -1. */
+static bool serve_one(int sock, int *staged)
 {
     struct wc_request rq;
     memset(&rq, 0, sizeof(rq));
@@ -802,8 +828,16 @@ static bool serve_one(int sock)
         bool bad;
         reply_fd = apir_wcache_lookup(service.c, kind, &rq.hash, rq.size, &bad);
         rp.result = reply_fd >= 0 ? 1 : bad ? 2 : 0;
-    } else if (known && (op == WC_STORE || op == WC_STORE_REPLACE) && fd >= 0) {
-        rp.result = apir_wcache_store_fd(service.c, kind, &rq.hash, rq.size, fd, op == WC_STORE_REPLACE);
+    } else if (r == (ssize_t)sizeof(rq) && rq.op == WC_STAGE && fd < 0) {
+        if (*staged >= 0)
+            close(*staged);
+        *staged = memfd_create("apir-wcache", MFD_CLOEXEC);
+        reply_fd = *staged >= 0 ? fcntl(*staged, F_DUPFD_CLOEXEC, 0) : -1;
+        rp.result = reply_fd >= 0 ? 1 : 0;
+    } else if (known && (op == WC_STORE || op == WC_STORE_REPLACE) && fd < 0 && *staged >= 0) {
+        rp.result = apir_wcache_store_fd(service.c, kind, &rq.hash, rq.size, *staged, op == WC_STORE_REPLACE);
+        close(*staged);
+        *staged = -1;
     } else {
         APIR_WARN("host", "weight cache: a malformed request from a worker (%zd bytes): refused", r);
     }
@@ -819,6 +853,7 @@ static void *service_main(void *arg)
 {
     (void)arg;
     static struct pollfd p[WC_MAX_WORKERS + 1];
+    static int staged[WC_MAX_WORKERS + 1];  /* per worker: serve_one's *staged */
     nfds_t n = 1;
     p[0] = (struct pollfd){ service.add_pipe[0], POLLIN, 0 };
     for (;;) {
@@ -831,17 +866,22 @@ static void *service_main(void *arg)
         for (nfds_t i = 1; i < n; i++) {
             if (!p[i].revents)
                 continue;
-            bool keep = !(p[i].revents & POLLIN) || serve_one(p[i].fd);
+            bool keep = !(p[i].revents & POLLIN) || serve_one(p[i].fd, &staged[i]);
             if (!keep || ((p[i].revents & (POLLHUP | POLLERR | POLLNVAL)) && !(p[i].revents & POLLIN))) {
                 close(p[i].fd);
+                if (staged[i] >= 0)
+                    close(staged[i]);
+                staged[i] = staged[n - 1];
                 p[i--] = p[--n];
             }
         }
         if (p[0].revents & POLLIN) {
             int fd;
             while (read(service.add_pipe[0], &fd, sizeof(fd)) == (ssize_t)sizeof(fd)) {
-                if (n < WC_MAX_WORKERS + 1)
+                if (n < WC_MAX_WORKERS + 1) {
+                    staged[n] = -1;
                     p[n++] = (struct pollfd){ fd, POLLIN, 0 };
+                }
                 else
                     close(fd);
             }
@@ -950,12 +990,13 @@ uint32_t apir_wcache_keep(struct apir_session *s, struct ggml_tensor *t, const s
     /* A buffer in host memory is written from directly: one copy, not two. */
     const uint8_t *direct = ggml_backend_buffer_is_host(t->buffer) ? (const uint8_t *)t->data : NULL;
     uint8_t *buf = direct ? NULL : malloc(WCACHE_CHUNK);
-    int fd = direct || buf ? memfd_create("apir-wcache", MFD_CLOEXEC) : -1;
+    int fd = direct || buf ? apir_wcache_link_stage(l) : -1;
     bool ok = fd >= 0;
     if (ok)
         apir_session_settle(s);
     /* The tensor as the device holds it, into a memfd the store reads
-     * (the daemon's, through the worker's socket, or this process's). */
+     * (one the daemon made, through the worker's socket, or this
+     * process's). */
     for (size_t off = 0; ok && off < size; off += WCACHE_CHUNK) {
         size_t n = size - off < WCACHE_CHUNK ? size - off : WCACHE_CHUNK;
         if (!direct)

@@ -135,8 +135,14 @@ struct apir_wcache_link *apir_wcache_link_remote(int fd);
 void apir_wcache_link_free(struct apir_wcache_link *l);
 int apir_wcache_link_lookup(struct apir_wcache_link *l, uint32_t kind, const struct apir_digest *h, uint64_t size,
                             bool *bad);
+/* A store (apir_wcache_keep): the caller writes the bytes into the memfd
+ * stage gives - this process's (local), or the daemon's (remote: a worker
+ * never passes a descriptor out, sandbox.c) - then store stores them:
+ * stage_fd itself (local), the daemon's descriptor of it (remote).  stage
+ * returns -1 when there is none. */
+int apir_wcache_link_stage(struct apir_wcache_link *l);
 int apir_wcache_link_store(struct apir_wcache_link *l, uint32_t kind, const struct apir_digest *h, uint64_t size,
-                           int src_fd, bool replace);
+                           int stage_fd, bool replace);
 
 /* ---- the daemon's service (process isolation) ------------------------------- */
 

@@ -120,7 +120,9 @@
     X(38, BUFFER_SET_TENSOR_HASH,          4, 0)                               \
     X(39, BUFFER_CACHE_TENSOR,             4, 0)                               \
     /* apir 0.6 extension (a download the guest copies out as it lands) */     \
-    X(40, BUFFER_GET_TENSOR_CHUNKED,       6, APIR_REPORTS)
+    X(40, BUFFER_GET_TENSOR_CHUNKED,       6, APIR_REPORTS)                    \
+    /* apir 0.7 extension (the guest's ggml: computed by the same tables) */   \
+    X(41, HOST_CHECK_GGML,                 7, APIR_QUERY)
 
 /* ---- items: F(kind, field), in wire order ------------------------------- */
 
@@ -233,6 +235,15 @@
 #define APIR_REQ_BUFFER_GET_TENSOR_CHUNKED(F)   F(buffer, buffer) F(tensor, tensor) F(res, blob) F(u64, blob_offset) \
                                                 F(u64, offset) F(u64, size) F(u64, chunk) F(u64, progress_offset)
 #define APIR_REP_BUFFER_GET_TENSOR_CHUNKED(F)
+/* The guest's ggml: ggml_version(), ggml_commit(), and the names of its ops,
+ * unary ops, GLU ops and tensor types in number order, separated by '\n'
+ * (the numbers its tensor records and op parameters carry).  verdict: an
+ * apir_ggml_verdict (apir_proto.h); reason: why, when refused; host_ggml:
+ * the host's "VERSION (llama.cpp COMMIT)".  A guest sends it before any
+ * tensor and uses no device of a host that refused it. */
+#define APIR_REQ_HOST_CHECK_GGML(F)             F(string, version) F(string, commit) F(string, ops) \
+                                                F(string, unary_ops) F(string, glu_ops) F(string, types)
+#define APIR_REP_HOST_CHECK_GGML(F)             F(u32, verdict) F(string, reason) F(string, host_ggml)
 
 enum apir_command {
 #define APIR_X_ENUM(num, name, since, classes) APIR_CMD_##name = num,

@@ -17,6 +17,8 @@
 #define APIR_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 enum apir_log_level { APIR_LOG_ERROR = 0, APIR_LOG_WARN = 1, APIR_LOG_INFO = 2, APIR_LOG_DEBUG = 3 };
 
@@ -27,12 +29,52 @@ typedef void (*apir_log_sink_fn)(enum apir_log_level level, const char *line);
 void apir_log_set_level(enum apir_log_level level);
 int  apir_log_level_from_string(const char *s, enum apir_log_level *out);
 enum apir_log_level apir_log_get_level(void);
-/* Overrides APIR_LOG_TIMESTAMPS and the journal's default. */
-void apir_log_set_timestamps(bool on);
 /* NULL: back to stderr. */
 void apir_log_set_sink(apir_log_sink_fn sink);
 void apir_log(enum apir_log_level level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/*
+ * Text a guest chose (a TLS key identity, a certificate subject, a process
+ * name, a cgroup path, a tensor name...) on its way into a log line: every
+ * byte outside printable ASCII, and the quote and backslash, becomes \xNN,
+ * so that a guest can neither end the line nor forge the next one, nor
+ * reach the terminal that shows the log.  in_len SIZE_MAX: up to its NUL.
+ * Cut to fit out (ending "..."); returns out.  apir_log itself also turns
+ * any control byte left in a line into \xNN, but only this keeps a quoted
+ * field unambiguous.
+ */
+const char *apir_log_escape(const char *in, size_t in_len, char *out, size_t out_len);
+/* Room for n guest bytes escaped, the NUL included. */
+#define APIR_LOG_ESCAPED_SIZE(n) ((n) * 4 + 1)
+
+/*
+ * A guest's share of the log: a token bucket of lines, per guest.  Lines
+ * logged on a thread while it works for a guest (apir_log_budget_enter) -
+ * warn, info and error lines its input caused - take a token each; without
+ * one the line is dropped and counted; a line that gets through a second
+ * or more after the last summary, or apir_log_budget_flush, first says how
+ * many were dropped ("N log lines suppressed").  Debug lines, which the
+ * operator asked for, and lines logged outside a guest's budget (the
+ * host's own) are never dropped.
+ * A budget is used by one thread at a time, as the guest it belongs to.
+ */
+struct apir_log_budget {
+    uint32_t per_s, burst;     /* lines a second, and at once; per_s 0: no limit */
+    double tokens;
+    uint64_t refill_ns;
+    uint64_t suppressed;       /* dropped since the last summary */
+    uint64_t summary_ns;       /* when the last summary was logged */
+    uint64_t suppressed_total;
+    char who[64];              /* whose lines, for the summary ("guest#3(pid 42)") */
+};
+void apir_log_budget_init(struct apir_log_budget *b, const char *who, uint32_t per_s, uint32_t burst);
+/* Lines of this thread take b's tokens from now on (NULL: none's);
+ * returns the budget they took before, for apir_log_budget_leave. */
+struct apir_log_budget *apir_log_budget_enter(struct apir_log_budget *b);
+void apir_log_budget_leave(struct apir_log_budget *previous);
+/* The "suppressed" summary now, if lines were dropped since the last. */
+void apir_log_budget_flush(struct apir_log_budget *b);
 
 #define APIR_ERROR(comp, ...) apir_log(APIR_LOG_ERROR, comp, __VA_ARGS__)
 #define APIR_WARN(comp, ...)  apir_log(APIR_LOG_WARN, comp, __VA_ARGS__)

@@ -17,9 +17,10 @@
 /* 0.1 is the reference protocol; 0.2 adds the extension commands 23..34,
  * 0.3 the weight copies (35, 36) and the version query (37), 0.4 the
  * weight cache (38, 39), 0.5 no command but the weight cache's tree digest
- * (APIR_WCACHE_TREE_MINOR), 0.6 the chunked download (40).  A host answers
- * min(guest minor, its minor), so a 0.1 guest sees 0.1. */
-#define APIR_VERSION_MINOR 6
+ * (APIR_WCACHE_TREE_MINOR), 0.6 the chunked download (40), 0.7 the ggml
+ * check (41).  A host answers min(guest minor, its minor), so a 0.1 guest
+ * sees 0.1. */
+#define APIR_VERSION_MINOR 7
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu
@@ -109,6 +110,15 @@ enum apir_host_init_code {
     APIR_INIT_ALREADY_INITIALIZED     = 7,
     APIR_INIT_NO_DEVICE               = 8,
     APIR_INIT_BACKEND_INIT_FAILED     = 9,
+};
+
+/* HOST_CHECK_GGML's verdict (apir 0.7): whether the host computes the
+ * guest's tensors with the ggml whose numbers they carry. */
+enum apir_ggml_verdict {
+    APIR_GGML_SAME          = 0,  /* the same ggml commit */
+    APIR_GGML_TABLES_EQUAL  = 1,  /* another commit, every op and type the guest
+                                   * has numbered and named as the host's */
+    APIR_GGML_REFUSED       = 2,  /* tables differ: no device (the reason says where) */
 };
 
 /* Blob sizes of the reference guest (section 2). */

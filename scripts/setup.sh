@@ -50,28 +50,9 @@ if [ "${APIR_SKIP_APT:-0}" != 1 ]; then
 fi
 
 # ---- Build options and cache key --------------------------------------------
-# GGML_NATIVE=ON cannot be combined with GGML_BACKEND_DL=ON on x86, so the CPU
-# features are named explicitly from what this processor has.
-cpu_opts="-DGGML_NATIVE=OFF"
-if [ "$(uname -m)" = x86_64 ]; then
-  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-  has() { case " $flags " in *" $1 "*) return 0;; esac; return 1; }
-  for f in avx avx2 fma f16c bmi2; do
-    has "$f" && cpu_opts="$cpu_opts -DGGML_$(echo $f | tr a-z A-Z)=ON" || cpu_opts="$cpu_opts -DGGML_$(echo $f | tr a-z A-Z)=OFF"
-  done
-  if has avx512f && has avx512bw && has avx512dq && has avx512vl; then
-    cpu_opts="$cpu_opts -DGGML_AVX512=ON"
-    has avx512_vnni && cpu_opts="$cpu_opts -DGGML_AVX512_VNNI=ON"
-    has avx512_bf16 && cpu_opts="$cpu_opts -DGGML_AVX512_BF16=ON"
-    has avx512vbmi && cpu_opts="$cpu_opts -DGGML_AVX512_VBMI=ON"
-  fi
-fi
-extra_opts=""
-[ "${APIR_CUDA:-0}" = 1 ] && extra_opts="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a-real}"
-OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_RPC=ON \
- $cpu_opts $extra_opts -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF \
- -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=ON \
- -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON"
+# (scripts/llama_build.sh: the options every llama.cpp build here shares.)
+. "$ROOT/scripts/llama_build.sh"
+OPTS=$(llama_opts)
 TARGETS="ggml ggml-cpu ggml-rpc llama test-backend-ops llama-bench ggml-rpc-server"
 [ "${APIR_CUDA:-0}" = 1 ] && TARGETS="$TARGETS ggml-cuda"
 key=$(printf '%s %s %s' "$PIN_COMMIT" "$OPTS" "$TARGETS" | sha256sum | cut -c1-16)
@@ -85,14 +66,7 @@ link_deps() {
   fi
 }
 
-# Headers a backend library needs beyond ggml's public ones: the backend
-# interface, and ggml-impl.h for struct ggml_cgraph (its uid tells a reused
-# graph).  Cheap, so done on every run.
-install_private_headers() {
-  local src="$CACHE/src-${PIN_COMMIT:0:7}"
-  mkdir -p "$DEPS/install/include"
-  cp "$src/ggml/src/ggml-backend-impl.h" "$src/ggml/src/ggml-impl.h" "$DEPS/install/include/"
-}
+install_private_headers() { llama_private_headers "$CACHE/src-${PIN_COMMIT:0:7}" "$DEPS"; }
 
 build_main() {
   mkdir -p "$DEPS"
@@ -102,23 +76,10 @@ build_main() {
   if [ ! -f "$SRC/.apir-verified" ]; then
     step "fetching $PIN_NPM (npm pack) and its llama.cpp bundle"
     tmp=$(mktemp -d)
-    mkdir -p "$tmp/package/llama"
-    if [ -n "${APIR_BUNDLE:-}" ]; then
-      # A machine without the npm registry (the GPU machine): the bundle is carried.
-      cp "$APIR_BUNDLE" "$tmp/package/llama/gitRelease.bundle"
-    else
-      (cd "$tmp" && npm pack --silent "$PIN_NPM" >/dev/null) || die "npm pack $PIN_NPM failed"
-      tar -C "$tmp" -xzf "$tmp"/node-llama-cpp-*.tgz package/llama/gitRelease.bundle \
-        || die "the npm package has no llama/gitRelease.bundle"
-    fi
-    rm -rf "$SRC"
-    git clone -q "$tmp/package/llama/gitRelease.bundle" "$SRC" 2>/dev/null || die "cannot clone the bundle"
-    git -C "$SRC" -c advice.detachedHead=false checkout -q "$PIN_COMMIT" 2>/dev/null \
-      || die "the bundle does not contain commit $PIN_COMMIT"
-    got=$(git -C "$SRC" rev-parse HEAD)
-    [ "$got" = "$PIN_COMMIT" ] || die "bundle HEAD is $got, expected $PIN_COMMIT"
+    # APIR_BUNDLE: a machine without the npm registry (the GPU machine) carries the bundle.
+    llama_fetch_bundle "${APIR_BUNDLE:-$PIN_NPM}" "$tmp/gitRelease.bundle"
+    llama_clone "$tmp/gitRelease.bundle" "$PIN_COMMIT" "$SRC"
     rm -rf "$tmp"
-    touch "$SRC/.apir-verified"
     done_step
   fi
 
@@ -141,15 +102,7 @@ build_main() {
   done_step
 
   step "installing into $DEPS/install"
-  # Install only the ggml and llama components (headers, libs, CMake packages).
-  cmake --install "$DEPS/build/ggml" >/dev/null 2>&1 || die "ggml install failed"
-  cmake --install "$DEPS/build/src" >/dev/null 2>&1 || true
-  mkdir -p "$DEPS/install/include" "$DEPS/install/lib" "$DEPS/bin"
-  cp "$SRC/include/llama.h" "$DEPS/install/include/"
-  install_private_headers
-  cp -a "$DEPS/build/bin/"lib*.so* "$DEPS/install/lib/" 2>/dev/null || true
-  # Tools run from their bin/ (backends are looked up next to the executable).
-  cp -a "$DEPS/build/bin/"* "$DEPS/bin/"
+  llama_install "$SRC" "$DEPS/build" "$DEPS"
   done_step
 
   echo "$PIN_COMMIT $key" >"$STAMP"

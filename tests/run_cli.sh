@@ -88,6 +88,9 @@ expect 2 "$B/apir-host" --bogus && has err "unknown .*--bogus"
 expect 2 "$B/apir-host" -x
 expect 2 "$B/apir-host" stray && has err "unexpected argument 'stray'"
 expect 2 "$B/apir-host" --isolation none
+# Every guest in one unsandboxed process only when called insecure (issue 24).
+expect 2 timeout 10 "$B/apir-host" --listen "unix:$T/thread.sock" --isolation thread &&
+  { has err "add --insecure-shared-process"; hasnt err "serving"; }
 expect 2 "$B/apir-host" --log-level loud
 expect 2 "$B/apir-host" -d CPU0,CPU1
 expect 2 "$B/apir-gguf-gen" -o "$T/m.gguf" --layers abc && has err "bad value for --layers"
@@ -111,7 +114,7 @@ expect 2 "$B/apir-host" --listen ftp:x:1 && has err "not a unix: endpoint"
 n=$((n + 1))
 if [ -n "$(ls -A "$T/cwd")" ]; then echo "FAIL: a refused endpoint left files: $(ls -A "$T/cwd")"; fails=$((fails + 1)); fi
 # An address other machines reach, without a token: the host refuses to start.
-expect 1 "$B/apir-host" --listen "unix:$T/open.sock" --listen tcp:0.0.0.0:0 --isolation thread \
+expect 1 "$B/apir-host" --listen "unix:$T/open.sock" --listen tcp:0.0.0.0:0 --isolation thread --insecure-shared-process \
   && has err "refused without authentication"
 expect 2 "$B/apir" ping tcp:127.0.0.1 && has err "bad endpoint"
 expect 2 "$B/apir" ping tcp:127.0.0.1:0 && has err "port 0"

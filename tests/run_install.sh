@@ -86,7 +86,7 @@ TINY
     cat >"$T/tiny/CMakeLists.txt" <<'TINY'
 cmake_minimum_required(VERSION 3.16)
 project(tiny C)
-find_package(apir-guest 0.6 REQUIRED)
+find_package(apir-guest 0.7 REQUIRED)
 add_executable(tiny tiny.c)
 target_link_libraries(tiny PRIVATE apir::ggml-apir)
 file(WRITE "${CMAKE_BINARY_DIR}/backend_path.txt" "${APIR_GUEST_BACKEND_PATH}")

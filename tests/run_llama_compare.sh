@@ -10,7 +10,7 @@ APIR_BUILD=$1 APIR_DEPS_BIN=$2; shift 2
 trap 'apir_host_stop; rm -rf "$work"' EXIT
 work=$(mktemp -d)
 "$APIR_BUILD/apir-gguf-gen" -o "$work/model.gguf" --size tiny "$@" >/dev/null || exit 1
-# APIR_HOST_ARGS: more apir-host options (e.g. --isolation thread)
+# APIR_HOST_ARGS: more apir-host options (e.g. --isolation thread --insecure-shared-process)
 APIR_HOST_LOG=info apir_host_start --threads 2 ${APIR_HOST_ARGS:-} || exit 1
 greedy="$APIR_BUILD/tests/apir-llama-greedy"
 "$greedy" -m "$work/model.gguf" -d CPU -n 24 -t 2 --dump-logits "$work/cpu.bin" >"$work/cpu.out" 2>"$work/cpu.err" \

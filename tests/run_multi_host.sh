@@ -44,7 +44,7 @@ start_host() {
   echo "apir-host $name did not start:"; cat "$work/$name.log"
   exit 1
 }
-start_host a --isolation thread
+start_host a --isolation thread --insecure-shared-process
 start_host b --isolation process
 A="unix:$work/a.sock" B="unix:$work/b.sock" NONE="unix:$work/nobody-here.sock"
 TA=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/a.log" | head -1 | cut -d' ' -f2)

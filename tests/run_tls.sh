@@ -51,7 +51,9 @@ key carol >"$T/carol.key"
 
 for isolation in process thread; do
   echo "== tls:, --isolation $isolation"
-  start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" --isolation "$isolation" --handshake-timeout-ms 2000
+  iso=(--isolation "$isolation")
+  [ "$isolation" = thread ] && iso+=(--insecure-shared-process)
+  start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" "${iso[@]}" --handshake-timeout-ms 2000
   check "the right key is accepted" ping_as APIR_TLS_PSK_FILE="$T/alice.key"
   check "  and the host names its identity" log_has 'TLS 1.3, key "alice"'
   check "a second identity of the file too" ping_as APIR_TLS_PSK="$(sed -n 2p "$T/keys")"
@@ -111,7 +113,7 @@ for isolation in process thread; do
       --tls-client-ca "$T/ca.pem" --isolation process --handshake-timeout-ms 2000
   else  # the environment's names for the same
     APIR_HOST_TLS_CERT_FILE=$T/server.pem APIR_HOST_TLS_KEY_FILE=$T/server.key \
-      APIR_HOST_TLS_CLIENT_CA_FILE=$T/ca.pem start_host --listen tls:127.0.0.1:0 --isolation thread
+      APIR_HOST_TLS_CLIENT_CA_FILE=$T/ca.pem start_host --listen tls:127.0.0.1:0 --isolation thread --insecure-shared-process
   fi
   check "the host says it wants client certificates" log_has "TLS 1.3, client certificates"
   # shellcheck disable=SC2086 # the guest's variables, one word each
@@ -158,17 +160,17 @@ stop_host
 
 echo "== tls: a host certificate without --tls-client-ca"
 "$B/apir-host" --listen "unix:$T/z.sock" --listen tls:0.0.0.0:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key" \
-  --isolation thread >"$T/out" 2>"$T/err"
+  --isolation thread --insecure-shared-process >"$T/out" 2>"$T/err"
 check "on an address other machines reach: does not start" bash -c "[ $? = 1 ] && grep -q 'without authentication of the guests' '$T/err'"
 "$B/apir-host" --listen "unix:$T/z.sock" --listen tls:0.0.0.0:0 --tls-psk-file "$T/keys" --tls-cert "$T/server.pem" \
-  --tls-key "$T/server.key" --isolation thread >"$T/out" 2>"$T/err"
+  --tls-key "$T/server.key" --isolation thread --insecure-shared-process >"$T/out" 2>"$T/err"
 check "  not even beside keys (a guest without one would get in)" bash -c "[ $? = 1 ] && grep -q 'without authentication of the guests' '$T/err'"
-"$B/apir-host" --listen "unix:$T/z.sock" --listen tls:127.0.0.1:0 --tls-client-ca "$T/ca.pem" --isolation thread >"$T/out" 2>"$T/err"
+"$B/apir-host" --listen "unix:$T/z.sock" --listen tls:127.0.0.1:0 --tls-client-ca "$T/ca.pem" --isolation thread --insecure-shared-process >"$T/out" 2>"$T/err"
 check "--tls-client-ca without --tls-cert does not start" bash -c "[ $? = 1 ] && grep -q 'needs the host.s certificate' '$T/err'"
 "$B/apir-host" --listen "unix:$T/z.sock" --listen tls:127.0.0.1:0 --tls-cert "$T/server.pem" --tls-key "$T/client.key" \
-  --isolation thread >"$T/out" 2>"$T/err"
+  --isolation thread --insecure-shared-process >"$T/out" 2>"$T/err"
 check "a key that is not the certificate's does not start" bash -c "[ $? = 1 ] && grep -q 'with key' '$T/err'"
-start_host --listen tls:0.0.0.0:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key" --tls-client-ca "$T/ca.pem" --isolation thread
+start_host --listen tls:0.0.0.0:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key" --tls-client-ca "$T/ca.pem" --isolation thread --insecure-shared-process
 check "tls:0.0.0.0 with --tls-client-ca starts" log_has "serving tls:0.0.0.0"
 stop_host
 start_host --listen tls:127.0.0.1:0 --tls-cert "$T/server.pem" --tls-key "$T/server.key"
@@ -190,15 +192,15 @@ check "the host still serves" ping_as APIR_TOKEN_FILE="$T/token"
 stop_host
 
 echo "== listeners other machines reach"
-"$B/apir-host" --listen "unix:$T/x.sock" --listen tcp:0.0.0.0:0 --isolation thread >"$T/out" 2>"$T/err"
+"$B/apir-host" --listen "unix:$T/x.sock" --listen tcp:0.0.0.0:0 --isolation thread --insecure-shared-process >"$T/out" 2>"$T/err"
 check "tcp:0.0.0.0 without a token does not start" bash -c "[ $? = 1 ] && grep -q 'refused without authentication' '$T/err'"
-"$B/apir-host" --listen "unix:$T/y.sock" --listen tls:0.0.0.0:0 --isolation thread >"$T/out" 2>"$T/err"
+"$B/apir-host" --listen "unix:$T/y.sock" --listen tls:0.0.0.0:0 --isolation thread --insecure-shared-process >"$T/out" 2>"$T/err"
 check "tls: without --tls-psk-file does not start" bash -c "[ $? = 1 ] && grep -q 'needs the guests. keys' '$T/err'"
-start_host --listen tls:0.0.0.0:0 --tls-psk-file "$T/keys" --isolation thread
+start_host --listen tls:0.0.0.0:0 --tls-psk-file "$T/keys" --isolation thread --insecure-shared-process
 check "tls:0.0.0.0 with keys starts (no token needed)" log_has "serving tls:0.0.0.0"
 stop_host
 chmod 644 "$T/keys"
-start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" --isolation thread
+start_host --listen tls:127.0.0.1:0 --tls-psk-file "$T/keys" --isolation thread --insecure-shared-process
 check "a key file others may read is warned about" log_has "readable by others"
 stop_host
 

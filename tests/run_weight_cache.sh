@@ -69,6 +69,7 @@ case "$("$APIR_BUILD/apir-host" --help)" in *tcp:HOST:PORT*) modes="$modes tcp" 
 for mode in $modes; do
   cache="$work/cache-$mode"
   isolation=$mode extra=() GUEST_HOST=
+  [ "$mode" = thread ] && extra=(--insecure-shared-process)
   if [ "$mode" = tcp ]; then
     port=$((20000 + RANDOM % 20000))
     isolation=process extra=(--listen "tcp:127.0.0.1:$port") GUEST_HOST="tcp:127.0.0.1:$port"

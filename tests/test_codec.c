@@ -702,6 +702,7 @@ static void test_command_table_extensions(void)
           apir_command_since(APIR_CMD_BUFFER_SET_TENSOR_HASH) == 4 && apir_command_since(APIR_CMD_BUFFER_CACHE_TENSOR) == 4);
     /* 0.5 added no command: the next one needs 0.6 */
     CHECK(apir_command_since(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) == 6);
+    CHECK(apir_command_since(APIR_CMD_HOST_CHECK_GGML) == 7);
     CHECK(apir_command_since(APIR_CMD_COUNT) == 0 && !apir_minor_speaks(UINT32_MAX, APIR_CMD_COUNT));
     /* Features: their minors, and none past the minor we speak. */
     CHECK(!apir_minor_has(1, APIR_FEATURE_ZERO_COPY) && apir_minor_has(2, APIR_FEATURE_ZERO_COPY));
@@ -710,7 +711,7 @@ static void test_command_table_extensions(void)
     for (int f = 0; f < APIR_FEATURE_COUNT; f++)
         CHECK(apir_minor_has(APIR_VERSION_MINOR, (enum apir_feature)f) && !apir_minor_has(1, (enum apir_feature)f));
     CHECK(!apir_minor_has(UINT32_MAX, APIR_FEATURE_COUNT));
-    CHECK(APIR_VERSION_MINOR == 6);
+    CHECK(APIR_VERSION_MINOR == 7);
     /* What may run while a graph is on the device: queries, graphs, uploads;
      * never a read, a synchronize, or anything freeing or writing memory
      * outside the stream. */
@@ -866,6 +867,7 @@ static void test_signatures_derived(void)
         { APIR_CMD_BUFFER_SET_TENSOR_HASH, "htqqd", "u" },
         { APIR_CMD_BUFFER_CACHE_TENSOR, "htd", "u" },
         { APIR_CMD_BUFFER_GET_TENSOR_CHUNKED, "htrqqqqq", "" },
+        { APIR_CMD_HOST_CHECK_GGML, "ssssss", "uss" },
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         const struct apir_command_info *c = &apir_command_table[known[i].cmd];

@@ -33,7 +33,8 @@ static void start_host(void)
     snprintf(sock, sizeof(sock), "%s/h.sock", sock_dir);
     unlink(sock);
     const char *argv[] = { host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--max-clients",
-                           "8", "--isolation", isolation, NULL };
+                           "8", "--isolation", isolation,
+                           !strcmp(isolation, "thread") ? "--insecure-shared-process" : NULL, NULL };
     host_pid = host_spawn(argv, NULL);
     CHECK(wait_for_path(sock, 5000));
 }

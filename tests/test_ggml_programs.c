@@ -45,10 +45,11 @@ static void start_host(const char *extra)
         prctl(PR_SET_PDEATHSIG, SIGKILL);  /* a crashed test leaves no host behind */
         if (extra)
             execl(host_bin, host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--isolation",
-                  isolation, extra, "1", (char *)NULL);
+                  isolation, extra, "1", !strcmp(isolation, "thread") ? "--insecure-shared-process" : (char *)NULL,
+                  (char *)NULL);
         else
             execl(host_bin, host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--isolation",
-                  isolation, (char *)NULL);
+                  isolation, !strcmp(isolation, "thread") ? "--insecure-shared-process" : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     struct stat st;

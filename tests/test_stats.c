@@ -416,7 +416,10 @@ static void start_host(const char *extra1, const char *extra2)
     const char *argv[] = { host_bin, "--listen", endpoint, "--threads", "1", "--log-level", "error", "--isolation",
                            isolation, "--metrics-file", prom, "--metrics-interval", "1", "--max-buffers", "100",
                            "--max-alloc-mib", "64", "--max-blobs", "50", "--max-blob-mib", "512", "--max-clients", "8",
-                           extra1, extra2, NULL };
+                           extra1, extra2, NULL, NULL };
+    /* Thread mode starts only with this; in the first empty slot. */
+    if (!strcmp(isolation, "thread"))
+        argv[sizeof(argv) / sizeof(argv[0]) - (extra1 ? 2 : 4)] = "--insecure-shared-process";
     host_pid = host_spawn(argv, NULL);
     /* The daemon binds the guest socket first and its control socket after:
      * with the default control path, wait for both. */

@@ -196,6 +196,8 @@ static bool start_host(struct host *h, const char *name, const char *tcp_listen,
         argv[n++] = base[i];
     for (int i = 0; extra && extra[i] && n < 38; i++)
         argv[n++] = extra[i];
+    if (!strcmp(isolation, "thread"))
+        argv[n++] = "--insecure-shared-process";
     argv[n] = NULL;
     h->pid = host_spawn(argv, h->log);
     h->port = 0;

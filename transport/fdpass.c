@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -16,6 +17,16 @@ ssize_t apir_send_fds(int sock, const void *buf, size_t len, const int *fds, int
 {
     if (n_fds < 0 || n_fds > MAX_FDS)
         return -1;
+    /* Without descriptors, send(): a host worker may not call sendmsg at
+     * all (host/sandbox.c: a filter cannot see what its control data
+     * passes). */
+    if (n_fds == 0) {
+        ssize_t r;
+        do
+            r = send(sock, buf, len, MSG_NOSIGNAL);
+        while (r < 0 && errno == EINTR);
+        return r;
+    }
     struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
     union {
         char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
@@ -83,6 +94,18 @@ ssize_t apir_recv_fds(int sock, void *buf, size_t len, int *fds, int max_fds, in
         return -1;
     }
     return r;
+}
+
+size_t apir_page_size(void)
+{
+    static _Atomic size_t page;
+    size_t p = atomic_load_explicit(&page, memory_order_relaxed);
+    if (!p) {
+        long v = sysconf(_SC_PAGESIZE);
+        p = v > 0 ? (size_t)v : 4096;
+        atomic_store_explicit(&page, p, memory_order_relaxed);
+    }
+    return p;
 }
 
 int apir_memfd_create(const char *name, size_t size, void **map)

@@ -11,6 +11,19 @@ ssize_t apir_send_fds(int sock, const void *buf, size_t len, const int *fds, int
  * are closed).  timeout_ms < 0 waits forever.  Returns bytes or -1. */
 ssize_t apir_recv_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds, int timeout_ms);
 
+/* The page size (sysconf, read once), and sizes rounded to it: blobs are
+ * whole pages on both sides, and a mapping's offset must be page-aligned. */
+size_t apir_page_size(void);
+static inline size_t apir_page_round_up(size_t size)
+{
+    const size_t page = apir_page_size();
+    return (size + page - 1) & ~(page - 1);
+}
+static inline size_t apir_page_round_down(size_t size)
+{
+    return size & ~(apir_page_size() - 1);
+}
+
 /* A sealed memfd of `size` bytes (it cannot shrink or grow), mapped shared.
  * Returns the fd, or -1; *map receives the mapping. */
 int apir_memfd_create(const char *name, size_t size, void **map);

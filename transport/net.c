@@ -338,11 +338,6 @@ void apir_net_reader_free(struct apir_net_reader *r)
     r->buf = NULL;
 }
 
-size_t apir_net_reader_buffered(const struct apir_net_reader *r)
-{
-    return r->tail - r->head;
-}
-
 /*
  * Before sleeping in poll, a reader spins (yielding) for up to its spin_ns:
  * a sleep and wake-up costs ~40 us per direction on these machines, which
@@ -485,16 +480,44 @@ int apir_net_send(int fd, struct apir_tls *tls, struct iovec *iov, int n_iov, in
     return tls ? tls_write(fd, tls, iov, n_iov, timeout_ms) : apir_net_write(fd, iov, n_iov, timeout_ms);
 }
 
+/* How many of the n pieces up to the last one that holds bytes. */
+static int pieces_with_bytes(const struct iovec *iov, int n)
+{
+    while (n > 0 && iov[n - 1].iov_len == 0)
+        n--;
+    return n;
+}
+
+/* At most this many bytes in several pieces are copied together and sent
+ * at once (a frame's header and arguments, most replies). */
+#define NET_GATHER_MAX 4096
+
+/* With send(), not one gathering sendmsg, which a host worker may not call
+ * (host/sandbox.c: a filter cannot see what its control data passes):
+ * small messages copied into one piece, larger ones piece by piece with
+ * MSG_MORE on all but the last, so they still leave in full segments. */
 int apir_net_write(int fd, struct iovec *iov, int n_iov, int timeout_ms)
 {
+    n_iov = pieces_with_bytes(iov, n_iov);
+    uint8_t gathered[NET_GATHER_MAX];
+    struct iovec one;
+    size_t total = 0;
+    for (int i = 0; i < n_iov && total <= sizeof(gathered); i++)
+        total += iov[i].iov_len;
+    if (n_iov > 1 && total <= sizeof(gathered)) {
+        for (int i = 0, at = 0; i < n_iov; at += (int)iov[i].iov_len, i++)
+            memcpy(gathered + at, iov[i].iov_base, iov[i].iov_len);
+        one = (struct iovec){ gathered, total };
+        iov = &one;
+        n_iov = 1;
+    }
     while (n_iov > 0) {
         if (iov->iov_len == 0) {
             iov++;
             n_iov--;
             continue;
         }
-        struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n_iov };
-        ssize_t sent = sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t sent = send(fd, iov->iov_base, iov->iov_len, MSG_DONTWAIT | MSG_NOSIGNAL | (n_iov > 1 ? MSG_MORE : 0));
         if (sent < 0) {
             if (errno == EINTR)
                 continue;
@@ -504,16 +527,8 @@ int apir_net_write(int fd, struct iovec *iov, int n_iov, int timeout_ms)
                 return -1;
             continue;
         }
-        size_t left = (size_t)sent;
-        while (n_iov > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            n_iov--;
-        }
-        if (n_iov > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
+        iov->iov_base = (uint8_t *)iov->iov_base + sent;
+        iov->iov_len -= (size_t)sent;
     }
     return 0;
 }

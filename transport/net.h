@@ -67,8 +67,6 @@ struct apir_net_reader {
 bool apir_net_reader_init(struct apir_net_reader *r, int fd, size_t cap);
 void apir_net_reader_free(struct apir_net_reader *r);
 int apir_net_read(struct apir_net_reader *r, void *dst, size_t n, int timeout_ms, bool *eof_clean);
-/* Bytes already received and not yet read. */
-size_t apir_net_reader_buffered(const struct apir_net_reader *r);
 /* Waits until something is there to read (or the peer closed); false on
  * timeout (timeout_ms < 0: none) or error. */
 bool apir_net_wait_readable(struct apir_net_reader *r, int timeout_ms);

@@ -110,7 +110,7 @@ static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_fl
 static int shm_blob_create(struct apir_transport *t, size_t size, uint32_t *res_id, void **ptr)
 {
     struct shm_transport *s = (struct shm_transport *)t;
-    size = (size + 4095) & ~(size_t)4095;
+    size = apir_page_round_up(size);
     int fd = apir_memfd_create("apir-blob", size, ptr);
     if (fd < 0) {
         APIR_ERROR("guest", "cannot create a %zu-byte shared blob: %s", size, strerror(errno));
@@ -142,7 +142,7 @@ static int shm_blob_create(struct apir_transport *t, size_t size, uint32_t *res_
 
 static void shm_blob_destroy(struct apir_transport *t, uint32_t res_id, void *ptr, size_t size)
 {
-    size = (size + 4095) & ~(size_t)4095;
+    size = apir_page_round_up(size);
     struct apir_encoder *enc = shm_begin(t);
     apir_encode_u32(enc, res_id);
     uint32_t ret;

@@ -17,6 +17,7 @@
  */
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "fdpass.h"
 #include "net.h"
 #include "stream_proto.h"
 #include "tls.h"
@@ -227,7 +228,7 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
 static int stream_blob_create(struct apir_transport *t, size_t size, uint32_t *res_id, void **ptr)
 {
     struct stream_transport *s = (struct stream_transport *)t;
-    size = (size + 4095) & ~(size_t)4095;
+    size = apir_page_round_up(size);
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         APIR_ERROR("guest", "cannot allocate a %zu-byte blob: %s", size, strerror(errno));
@@ -251,7 +252,7 @@ static int stream_blob_create(struct apir_transport *t, size_t size, uint32_t *r
 
 static void stream_blob_destroy(struct apir_transport *t, uint32_t res_id, void *ptr, size_t size)
 {
-    size = (size + 4095) & ~(size_t)4095;
+    size = apir_page_round_up(size);
     struct apir_encoder *enc = stream_begin(t);
     apir_encode_u32(enc, res_id);
     uint32_t ret;

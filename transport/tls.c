@@ -1,5 +1,6 @@
 #include "tls.h"
 
+#include "apir_log.h"
 #include "wait.h"
 
 #include <ctype.h>
@@ -145,7 +146,7 @@ struct apir_tls {
     gnutls_psk_server_credentials_t server_cred;
     const struct apir_tls_keys *keys;   /* the server's, while handshaking */
     int fd;
-    char identity[MAX_IDENTITY];
+    char identity[APIR_LOG_ESCAPED_SIZE(MAX_IDENTITY)];  /* the one a guest named, escaped for log lines */
     int identity_known;       /* server: -1 none asked, 0 unknown, 1 one of ours */
     /* What the peer's certificate is checked for (GnuTLS keeps pointers to
      * them for the session's life): the host name and the key purpose. */
@@ -345,14 +346,30 @@ struct apir_tls_keys *apir_tls_keys_load(const char *path, bool first_only, char
 
 /* ---- the session over a non-blocking socket ------------------------------ */
 
+/* Piece by piece with send() (MSG_MORE but for the last), as
+ * apir_net_write: a host worker may not call sendmsg.  What went, if any
+ * did; else -1. */
 static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
 {
     struct apir_tls *t = ptr;
-    struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n };
-    ssize_t r = sendmsg(t->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r < 0)
-        gt.gnutls_transport_set_errno(t->session, errno);
-    return r;
+    while (n > 0 && iov[n - 1].iov_len == 0)
+        n--;
+    ssize_t total = 0;
+    for (int i = 0; i < n; i++) {
+        ssize_t r = iov[i].iov_len ? send(t->fd, iov[i].iov_base, iov[i].iov_len,
+                                          MSG_DONTWAIT | MSG_NOSIGNAL | (i < n - 1 ? MSG_MORE : 0))
+                                   : 0;
+        if (r < 0) {
+            if (total)
+                break;
+            gt.gnutls_transport_set_errno(t->session, errno);
+            return -1;
+        }
+        total += r;
+        if ((size_t)r < iov[i].iov_len)
+            break;
+    }
+    return total;
 }
 
 static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
@@ -370,7 +387,8 @@ static int server_key(gnutls_session_t session, const char *identity, gnutls_dat
 {
     struct apir_tls *t = gt.gnutls_session_get_ptr(session);
     if (t) {
-        snprintf(t->identity, sizeof(t->identity), "%s", identity);
+        /* The guest's bytes, any it likes (issue 24: a forged log line). */
+        apir_log_escape(identity, MAX_IDENTITY, t->identity, sizeof(t->identity));
         t->identity_known = 0;
     }
     for (size_t i = 0; t && t->keys && i < t->keys->n; i++) {
@@ -428,16 +446,14 @@ static bool peer_subject(struct apir_tls *t, char *out, size_t len)
     if (gt.gnutls_x509_crt_init(&crt) != 0)
         return false;
     /* RFC 4514's order (CN=...,O=...), as certtool -i shows it. */
+    /* The subject is the guest's to write: escaped for log lines. */
     if (gt.gnutls_x509_crt_import(crt, &chain[0], GNUTLS_X509_FMT_DER) == 0 && gt.gnutls_x509_crt_get_dn3(crt, &dn, 0) == 0)
-        snprintf(out, len, "%.*s", (int)(dn.size < len ? dn.size : len - 1), dn.data ? (const char *)dn.data : "");
+        apir_log_escape(dn.data ? (const char *)dn.data : "", dn.size, out, len);
     else
         snprintf(out, len, "(unreadable)");
     if (dn.data)
         (*gt.free_fn)(dn.data);
     gt.gnutls_x509_crt_deinit(crt);
-    for (char *p = out; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
     return true;
 }
 
@@ -501,10 +517,11 @@ static void handshake_failure(struct apir_tls *t, bool server, int rc, char *err
 /* Who the peer proved to be, into t->peer, for log lines. */
 static void name_peer(struct apir_tls *t, bool server)
 {
-    char subject[MAX_DN];
+    char subject[MAX_DN], id_text[APIR_LOG_ESCAPED_SIZE(MAX_IDENTITY)];
     if (gt.gnutls_auth_get_type(t->session) == GNUTLS_CRD_PSK) {
+        /* One of the host's identities (printable, checked at load); escaped all the same. */
         const char *id = server ? gt.gnutls_psk_server_get_username(t->session) : t->keys->keys[0].identity;
-        snprintf(t->peer, sizeof(t->peer), "key \"%s\"", id ? id : "?");
+        snprintf(t->peer, sizeof(t->peer), "key \"%s\"", apir_log_escape(id ? id : "?", MAX_IDENTITY, id_text, sizeof(id_text)));
     } else if (peer_subject(t, subject, sizeof(subject))) {
         snprintf(t->peer, sizeof(t->peer), "certificate \"%s\"", subject);
     } else {

@@ -83,25 +83,41 @@ static int echo_fd = -1;
 static int garbage_mode = 1;
 static int passed, failed, contexts, commands;
 
-static void result(bool ok, const char *what, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #include <stdarg.h>
-static void result(bool ok, const char *what, const char *fmt, ...)
+/* One line: "ok  ", "FAIL" or "note" (an outcome reported, not judged: what
+ * virglrenderer or the kernel chooses, where either answer is safe). */
+static void report(const char *tag, const char *what, const char *fmt, va_list ap)
 {
     char buf[256] = "";
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what, buf[0] ? ": " : "", buf);
+    printf("%s %s%s%s\n", tag, what, buf[0] ? ": " : "", buf);
     fflush(stdout);
     /* APIR_VM_ECHO_FD=N: each line on that descriptor too (the VM's console,
      * so that what ran last is known even if the VM dies) */
     if (echo_fd >= 0)
-        dprintf(echo_fd, "APIR-VM hostile| %s %s%s%s\n", ok ? "ok  " : "FAIL", what, buf[0] ? ": " : "", buf);
+        dprintf(echo_fd, "APIR-VM hostile| %s %s%s%s\n", tag, what, buf[0] ? ": " : "", buf);
+}
+
+static void result(bool ok, const char *what, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(bool ok, const char *what, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    report(ok ? "ok  " : "FAIL", what, fmt, ap);
+    va_end(ap);
     if (ok)
         passed++;
     else
         failed++;
+}
+
+static void note(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(const char *what, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    report("note", what, fmt, ap);
+    va_end(ap);
 }
 
 static int fails_with(int rc, int e) { return rc == -1 && errno == e; }
@@ -253,7 +269,7 @@ static void test_ioctls(void)
      * file may then be refused too.  Reported, not judged; a fresh file. */
     int r0 = ctx_init(fd, CAPSET_VENUS, 1);
     int e0 = r0 ? errno : 0;
-    result(true, "CONTEXT_INIT Venus on the same file after the refusals", "%s (errno %d)",
+    note("CONTEXT_INIT Venus on the same file after the refusals", "%s (errno %d)",
            r0 == 0 ? "accepted" : "refused", e0);
     close(fd);
     fd = open_node();
@@ -266,7 +282,7 @@ static void test_ioctls(void)
     cb = (struct vg_create_blob){ .mem = 2, .flags = 1, .size = 100 };
     int r = ioctl(fd, IO_BLOB, &cb);
     int e = r ? errno : 0;
-    result(true, "CREATE_BLOB size 100 (unaligned)", "%s (errno %d)", r == 0 ? "accepted" : "refused", e);
+    note("CREATE_BLOB size 100 (unaligned)", "%s (errno %d)", r == 0 ? "accepted" : "refused", e);
     cb = (struct vg_create_blob){ .mem = 2, .flags = 1, .size = 1ull << 40 };
     EXPECT(ioctl(fd, IO_BLOB, &cb) == -1, "CREATE_BLOB 1 TiB");
     cb = (struct vg_create_blob){ .mem = 2, .flags = 1, .size = 2ull << 30 };
@@ -274,7 +290,7 @@ static void test_ioctls(void)
     e = r ? errno : 0;
     struct vg_map m = { .handle = cb.bo };
     int mr = r == 0 ? ioctl(fd, IO_MAP, &m) : -1;
-    result(true, "CREATE_BLOB 2 GiB (the host window is 1 GiB)", "create %s (errno %d), map %s",
+    note("CREATE_BLOB 2 GiB (the host window is 1 GiB)", "create %s (errno %d), map %s",
            r == 0 ? "accepted" : "refused", e, mr == 0 ? "accepted" : "refused");
     cb = (struct vg_create_blob){ .mem = 9, .flags = 1, .size = 16384 };
     EXPECT(ioctl(fd, IO_BLOB, &cb) == -1, "CREATE_BLOB memory type 9");
@@ -423,10 +439,10 @@ static void test_random_forwards(void)
     }
     free(junk);
     if (fatal_at == 0xffffffffu)
-        result(true, "FORWARD commands 0..40 x3 with random payloads", "%d/%d answered (%d refused, %d ran)", answered,
+        note("FORWARD commands 0..40 x3 with random payloads", "%d/%d answered (%d refused, %d ran)", answered,
                sent, refused, succeeded);
     else
-        result(true, "FORWARD commands 0..40 x3 with random payloads",
+        note("FORWARD commands 0..40 x3 with random payloads",
                "%d answered (%d refused, %d ran), then command %u left the context fatal", answered, refused, succeeded,
                fatal_at);
     free_blob(fd, &rb);
@@ -461,7 +477,7 @@ static void test_fatal_contexts(void)
         hdr(c, T_HANDSHAKE, 0, rb.res);
         c[3] = 0; c[4] = 1;
         uint32_t w2 = submit(fd, &rb, c, 20, 2000);
-        result(true, cases[i].what, "reply 0x%x, then a good HANDSHAKE: %s", w,
+        note(cases[i].what, "reply 0x%x, then a good HANDSHAKE: %s", w,
                w2 == R(HANDSHAKE_MAGIC) ? "answered" : "no answer (context fatal)");
         free_blob(fd, &rb);
         close(fd);
@@ -478,7 +494,7 @@ static void test_fatal_contexts(void)
         hdr((uint32_t *)(void *)big, T_HANDSHAKE, 0, rb.res);
         int r = exec_raw(fd, big, lens[i]);
         int e = r ? errno : 0;
-        result(true, "EXECBUFFER of odd length", "%u bytes: %s (errno %d)", lens[i], r == 0 ? "accepted" : "refused", e);
+        note("EXECBUFFER of odd length", "%u bytes: %s (errno %d)", lens[i], r == 0 ? "accepted" : "refused", e);
     }
     /* big_mib MiB of FORWARD garbage (default 1).  16 MiB wedges the VM's
      * virtio-gpu: the kernel queues one descriptor per page, QEMU stops the
@@ -494,7 +510,7 @@ static void test_fatal_contexts(void)
     hdr(hc, T_HANDSHAKE, 0, rb.res);
     hc[3] = 0; hc[4] = 1;
     uint32_t w = submit(fd, &rb, hc, 20, 3000);
-    result(true, "EXECBUFFER of FORWARD garbage", "%u MiB: %s (errno %d); then a HANDSHAKE: %s", big_mib,
+    note("EXECBUFFER of FORWARD garbage", "%u MiB: %s (errno %d); then a HANDSHAKE: %s", big_mib,
            r == 0 ? "accepted" : "refused", e, w == R(HANDSHAKE_MAGIC) ? "answered" : "no answer");
     free(big);
     free_blob(fd, &rb);
@@ -509,7 +525,7 @@ static void test_fatal_contexts(void)
         }
         free_blob(fd, &rb);
         close(fd);
-        result(true, "a context closed with a command in flight", "%s", "closed");
+        note("a context closed with a command in flight", "%s", "closed");
     }
 }
 

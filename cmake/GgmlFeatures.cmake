@@ -1,0 +1,103 @@
+# What the ggml that libggml-apir.so is built against offers, found by compiling
+# small tests against its headers (never by its version or commit): the guest
+# library fills exactly the interface members that ggml has, whatever tree it
+# comes from (scripts/guest-for.sh builds it for a program's own ggml).
+#
+#   apir_ggml_features(INCLUDE_DIR LIB_DIR OUT_HEADER)
+# writes OUT_HEADER with one APIR_GGML_HAS_<feature> 0/1 per test, and what the
+# guest compares at load with the program's ggml (guest/frontend_compat.c): what
+# that ggml's own libggml-base.so answers for its version and commit, the sizes
+# it can be asked about, and a digest of its type names.
+include(CheckCSourceCompiles)
+set(APIR_GGML_FEATURES_MODULE "${CMAKE_CURRENT_LIST_FILE}")
+set(APIR_GGML_PROBE_SOURCE "${CMAKE_CURRENT_LIST_DIR}/ggml_probe.c")
+
+function(apir_ggml_features include_dir lib_dir out_header)
+  set(features BUFFER_2D BACKEND_2D_ASYNC GRAPH_UID NODE_USE_COUNT CAPS_MMAP LOG_GET DEVICE_TYPE_META)
+  # Results are cached per ggml and per version of these tests: another tree
+  # or an edited test runs them all again.
+  file(MD5 "${APIR_GGML_FEATURES_MODULE}" tests_md5)
+  file(MD5 "${APIR_GGML_PROBE_SOURCE}" probe_md5)
+  string(APPEND tests_md5 "${probe_md5}")
+  if(NOT "${APIR_GGML_FEATURES_FOR}" STREQUAL "${include_dir};${tests_md5}")
+    foreach(f IN LISTS features)
+      unset(APIR_GGML_HAS_${f} CACHE)
+    endforeach()
+    unset(APIR_GGML_PROBE CACHE)
+  endif()
+  set(APIR_GGML_FEATURES_FOR "${include_dir};${tests_md5}" CACHE INTERNAL "the ggml headers the feature tests ran on")
+
+  set(CMAKE_REQUIRED_INCLUDES "${include_dir}")
+  set(CMAKE_REQUIRED_QUIET ON)
+  # A function ggml lacks must fail the test, not be declared implicitly.
+  set(CMAKE_REQUIRED_FLAGS "-Werror=implicit-function-declaration")
+  # Compile only: some tests name functions, none needs ggml's libraries.
+  set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
+  set(pre "#include \"ggml.h\"\n#include \"ggml-backend.h\"\n#include \"ggml-backend-impl.h\"\n#include \"ggml-impl.h\"\n")
+
+  # ggml_backend_buffer_i.set_tensor_2d/get_tensor_2d: a program whose table lacks
+  # them reads every later member one slot early.
+  check_c_source_compiles("${pre}
+    struct ggml_backend_buffer_i i = { .set_tensor_2d = 0, .get_tensor_2d = 0 };" APIR_GGML_HAS_BUFFER_2D)
+  check_c_source_compiles("${pre}
+    struct ggml_backend_i i = { .set_tensor_2d_async = 0, .get_tensor_2d_async = 0 };" APIR_GGML_HAS_BACKEND_2D_ASYNC)
+  # ggml_cgraph.uid: the scheduler names a reused graph (keyed graphs).
+  check_c_source_compiles("${pre}
+    int f(struct ggml_cgraph * g) { return g->uid != 0; }" APIR_GGML_HAS_GRAPH_UID)
+  check_c_source_compiles("${pre}
+    int f(struct ggml_cgraph * g) { return ggml_node_get_use_count(g, 0); }" APIR_GGML_HAS_NODE_USE_COUNT)
+  check_c_source_compiles("${pre}
+    struct ggml_backend_dev_caps c = { .mmap_support = 1 };" APIR_GGML_HAS_CAPS_MMAP)
+  check_c_source_compiles("${pre}
+    void * f(void) { return (void *)&ggml_log_get; }" APIR_GGML_HAS_LOG_GET)
+  check_c_source_compiles("${pre}
+    enum ggml_backend_dev_type t = GGML_BACKEND_DEVICE_TYPE_META;" APIR_GGML_HAS_DEVICE_TYPE_META)
+  # What that ggml's library says about itself, measured by running it: the
+  # guest compares the program's answers with these at load.
+  if(NOT DEFINED APIR_GGML_PROBE)
+    set(probe_src "${APIR_GGML_PROBE_SOURCE}")
+    find_library(probe_base ggml-base PATHS "${lib_dir}" NO_DEFAULT_PATH NO_CACHE)
+    try_run(run_rc compile_ok "${CMAKE_CURRENT_BINARY_DIR}/ggml_probe" "${probe_src}"
+      CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${include_dir}"
+      LINK_LIBRARIES "${probe_base}" LINK_OPTIONS "-Wl,-rpath,${lib_dir}"
+      COMPILE_OUTPUT_VARIABLE probe_compile RUN_OUTPUT_VARIABLE probe_out)
+    if(NOT compile_ok OR NOT run_rc EQUAL 0 OR NOT probe_out MATCHES "^[0-9]+;[0-9]+;[0-9]+;0x[0-9a-f]+ull;[A-Za-z0-9._+-]+;[A-Za-z0-9]+$")
+      message(FATAL_ERROR "cannot run a program against ${lib_dir}/libggml-base.so: ${probe_compile} ${probe_out}")
+    endif()
+    set(APIR_GGML_PROBE "${probe_out}" CACHE INTERNAL "cmake/ggml_probe.c's answers")
+  endif()
+  list(GET APIR_GGML_PROBE 0 tensor_overhead)
+  list(GET APIR_GGML_PROBE 1 graph_overhead)
+  list(GET APIR_GGML_PROBE 2 type_count)
+  list(GET APIR_GGML_PROBE 3 type_digest)
+  list(GET APIR_GGML_PROBE 4 built_version)
+  list(GET APIR_GGML_PROBE 5 built_commit)
+
+  # Built for the ggml scripts/setup.sh pins (the one apir-host is built
+  # with)?  A host older than apir 0.7 cannot say which ggml it has: a guest
+  # library of the pinned ggml assumes that one, any other refuses it.
+  file(STRINGS "${PROJECT_SOURCE_DIR}/scripts/setup.sh" pin_line REGEX "^PIN_COMMIT=[0-9a-f]+")
+  string(REGEX REPLACE "^PIN_COMMIT=([0-9a-f]+).*" "\\1" pin "${pin_line}")
+  set(is_pinned 0)
+  if(APIR_GGML_COMMIT AND pin MATCHES "^${APIR_GGML_COMMIT}")
+    set(is_pinned 1)
+  endif()
+
+  set(text "/* Generated by cmake/GgmlFeatures.cmake from ${include_dir}. */\n#ifndef APIR_GGML_FEATURES_H\n#define APIR_GGML_FEATURES_H\n")
+  string(APPEND text "#define APIR_GGML_IS_PINNED ${is_pinned}\n")
+  foreach(f IN LISTS features)
+    if(APIR_GGML_HAS_${f})
+      string(APPEND text "#define APIR_GGML_HAS_${f} 1\n")
+    else()
+      string(APPEND text "#define APIR_GGML_HAS_${f} 0\n")
+    endif()
+  endforeach()
+  string(APPEND text "/* What the built-for libggml-base.so answers (ggml_probe.c). */\n"
+    "#define APIR_GGML_TENSOR_OVERHEAD ${tensor_overhead}u\n"
+    "#define APIR_GGML_GRAPH_OVERHEAD_1 ${graph_overhead}u\n"
+    "#define APIR_GGML_TYPE_COUNT ${type_count}\n"
+    "#define APIR_GGML_TYPE_DIGEST ${type_digest}\n"
+    "#define APIR_GGML_BUILT_VERSION \"${built_version}\"\n"
+    "#define APIR_GGML_BUILT_COMMIT \"${built_commit}\"\n#endif\n")
+  file(CONFIGURE OUTPUT "${out_header}" CONTENT "${text}")
+endfunction()
