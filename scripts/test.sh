@@ -42,7 +42,7 @@ configure_build() { # dir, cmake args...
 # The slow ones run in the plain build only; so do the unmodified llama.cpp and
 # whisper.cpp programs (not built with the sanitizers, they cannot load an
 # instrumented libggml-apir.so).
-SLOW='backend_ops|whisper_|llama_tools_|arch_survey|vm_'
+SLOW='backend_ops|whisper_|llama_tools_|arch_survey|vm_|guest_notices|many_guests|soak_'
 
 for s in $STAGES; do
   case $s in
