@@ -34,6 +34,7 @@
     X(ggml_log_callback_default) X(ggml_backend_buffer_init) X(ggml_backend_buffer_name)  \
     X(ggml_backend_buffer_is_host) X(ggml_backend_buffer_get_usage)                       \
     X(ggml_backend_buft_alloc_buffer) X(ggml_backend_cpu_buffer_type)                     \
+    X(ggml_abort) /* GGML_ASSERT in ggml's inline helpers, kept in an unoptimized build */ \
     APIR_GGML_IMPORTS_LOG_GET(X)
 #if APIR_GGML_HAS_LOG_GET
 #define APIR_GGML_IMPORTS_LOG_GET(X) X(ggml_log_get)
