@@ -33,7 +33,7 @@ static struct apir_host fz_host;
 /*
  * The fuzz targets' getrandom (it takes the place of libc's and the
  * sanitizer's for the whole process): a fixed stream.  The host salts its
- * handles with it (host/handles.c); with random salts the paths an unknown
+ * handles with it (host/core/handles.c); with random salts the paths an unknown
  * handle takes through the lookup, and so libFuzzer's coverage, would
  * differ from run to run, and a fixed seed and run count (fuzz/run.sh
  * --gate) would not give the same run on every machine.  Inputs name

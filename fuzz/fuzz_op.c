@@ -819,7 +819,7 @@ static void check_writes(const struct gen *g, int node, bool accepted, uint8_t *
  * Findings of this target not fixed yet (fuzz/findings/README.md, "fuzz_op"):
  * with FUZZ_SKIP_KNOWN set, inputs that would hit them are skipped so that
  * a run can look past them.  All are in what a node's shape, strides and
- * placement allow (host/op_shapes.c, op_derive.c), not in index values.
+ * placement allow (host/check/op_shapes.c, op_derive.c), not in index values.
  */
 static bool hits_known(const struct gen *g, int node_i)
 {
@@ -842,7 +842,7 @@ static bool hits_known(const struct gen *g, int node_i)
 /*
  * Issue 24 class 1 (fuzz_op-61, -62): a size-1 dimension whose stride is
  * not ggml_new_tensor's, i.e. not the stride below it times that
- * dimension's count.  The import normalises these (host/import.c); on a
+ * dimension's count.  The import normalises these (host/check/import.c); on a
  * tree without that, FUZZ_SKIP_KNOWN skips such inputs so that a run looks
  * past them.  Not a reason to leave an input out of the seeds.
  */

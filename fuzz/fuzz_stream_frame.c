@@ -1,6 +1,6 @@
 /*
  * fuzz_stream_frame: the host side of the stream transport's framing
- * (transport/stream_proto.h, host/stream_server.c).
+ * (transport/stream_proto.h, host/server/stream_server.c).
  *
  * Like fuzz_shm_frame, this runs the real server in threads of this process
  * and plays a hostile guest against it, one TCP connection per input.  Two

@@ -137,7 +137,7 @@ static size_t graph_mul_mat(uint8_t *out, size_t cap)
 }
 
 /* A Q4_0 weight w (256 x 16, buffer B) times x: what a CPU host keeps a
- * repacked copy of once noted (host/weight_copies.h). */
+ * repacked copy of once noted (host/data/weight_copies.h). */
 static struct apir_tensor_rec rec_q4_0_weight(void)
 {
     struct apir_tensor_rec w = rec_f32(30, 256, 16, FZ_H_BUF_B, 0, GGML_OP_NONE);

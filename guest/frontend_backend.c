@@ -35,7 +35,7 @@ static void backend_synchronize(ggml_backend_t backend)
      * Need not wait.  A keyed graph may still run on the host after its
      * reply (APIR_LEAVES_BUSY), but nothing of the program can see that:
      * every command that touches tensor memory waits for it on the host
-     * (host/graph_exec.c), and the guest's own reads and writes of shared
+     * (host/dispatch/graph_exec.c), and the guest's own reads and writes of shared
      * buffers wait first (apir_remote_wait_idle in frontend_buffer.c).  A
      * graph that fails meanwhile is reported by the next read or graph.
      */

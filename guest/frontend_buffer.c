@@ -245,7 +245,7 @@ static void report_written(struct apir_buffer_ctx *bc, uint64_t offset, uint64_t
 }
 
 /*
- * Weight copies (apir 0.3, host/weight_copies.h): once a weight is written
+ * Weight copies (apir 0.3, host/data/weight_copies.h): once a weight is written
  * whole, the host may keep it in its device's own layout (a CPU's repacked
  * matrices) and compute with that.  Other writes into a buffer it keeps
  * copies of must reach it: the host sees its own writes, not the ones this

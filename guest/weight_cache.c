@@ -1,6 +1,6 @@
 /*
  * The guest's side of the host's weight cache (apir 0.4; the host's side and
- * what it guarantees: host/weight_cache.h).  A weight written whole into a
+ * what it guarantees: host/data/weight_cache.h).  A weight written whole into a
  * buffer whose bytes travel to the host (not a zero-copy buffer, which the
  * host already shares) is first offered by its digest - from apir 0.5 the
  * tree digest (protocol/apir_tree_digest.h), its 4 MiB leaves hashed on
@@ -115,7 +115,7 @@ bool apir_weight_cache_set(ggml_backend_buffer_t buffer, struct ggml_tensor *ten
     struct apir_tensor_rec rec;
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return false;
-    /* The kind the host expects at this minor (host/weight_cache.h). */
+    /* The kind the host expects at this minor (host/data/weight_cache.h). */
     if (r->minor >= APIR_WCACHE_TREE_MINOR
             ? !apir_tree_digest(sha256_parts, data, -1, -1, size, apir_hash_threads(), pending->hash.b)
             : wc.hash_fast(APIR_GNUTLS_DIG_SHA256, data, size, pending->hash.b) != 0)

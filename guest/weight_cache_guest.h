@@ -1,6 +1,6 @@
 /*
  * The guest's side of the host's weight cache (apir 0.4): what is sent and
- * when, guest/weight_cache.c; the host's side, host/weight_cache.h.
+ * when, guest/weight_cache.c; the host's side, host/data/weight_cache.h.
  */
 #ifndef APIR_GUEST_WEIGHT_CACHE_H
 #define APIR_GUEST_WEIGHT_CACHE_H

@@ -11,8 +11,8 @@
  *   - the guest's typed call stubs (apir_call_<NAME>: guest/calls.h);
  *   - the host's request structs, decoded and checked - handles resolved,
  *     tensor records imported - before the handler runs, and its dispatch
- *     array (struct apir_request_<NAME>: host/requests.h; the handler
- *     host_cmd_<NAME> in host/dispatch.c);
+ *     array (struct apir_request_<NAME>: host/dispatch/requests.h; the handler
+ *     host_cmd_<NAME> in host/dispatch/dispatch.c);
  *   - the signature strings (virgl's own walk, the fuzzers) and the names.
  *
  * Item kinds (each item is a multiple of 4 bytes on the wire; the letter is
@@ -32,7 +32,7 @@
  *                          (accepted, never followed)
  *
  * Classes (bits; how the command relates to device work in flight, which
- * both sides need: host/graph_exec.c and guest/remote.c read them here):
+ * both sides need: host/dispatch/graph_exec.c and guest/remote.c read them here):
  *   APIR_QUERY         touches no tensor memory: answered while a graph the
  *                      session launched is still on the device
  *   APIR_ON_STREAM     goes on the device's stream in order (uploads,
@@ -112,11 +112,11 @@
     X(32, BUFFER_INIT_TENSOR,              2, 0)                               \
     X(33, BACKEND_GRAPH_COMPUTE_KEYED,     2, APIR_GRAPH | APIR_LEAVES_BUSY)   \
     X(34, BACKEND_GRAPH_RECOMPUTE,         2, APIR_GRAPH | APIR_LEAVES_BUSY)   \
-    /* apir 0.3 extensions (weight copies: host/weight_copies.h; version) */   \
+    /* apir 0.3 extensions (weight copies: host/data/weight_copies.h; version) */   \
     X(35, BUFFER_NOTE_WEIGHT,              3, 0)                               \
     X(36, BUFFER_WRITTEN,                  3, APIR_POSTED)                     \
     X(37, HOST_GET_VERSION,                3, APIR_QUERY)                      \
-    /* apir 0.4 extensions (the weight cache: host/weight_cache.h) */          \
+    /* apir 0.4 extensions (the weight cache: host/data/weight_cache.h) */          \
     X(38, BUFFER_SET_TENSOR_HASH,          4, 0)                               \
     X(39, BUFFER_CACHE_TENSOR,             4, 0)                               \
     /* apir 0.6 extension (a download the guest copies out as it lands) */     \
@@ -175,7 +175,7 @@
 #define APIR_REP_BUFFER_CLEAR(F)
 #define APIR_REQ_BUFFER_FREE_BUFFER(F)          F(buffer, buffer)
 #define APIR_REP_BUFFER_FREE_BUFFER(F)
-/* The graph blob (guest/serialize.c, host/import.c) at the start of blob. */
+/* The graph blob (guest/serialize.c, host/check/import.c) at the start of blob. */
 #define APIR_REQ_BACKEND_GRAPH_COMPUTE(F)       F(res, blob) F(u64, size)
 #define APIR_REP_BACKEND_GRAPH_COMPUTE(F)       F(enum, status)
 #define APIR_REQ_DEVICE_SELECT(F)               F(u32, device)
@@ -217,7 +217,7 @@
  * host older than this command answers APIR_HANDLER_INVALID_INDEX. */
 #define APIR_REQ_HOST_GET_VERSION(F)
 #define APIR_REP_HOST_GET_VERSION(F)            F(u32, major) F(u32, minor)
-/* The weight cache (apir 0.4, host/weight_cache.h).  SET_TENSOR_HASH: fill
+/* The weight cache (apir 0.4, host/data/weight_cache.h).  SET_TENSOR_HASH: fill
  * [offset, offset + size) of the tensor from the host's cache entry of
  * that SHA-256 and size, if it has one; answer: an apir_weight_cache_answer
  * (apir_proto.h).  CACHE_TENSOR: the guest uploaded this tensor whole after

@@ -13,7 +13,7 @@
  *   struct apir_reply_<NAME>     the reply items as fields (a host fills it)
  *
  * so a wrong type at a call site is a compile error, not a wrong byte on the
- * wire.  The host's request side is its own (host/requests.h): it decodes
+ * wire.  The host's request side is its own (host/dispatch/requests.h): it decodes
  * the items with the getters here, then resolves handles and imports
  * tensors.
  */
@@ -94,7 +94,7 @@ struct apir_bytes {
 #define APIR_OUT_tensor  struct apir_tensor_rec
 #define APIR_OUT_tensors struct apir_tensor_list    /* in place: read each record once */
 #define APIR_OUT_digest  struct apir_digest
-/* inline has no OUT: only the host decodes it (host/inline_tensor.c). */
+/* inline has no OUT: only the host decodes it (host/dispatch/inline_tensor.c). */
 
 static inline void apir_put_u32(struct apir_encoder *e, uint32_t v) { apir_encode_u32(e, v); }
 static inline void apir_put_i32(struct apir_encoder *e, int32_t v) { apir_encode_u32(e, (uint32_t)v); }

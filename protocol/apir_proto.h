@@ -37,7 +37,7 @@ enum apir_cmd_type {
     APIR_CMD_TYPE_SHM_BLOB_CREATE  = 100,
     APIR_CMD_TYPE_SHM_BLOB_DESTROY = 101,
     /* A range of a file the guest has mapped (a model), shared without a
-     * copy: the host maps the same file (apir 0.3, host/shm_server.c). */
+     * copy: the host maps the same file (apir 0.3, host/server/shm_server.c). */
     APIR_CMD_TYPE_SHM_BLOB_FILE    = 102,
 };
 
@@ -68,7 +68,7 @@ enum apir_handler_result {
     APIR_HANDLER_STALE         = 7, /* RECOMPUTE of a graph not kept: send it */
 };
 
-/* BUFFER_NOTE_WEIGHT's answer (apir 0.3, host/weight_copies.h). */
+/* BUFFER_NOTE_WEIGHT's answer (apir 0.3, host/data/weight_copies.h). */
 enum apir_weight_note {
     APIR_WEIGHT_NOT_KEPT = 0,   /* no copy of this one (no layout takes it) */
     APIR_WEIGHT_KEPT     = 1,   /* a copy is kept and used */
@@ -76,7 +76,7 @@ enum apir_weight_note {
 };
 
 /* BUFFER_SET_TENSOR_HASH's and BUFFER_CACHE_TENSOR's answer (apir 0.4,
- * host/weight_cache.h). */
+ * host/data/weight_cache.h). */
 enum apir_weight_cache_answer {
     APIR_WCACHE_MISS     = 0,   /* SET: not filled, upload the bytes; CACHE: not kept */
     APIR_WCACHE_DONE     = 1,   /* SET: the range holds the cached bytes; CACHE: kept */

@@ -9,7 +9,7 @@
 # dot-folders (.deps, .whisper, ...) are not part of the tree.
 #
 # What counts as a reference, to keep other projects' names out:
-#   - a path that starts with one of our top-level folders (host/dispatch.c,
+#   - a path that starts with one of our top-level folders (host/dispatch/dispatch.c,
 #     docs/INTEROP.md, tests/virgl_rig/), as its own word: ggml/src/host/x
 #     or $ROOT/scripts/x is not one.  It is checked when it ends in '/' (a
 #     folder) or in an extension that some file of the tree has; .cpp, .so,

@@ -49,7 +49,7 @@ if [ -n "${APIR_EXPECT_FILE_BLOB:-}" ]; then
   fi
 fi
 # APIR_EXPECT_WEIGHT_COPIES=1: the host must have computed with weight copies
-# in its CPU's own layout (host/weight_copies.h).
+# in its CPU's own layout (host/data/weight_copies.h).
 if [ -n "${APIR_EXPECT_WEIGHT_COPIES:-}" ]; then
   for _ in $(seq 1 200); do grep -q 'weight copies kept' "$APIR_TEST_DIR/host.log" && break; sleep 0.01; done
   grep -q 'weight copies kept' "$APIR_TEST_DIR/host.log" ||

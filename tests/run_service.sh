@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# apir-host as a service (host/service.c, host/shm_server.c), one case per run:
+# apir-host as a service (host/server/service.c, host/server/shm_server.c), one case per run:
 #   activation   socket activation with systemd-socket-activate (else
 #                tests/service_harness.c's equivalent), READY=1 / STATUS= /
 #                STOPPING=1 on a NOTIFY_SOCKET of ours; the socket passed is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The weight cache (apir 0.4, host/weight_cache.h) end to end: a generated
+# The weight cache (apir 0.4, host/data/weight_cache.h) end to end: a generated
 # model loaded three times through apir-host --weight-cache with the guest's
 # buffers not zero-copy (APIR_ZERO_COPY=0: the weights travel as uploads, as
 # over a network): the first load misses and the host keeps every weight it
@@ -50,7 +50,7 @@ wait_line() {
 }
 
 # wait_entries DIR N: until DIR holds N entries (the host writes them from
-# a thread of its own after it answered: host/weight_cache.h).
+# a thread of its own after it answered: host/data/weight_cache.h).
 wait_entries() {
   for _ in $(seq 1 1000); do
     [ "$(ls -A "$1" | grep -cE '^t-[0-9a-f]{64}$')" -ge "$2" ] && return 0

@@ -1,5 +1,5 @@
 /*
- * Helpers for tests/run_service.sh (apir-host as a service: host/service.c):
+ * Helpers for tests/run_service.sh (apir-host as a service: host/server/service.c):
  *
  *   service_harness notify-recv PATH OUT TIMEOUT_MS
  *       a service manager's notification socket: binds a datagram socket at

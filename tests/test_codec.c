@@ -941,7 +941,7 @@ static size_t item_size(char letter, const struct items *v, int p)
  * The letter path: a message walked by its signature string, one item at a
  * time with the codec's primitives (what virgl's own walk and the fuzzers
  * do).  Same sticky semantics as the typed path.  'T' is raw bytes; it is
- * encoded, never decoded here (host/inline_tensor.c reads it).
+ * encoded, never decoded here (host/dispatch/inline_tensor.c reads it).
  */
 static void encode_letter(struct apir_encoder *enc, char letter, const struct items *v, int p)
 {
@@ -1175,7 +1175,7 @@ static void check_message(const char *what, const char *sig, uint32_t list_n, st
               "%s: the typed encoder does not write what '%s' says (%zu bytes, letters %zu)", what, sig,
               apir_encoder_used(&enc), len);
     if (strchr(sig, 'T'))
-        return;  /* raw struct: host/inline_tensor.c decodes it (fuzz_inline covers it) */
+        return;  /* raw struct: host/dispatch/inline_tensor.c decodes it (fuzz_inline covers it) */
 
     unsigned bad = 0;
     size_t first_bad = SIZE_MAX;

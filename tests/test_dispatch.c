@@ -946,7 +946,7 @@ static void test_index_policy(void)
     apir_session_free(s);
 }
 
-/* Weight copies (host/weight_copies.h): a Q4_0 matrix noted whole is kept
+/* Weight copies (host/data/weight_copies.h): a Q4_0 matrix noted whole is kept
  * in the CPU's repacked layout and MUL_MAT reads it there; every write to
  * its bytes, seen or reported, drops the copy. */
 #define WQ_K 256

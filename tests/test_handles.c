@@ -1,5 +1,5 @@
 /*
- * Unit tests of the per-session handle table (host/handles.c).
+ * Unit tests of the per-session handle table (host/core/handles.c).
  *
  * The table is what stands between a guest's 64-bit numbers and host
  * objects, so the tests are about refusals: a wrong kind, a freed or reused

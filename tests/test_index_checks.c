@@ -1,5 +1,5 @@
 /*
- * Index checks as the kernels read them (host/op_policy.c): graphs built
+ * Index checks as the kernels read them (host/dispatch/op_policy.c): graphs built
  * with ggml's own constructors in a no-alloc context, laid out in one host
  * buffer, sent through apir_session_forward and computed on the real CPU
  * backend.  Hostile variants change the constructed tensors before they are

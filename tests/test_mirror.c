@@ -1,5 +1,5 @@
 /*
- * The upload mirror (host/upload_mirror.c) with a fake device buffer whose
+ * The upload mirror (host/data/upload_mirror.c) with a fake device buffer whose
  * memory the host "cannot read" (is_host false): uploads are kept, found,
  * and forgotten whenever something else may write their range.
  */

@@ -1,5 +1,5 @@
 /*
- * Node checks by derivation (host/op_derive.c, host/op_shapes.c): nodes
+ * Node checks by derivation (host/check/op_derive.c, host/check/op_shapes.c): nodes
  * built by ggml's constructors are accepted, and every kind of hostile node
  * the red team sent (issue 12) is refused - in-process for the unit cases,
  * through a session's graph compute for the end-to-end ones, where the

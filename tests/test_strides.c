@@ -2,9 +2,9 @@
  * Strides ggml could have built (issue 24, class 1; issue 29's fuzz_op-61).
  *
  * Import makes the stride of every size-1 dimension of a contiguous
- * tensor canonical (host/import.c), and every operand whose addresses a
+ * tensor canonical (host/check/import.c), and every operand whose addresses a
  * CPU kernel forms from another operand's counts or strides must agree
- * with it (host/op_operands.c: a table op -> rule; an op without a rule is
+ * with it (host/check/op_operands.c: a table op -> rule; an op without a rule is
  * refused).  Here:
  *  - the table is enumerated: every op has a rule but the ones refused
  *    outright, and a node of an op without one is refused;

@@ -1,5 +1,5 @@
 /*
- * The weight cache (apir 0.4, host/weight_cache.h): BUFFER_SET_TENSOR_HASH
+ * The weight cache (apir 0.4, host/data/weight_cache.h): BUFFER_SET_TENSOR_HASH
  * and BUFFER_CACHE_TENSOR through apir_session_forward, in-process, on the
  * real CPU backend, as tests/test_dispatch.c drives the other handlers; the
  * directory's rules (exact size, hashed on read, only bytes the host hashed

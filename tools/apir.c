@@ -854,7 +854,7 @@ static int cmd_cdi(int argc, char **argv)
 
 /* ---- apir stat / apir ps ------------------------------------------------------- */
 
-/* The host's control socket (apir-host --control; host/control.h): the
+/* The host's control socket (apir-host --control; host/server/control.h): the
  * endpoint given if it names one (PATH.ctl), else the control socket beside
  * the host's socket (PATH + ".ctl").  It answers one line - json, text, ps
  * or metrics - with the document, then closes. */

@@ -18,7 +18,7 @@ ssize_t apir_send_fds(int sock, const void *buf, size_t len, const int *fds, int
     if (n_fds < 0 || n_fds > MAX_FDS)
         return -1;
     /* Without descriptors, send(): a host worker may not call sendmsg at
-     * all (host/sandbox.c: a filter cannot see what its control data
+     * all (host/server/sandbox.c: a filter cannot see what its control data
      * passes). */
     if (n_fds == 0) {
         ssize_t r;

@@ -493,7 +493,7 @@ static int pieces_with_bytes(const struct iovec *iov, int n)
 #define NET_GATHER_MAX 4096
 
 /* With send(), not one gathering sendmsg, which a host worker may not call
- * (host/sandbox.c: a filter cannot see what its control data passes):
+ * (host/server/sandbox.c: a filter cannot see what its control data passes):
  * small messages copied into one piece, larger ones piece by piece with
  * MSG_MORE on all but the last, so they still leave in full segments. */
 int apir_net_write(int fd, struct iovec *iov, int n_iov, int timeout_ms)

@@ -34,7 +34,7 @@
  *    min(its own minor, the library's): 3 for ours today, 2 for an apir
  *    library without the version query, 1 for the reference; the guest sends
  *    commands beyond 0.1 only when it is more than 1.  An apir library
- *    (host/virgl.c) never sees the handshake and runs every command up to
+ *    (host/virgl/virgl.c) never sees the handshake and runs every command up to
  *    APIR_VERSION_MINOR.  docs/PROTOCOL.md section 9 has the whole path.
  *
  * Every failure returns an error to the caller; nothing here aborts.

@@ -593,7 +593,7 @@ static int store_now(struct apir_wcache *c, uint32_t kind, const struct apir_dig
 
 /* One request, one reply, fixed sizes (SOCK_SEQPACKET): all the daemon ever
  * reads from a worker, never with a descriptor (a worker may not send one:
- * host/sandbox.c).  A store is two calls: WC_STAGE gets the worker a memfd
+ * host/server/sandbox.c).  A store is two calls: WC_STAGE gets the worker a memfd
  * the daemon made and keeps a descriptor of, the worker writes the tensor
  * into it, and WC_STORE stores what the daemon's descriptor holds.  The
  * op's bits 8 and up are the digest kind (WC_KIND_SHIFT). */

@@ -31,7 +31,7 @@
  *
  * The socket: bound here with the mode and group asked for (0660 by
  * default), or passed by a service manager (socket activation,
- * host/service.c), which then owns the file.  Guests are named in the log
+ * host/server/service.c), which then owns the file.  Guests are named in the log
  * by what the kernel says of them (SO_PEERCRED: pid, uid, gid), not by the
  * pid their hello claims.
  *

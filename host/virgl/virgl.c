@@ -7,7 +7,7 @@
  *   apir_backend_dispatcher(ctx_id, cbs, cmd, request, reply...)  per FORWARD
  *   apir_backend_deinit(ctx_id)           when the context is destroyed
  *
- * Each context gets its own struct apir_session (host/session.h): its own
+ * Each context gets its own struct apir_session (host/core/session.h): its own
  * handle table, buffers, backend streams and scratch, exactly as a guest of
  * the apir-host daemon does.  So several VMs (or several guest processes,
  * or one process's several devices) are isolated from each other, and every

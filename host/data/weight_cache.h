@@ -37,7 +37,7 @@
  *
  * Who touches the directory: with --isolation thread every session uses it
  * directly (a link of kind "local").  A sandboxed worker cannot open files
- * (host/sandbox.c), so with process isolation the daemon owns the cache and
+ * (host/server/sandbox.c), so with process isolation the daemon owns the cache and
  * serves it from a thread of its own (never the accept loop): each worker
  * gets, at spawn, one end of a socketpair (--weight-cache-fd), asks "have
  * you HASH of SIZE bytes?" and receives the entry's read-only descriptor

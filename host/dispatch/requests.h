@@ -5,7 +5,7 @@
  *
  *   buffer   struct apir_host_buffer *   a live buffer of this session
  *   buft     struct apir_buft_ref        a buffer type this session was given
- *   tensor   struct ggml_tensor *        imported (host/import.c): a valid
+ *   tensor   struct ggml_tensor *        imported (host/check/import.c): a valid
  *                                        record inside one of the session's
  *                                        buffers, host pointers filled in
  *   tensors  struct ggml_tensor *        the subject of a tensor list,
@@ -21,7 +21,7 @@
  * - and apir_request_decode_<NAME>(s, dec, &req), which fills it or refuses
  * the command with a logged reason (APIR_HANDLER_BAD_REQUEST for what does
  * not decode or import, APIR_HANDLER_BAD_HANDLE for an unknown handle).  A
- * handler host_cmd_<NAME> (host/dispatch.c, host/graph_exec.c) therefore
+ * handler host_cmd_<NAME> (host/dispatch/dispatch.c, host/dispatch/graph_exec.c) therefore
  * never decodes: it checks what ties items together (a tensor inside the
  * named buffer, a range inside a tensor) and does the work.
  *

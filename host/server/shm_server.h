@@ -31,7 +31,7 @@ int apir_shm_parse_socket_mode(const char *s, unsigned *mode);
 
 /*
  * Serves the socket a service manager passed (socket activation: LISTEN_FDS
- * and LISTEN_PID naming this process; host/service.h), else listens on the
+ * and LISTEN_PID naming this process; host/server/service.h), else listens on the
  * Unix socket at path (replacing a stale socket file), with the file's
  * mode and group from opts (NULL: apir_shm_listen_options_default).  A
  * passed socket keeps the mode and group its unit gave it.
@@ -47,7 +47,7 @@ struct apir_shm_server *apir_shm_server_adopt(struct apir_host *host, int fd, ch
 const char *apir_shm_server_path(const struct apir_shm_server *srv);
 /* Serves until apir_shm_server_stop; returns 0, or -1 on a fatal error.
  * A listening server tells a service manager READY=1 as it starts serving
- * and STOPPING=1 when stopped (host/service.h; nothing without one). */
+ * and STOPPING=1 when stopped (host/server/service.h; nothing without one). */
 int apir_shm_server_run(struct apir_shm_server *srv);
 /* Serve each guest in its own worker process: worker_argv (kept by the
  * caller) is re-executed with "--serve-fd FD --client-id N --worker-slot S
@@ -69,7 +69,7 @@ void apir_shm_server_stop(struct apir_shm_server *srv);
 
 /*
  * Stream endpoints (tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT;
- * host/stream_server.c)
+ * host/server/stream_server.c)
  * served beside the Unix socket, by the same workers and limits.  The
  * token (1 to 64 bytes) is what their guests must present; a listener on
  * an address other machines reach is refused without one.  Set the token
