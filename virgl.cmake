@@ -25,7 +25,7 @@ set(APIR_VIRGL_MAP "${CMAKE_CURRENT_BINARY_DIR}/apir-virgl.map")
 file(WRITE "${APIR_VIRGL_MAP}"
   "{\n  global: apir_backend_initialize; apir_backend_dispatcher; apir_backend_deinit;\n  local: *;\n};\n")
 add_library(apir-virgl SHARED host/virgl/virgl.c)
-target_link_libraries(apir-virgl PRIVATE apir_host_core ${CMAKE_DL_LIBS})
+target_link_libraries(apir-virgl PRIVATE apir_host_server ${CMAKE_DL_LIBS})
 target_link_options(apir-virgl PRIVATE "LINKER:--version-script=${APIR_VIRGL_MAP}" "LINKER:--no-undefined"
   "LINKER:--as-needed")
 set_target_properties(apir-virgl PROPERTIES OUTPUT_NAME apir-virgl C_VISIBILITY_PRESET hidden

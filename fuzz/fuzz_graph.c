@@ -1,5 +1,5 @@
 /*
- * fuzz_graph: graph blobs of BACKEND_GRAPH_COMPUTE through apir_import_graph,
+ * fuzz_graph: graph blobs of BACKEND_GRAPH_COMPUTE through apir_graph_build (the import and its checks),
  * without computing.
  *
  * Per input: a fresh session with two buffers (FZ_H_BUF_A, 64 KiB, and
@@ -27,9 +27,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *blob = fz_copy(data, size);
     bool known_hit = false;
     fz_patch_graph(blob, size, &k, &known_hit);
+    const char *why = NULL;
     for (int pass = 0; pass < 2 && !(known_hit && fz_skipping_known()); pass++) {
         /* the second pass reads a trailing use-count section, as for keyed graphs */
-        struct ggml_cgraph *g = apir_import_graph(s, &s->scratch, blob, size, pass == 1);
+        struct ggml_cgraph *g = apir_graph_build(s, &s->scratch, blob, size, pass == 1, &why);
         if (g) {
             FZ_ASSERT(ggml_graph_n_nodes(g) >= 2, "accepted graph without nodes");
             fz_check_graph(s, g);

@@ -21,7 +21,7 @@
 #include "ggml-backend.h"
 #include "graph_exec.h"
 #include "host.h"
-#include "session.h"
+#include "dispatcher.h"
 
 #include <stdio.h>
 #include <stdlib.h>

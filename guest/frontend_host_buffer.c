@@ -8,7 +8,7 @@
  * embeddings into the device (4 MiB per 512-token batch of a 1B model) and
  * the logits read back each token then go straight between that memory and
  * the device (BUFFER_SET/GET_TENSOR_AT with the blob's res_id), with no copy
- * in the guest, and page-locked on a GPU host (host/data/pin.c).
+ * in the guest, and page-locked on a GPU host (host/core/pin.c).
  *
  * Offered only over transports whose blobs are shared memory, to a 0.2 host,
  * for devices that are not zero copy already.  APIR_HOST_BUFFER=0 turns it

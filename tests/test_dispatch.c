@@ -10,7 +10,7 @@
 #include "graph_exec.h"
 #include "host.h"
 #include "import.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_records.h"
 #include "test_session.h"
 #include "test_util.h"
@@ -359,7 +359,7 @@ static void test_empty_views(void)
         uint32_t status;
         size_t gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
         CHECK_MSG(compute(s, gsize, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS,
-                  "empty view at %llu refused: %s", (unsigned long long)places[k], apir_import_error());
+                  "empty view at %llu refused", (unsigned long long)places[k]);
         /* still one buffer: an empty view of a source elsewhere is refused */
         struct apir_tensor_rec c[3] = { t[0], t[1], t[2] };
         c[1].buffer = other;
@@ -1005,8 +1005,9 @@ static void test_weight_copies(void)
     uint32_t answer;
     CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && answer == APIR_WEIGHT_KEPT);
     CHECK(apir_weights_count(s) == 1 && s->bytes_allocated >= bytes0 + wbytes && s->buffers_epoch > epoch0);
+    const char *why = NULL;
     size_t size = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &t[2].id, 1, t, 3);
-    struct ggml_cgraph *g = apir_import_graph(s, &s->scratch, data_blob + 65536, size, false);
+    struct ggml_cgraph *g = apir_graph_build(s, &s->scratch, data_blob + 65536, size, false, &why);
     CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer && !strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK"));
     mul_mat(s, buf, t, copied);
     for (int i = 0; i < WQ_N; i++)
@@ -1019,7 +1020,7 @@ static void test_weight_copies(void)
     memset(data_blob, 0x11, 18);
     CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 18, 18) == APIR_HANDLER_OK);
     CHECK(apir_weights_count(s) == 0 && s->bytes_allocated == bytes0);
-    g = apir_import_graph(s, &s->scratch, data_blob + 65536, size, false);
+    g = apir_graph_build(s, &s->scratch, data_blob + 65536, size, false, &why);
     CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer != NULL &&
           strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK") != 0);
 
@@ -1036,7 +1037,7 @@ static void test_weight_copies(void)
     wr[1].op = GGML_OP_ADD;
     wr[1].src[0] = wr[1].src[1] = 22;
     size_t wsize = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &wr[1].id, 1, wr, 2);
-    CHECK(apir_import_graph(s, &s->scratch, data_blob + 65536, wsize, false) != NULL && apir_weights_count(s) == 0);
+    CHECK(apir_graph_build(s, &s->scratch, data_blob + 65536, wsize, false, &why) != NULL && apir_weights_count(s) == 0);
 
     /* memset, clear and free drop it too */
     CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && apir_weights_count(s) == 1);

@@ -12,7 +12,7 @@
 #include "apir_proto.h"
 #include "ggml.h"
 #include "host.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_records.h"
 #include "test_util.h"
 #include "test_session.h"

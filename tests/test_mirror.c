@@ -6,7 +6,7 @@
 #include "ggml-backend-impl.h"
 #include "ggml.h"
 #include "host.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_util.h"
 #include "upload_mirror.h"
 

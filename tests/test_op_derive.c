@@ -12,7 +12,7 @@
 #include "host.h"
 #include "import.h"
 #include "op_shapes.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_records.h"
 #include "test_util.h"
 #include "test_session.h"

@@ -17,7 +17,7 @@
 #include "apir_commands.h"
 #include "apir_messages.h"
 #include "apir_proto.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_util.h"
 
 #include <stdio.h>

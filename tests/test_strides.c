@@ -28,7 +28,7 @@
 #include "op_derive.h"
 #include "op_operands.h"
 #include "op_shapes.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_records.h"
 #include "test_util.h"
 #include "test_session.h"
@@ -149,9 +149,10 @@ static void test_import_canonical(void)
     struct apir_session *s = apir_session_new(&host, "strides");
     s->minor = APIR_VERSION_MINOR;
     uint64_t buf = alloc_buffer(s, 1 << 16);
+    const char *why = NULL;
     struct apir_import_scratch sc;
     memset(&sc, 0, sizeof(sc));
-    CHECK(apir_import_begin(&sc, 8, 0));
+    CHECK(apir_import_begin(&sc, 8, 0, &why));
 
     /* the report's tensor: [8, 1, 2, 1], nb[1] = 1 GiB */
     struct apir_tensor_rec r = f32_rec(1, buf, 64, 8);
@@ -159,7 +160,7 @@ static void test_import_canonical(void)
     r.nb[1] = HUGE_STRIDE;
     r.nb[2] = 32;
     r.nb[3] = 0xffffffffu;
-    struct ggml_tensor *t = apir_import_tensor(s, &sc, &r, true, NULL);
+    struct ggml_tensor *t = apir_import_tensor(s, &sc, &r, true, NULL, &why);
     CHECK(t != NULL);
     if (t) {
         CHECK(t->nb[0] == 4 && t->nb[1] == 32 && t->nb[2] == 32 && t->nb[3] == 64);
@@ -171,7 +172,7 @@ static void test_import_canonical(void)
     r.nb[0] = 16;
     r.nb[1] = 4;
     r.nb[2] = r.nb[3] = 7;
-    t = apir_import_tensor(s, &sc, &r, true, NULL);
+    t = apir_import_tensor(s, &sc, &r, true, NULL, &why);
     CHECK(t && t->nb[0] == 4 && t->nb[1] == 4 && t->nb[2] == 16 && t->nb[3] == 16 && ggml_is_contiguous(t));
     /* a tensor that is not contiguous keeps its strides (ggml gives
      * permuted views other size-1 strides, and looks at them) */
@@ -180,14 +181,14 @@ static void test_import_canonical(void)
     r.nb[1] = 100;
     r.nb[2] = 7;
     r.nb[3] = HUGE_STRIDE;
-    t = apir_import_tensor(s, &sc, &r, true, NULL);
+    t = apir_import_tensor(s, &sc, &r, true, NULL, &why);
     CHECK(t && t->nb[1] == 100 && t->nb[2] == 7 && t->nb[3] == HUGE_STRIDE);
     /* a block type: nb[1] is the row of ne[0] / block elements */
     r = f32_rec(4, buf, 0, 64);
     r.type = GGML_TYPE_Q8_0;
     r.nb[0] = 34;
     r.nb[1] = 5;
-    t = apir_import_tensor(s, &sc, &r, true, NULL);
+    t = apir_import_tensor(s, &sc, &r, true, NULL, &why);
     CHECK(t && t->nb[1] == 68);
 
     /* a view (and an in-place node, a view too) in a list: canonical as well */
@@ -201,9 +202,9 @@ static void test_import_canonical(void)
     list[1].nb[3] = 3;
     list[1].op = GGML_OP_VIEW;
     list[1].view_src = 1;
-    CHECK(apir_import_begin(&sc, 2, 0));
-    struct ggml_tensor **ts = apir_import_list(s, &sc, 2, (const uint8_t *)list, true);
-    CHECK_MSG(ts != NULL, "%s", apir_import_error());
+    CHECK(apir_import_begin(&sc, 2, 0, &why));
+    struct ggml_tensor **ts = apir_import_list(s, &sc, 2, (const uint8_t *)list, true, &why);
+    CHECK_MSG(ts != NULL, "%s", why);
     if (ts)
         CHECK(ts[1]->nb[1] == 32 && ts[1]->nb[3] == 64 && ggml_are_same_shape(ts[0], ts[1]) && ggml_are_same_stride(ts[0], ts[1]));
     apir_import_scratch_free(&sc);

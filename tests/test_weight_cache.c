@@ -13,7 +13,7 @@
 #include "apir_commands.h"
 #include "apir_proto.h"
 #include "host.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "test_records.h"
 #include "test_session.h"
 #include "test_util.h"

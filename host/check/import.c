@@ -1,8 +1,6 @@
 #include "import.h"
-#include "graph_exec.h"
 #include "op_derive.h"
 #include "op_shapes.h"
-#include "weight_copies.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -20,14 +18,11 @@ _Static_assert(GGML_MAX_SRC == APIR_TENSOR_MAX_SRC, "ggml srcs");
 _Static_assert(GGML_MAX_OP_PARAMS == APIR_TENSOR_MAX_OP_PARAMS * 4, "ggml op params");
 _Static_assert(GGML_MAX_NAME == APIR_TENSOR_MAX_NAME, "ggml name");
 
-/* Per-thread: the failing check, for the log line of the caller. */
-static _Thread_local const char *import_error = "";
-
-const char *apir_import_error(void) { return import_error; }
-
-static void *fail(const char *why)
+/* The check layer's convention (docs/ARCHITECTURE.md): the reason a record
+ * is refused, for the caller's log line and reply; what is built is NULL. */
+static void *refuse(const char **why, const char *reason)
 {
-    import_error = why;
+    *why = reason;
     return NULL;
 }
 
@@ -230,7 +225,7 @@ void apir_import_scratch_free(struct apir_import_scratch *sc)
     memset(sc, 0, sizeof(*sc));
 }
 
-bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes)
+bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes, const char **why)
 {
     size_t need = ((size_t)n_tensors + APIR_MAX_SHADOWS) * ggml_tensor_overhead() + 1024;
     /* The graph, and one more for computing it in segments (op_policy.c);
@@ -238,7 +233,7 @@ bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint3
     if (n_nodes)
         need += 2 * ggml_graph_overhead_custom(n_nodes, false);
     if (!scratch_grow_tensors(sc, n_tensors ? n_tensors : 1))
-        return fail("out of memory for the tensor map");
+        return refuse(why, "out of memory for the tensor map");
     sc->segment_graph = NULL;
     sc->segment_graph_size = 0;
     for (uint32_t i = 0; i < sc->n_shadows; i++)
@@ -261,24 +256,25 @@ bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint3
         free(sc->ctx_mem);
         sc->ctx_mem = NULL;
         sc->ctx_size = 0;
-        return fail("out of memory for the scratch context");
+        return refuse(why, "out of memory for the scratch context");
     }
     sc->ctx_size = size;
     return true;
 }
 
 struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
-                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf)
+                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf,
+                                       const char **why)
 {
     struct apir_host_buffer *hb;
-    const char *why = check_record(s, rec, need_buffer, &hb);
-    if (why)
-        return fail(why);
+    const char *reason = check_record(s, rec, need_buffer, &hb);
+    if (reason)
+        return refuse(why, reason);
     struct ggml_tensor *t = make_tensor(sc, rec, hb);
     if (!t)
-        return fail("scratch context full");
+        return refuse(why, "scratch context full");
     if (!apir_canonical_unit_strides(t))
-        return fail("tensor strides overflow");
+        return refuse(why, "tensor strides overflow");
     if (buf)
         *buf = hb;
     return t;
@@ -363,11 +359,11 @@ static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
 }
 
 struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
-                                      const uint8_t *records, bool need_buffer)
+                                      const uint8_t *records, bool need_buffer, const char **why)
 {
     const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
     if (n == 0 || n > sc->tensors_cap)
-        return fail("tensor count out of range");
+        return refuse(why, "tensor count out of range");
     memset(sc->keys, 0, (size_t)sc->map_cap * sizeof(*sc->keys));
 
     /* Pass 1: read each record once, check it, make its tensor. */
@@ -375,10 +371,10 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
     for (uint32_t i = 0; i < n; i++) {
         memcpy(&rec, records + (size_t)i * APIR_TENSOR_REC_SIZE, sizeof(rec));
         if (rec.id == 0)
-            return fail("tensor id 0");
+            return refuse(why, "tensor id 0");
         if (!map_put(sc, rec.id, i))
-            return fail("duplicate tensor id");
-        struct ggml_tensor *t = apir_import_tensor(s, sc, &rec, need_buffer, NULL);
+            return refuse(why, "duplicate tensor id");
+        struct ggml_tensor *t = apir_import_tensor(s, sc, &rec, need_buffer, NULL, why);
         if (!t)
             return NULL;
         sc->tensors[i] = t;
@@ -397,7 +393,7 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
             if (!id)
                 continue;
             if (!map_get(sc, id, &j))
-                return fail("src or view_src id not in the message");
+                return refuse(why, "src or view_src id not in the message");
             if (k < APIR_TENSOR_MAX_SRC)
                 t->src[k] = sc->tensors[j];
             else
@@ -408,14 +404,14 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
              * (compared as integers: a wrapped offset is no pointer). */
             const struct ggml_tensor *v = t->view_src;
             if (v->buffer != t->buffer)
-                return fail("view in another buffer than its source");
+                return refuse(why, "view in another buffer than its source");
             /* A view with no elements touches no byte, wherever it starts
              * (ggml checks only views with data against their source). */
             if (t->buffer && ggml_nbytes(t) != 0 &&
                 (t->view_offs > ggml_nbytes(v) || (uintptr_t)t->data - (uintptr_t)v->data != (uintptr_t)t->view_offs))
-                return fail("view data does not match view_src + view_offs");
+                return refuse(why, "view data does not match view_src + view_offs");
         } else if (t->view_offs != 0) {
-            return fail("view_offs without view_src");
+            return refuse(why, "view_offs without view_src");
         }
     }
     /* Only now are the srcs in place: is each node what ggml's constructor
@@ -424,12 +420,12 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
      * graph every tensor came with its srcs; in a query list only the
      * subject did (its srcs' own srcs are left out). */
     for (uint32_t i = 0; i < (need_buffer ? n : 1); i++) {
-        const char *why = apir_op_shape_error(sc->tensors[i], !need_buffer);
-        if (why)
-            return fail(why);
+        const char *reason = apir_op_shape_error(sc->tensors[i], !need_buffer);
+        if (reason)
+            return refuse(why, reason);
     }
     if (!refs_are_acyclic(sc, n))
-        return fail("cyclic src/view_src references");
+        return refuse(why, "cyclic src/view_src references");
     return sc->tensors;
 }
 
@@ -480,31 +476,30 @@ static bool fused_norm_mul_ok(const struct ggml_tensor *norm, const struct ggml_
 }
 
 struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
-                                      uint64_t size, bool use_counts)
+                                      uint64_t size, bool use_counts, struct ggml_tensor *anchor, const char **why)
 {
     const struct apir_limits *lim = &s->host->cfg.limits;
     struct apir_decoder dec;
     apir_decoder_init(&dec, blob, (size_t)size);
     uint32_t n_nodes = apir_decode_u32(&dec);
     if (dec.fatal || n_nodes == 0 || n_nodes > lim->max_graph_nodes)
-        return fail("graph node count out of range");
+        return refuse(why, "graph node count out of range");
     const uint8_t *node_ids = apir_decode_inplace(&dec, (size_t)n_nodes * 8);
     uint32_t n_tensors = apir_decode_u32(&dec);
     if (dec.fatal || n_tensors == 0 || n_tensors > lim->max_graph_tensors)
-        return fail("graph tensor count out of range");
+        return refuse(why, "graph tensor count out of range");
     const uint8_t *records = apir_decode_inplace(&dec, (size_t)n_tensors * APIR_TENSOR_REC_SIZE);
     if (dec.fatal || !node_ids || !records)
-        return fail("graph blob shorter than its counts");
+        return refuse(why, "graph blob shorter than its counts");
 
-    if (!apir_import_begin(sc, n_tensors, n_nodes + 1))
+    if (!apir_import_begin(sc, n_tensors, n_nodes + 1, why))
         return NULL;
-    struct ggml_tensor **tensors = apir_import_list(s, sc, n_tensors, records, true);
+    struct ggml_tensor **tensors = apir_import_list(s, sc, n_tensors, records, true, why);
     if (!tensors)
         return NULL;
     struct ggml_cgraph *graph = ggml_new_graph_custom(sc->ctx, n_nodes + 1, false);
-    struct ggml_tensor *anchor = apir_graph_anchor(s);
     if (!graph || !anchor)
-        return fail("scratch context full");
+        return refuse(why, "scratch context full");
     ggml_graph_add_node(graph, anchor);
     ggml_backend_dev_t dev = s->host->devices[s->device];
     for (uint32_t i = 0; i < n_nodes; i++) {
@@ -512,21 +507,20 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
         memcpy(&id, node_ids + (size_t)i * 8, 8);
         uint32_t j;
         if (!map_get(sc, id, &j))
-            return fail("graph node id not in the tensor list");
+            return refuse(why, "graph node id not in the tensor list");
         struct ggml_tensor *node = tensors[j];
         /* Never hand a backend an op it does not support: some abort. */
         if (!ggml_op_is_empty(node->op) && !ggml_backend_dev_supports_op(dev, node))
-            return fail("graph has an op the host backend does not support");
+            return refuse(why, "graph has an op the host backend does not support");
         if (i > 0 && !fused_norm_mul_ok(ggml_graph_node(graph, -1), node))
-            return fail("MUL after an RMS_NORM it broadcasts (the CPU backend's fused kernel asserts one shape)");
+            return refuse(why, "MUL after an RMS_NORM it broadcasts (the CPU backend's fused kernel asserts one shape)");
         ggml_graph_add_node(graph, node);
     }
     if (use_counts && apir_decoder_left(&dec) > 0) {
         if (apir_decode_u32(&dec) != APIR_GRAPH_USE_COUNTS_TAG || !set_use_counts(graph, &dec))
-            return fail("graph use-count section malformed");
+            return refuse(why, "graph use-count section malformed");
         if (apir_decoder_left(&dec) != 0)
-            return fail("bytes after the graph's use counts");
+            return refuse(why, "bytes after the graph's use counts");
     }
-    apir_weights_apply(s, graph);
     return graph;
 }

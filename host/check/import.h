@@ -15,17 +15,21 @@
 #include "session.h"
 
 /* Every function imports into the scratch sc it is given (session.h):
- * tensors made there are good until sc's next apir_import_begin. */
+ * tensors made there are good until sc's next apir_import_begin.  On a
+ * refusal each returns NULL (false) and points *why at the reason, a static
+ * string for the caller's log line and reply (the check layer's convention,
+ * docs/ARCHITECTURE.md). */
 
 /* Resets sc's context for up to n_tensors tensors and a graph of n_nodes
  * nodes (0: none).  False if memory cannot be had. */
-bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes);
+bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes, const char **why);
 
 /* One tensor without srcs (set/get/cpy/memset).  need_buffer: the record
  * must name a live buffer of this session and lie inside it.  On success the
  * tensor's buffer slot is stored in *buf if buf is non-NULL. */
 struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
-                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf);
+                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf,
+                                       const char **why);
 
 /* A list of n records (in place in shared memory: each is read once) whose
  * src/view_src ids refer to each other.  Returns the tensors in order, or
@@ -34,22 +38,21 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_impor
  * in a query list (supports_op, alloc size) only the first, the subject:
  * rebuilt by ggml's own constructor and compared, an allowlist of ops. */
 struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
-                                      const uint8_t *records, bool need_buffer);
+                                      const uint8_t *records, bool need_buffer, const char **why);
 
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
  * records; begins sc itself.  Every tensor must live in one of the
- * session's buffers.  The graph starts with the session's anchor node
- * (apir_graph_anchor, graph_exec.h), then the nodes.  use_counts (0.2 keyed
+ * session's buffers.  The graph starts with anchor (the caller's: see
+ * apir_graph_anchor, graph_exec.h), then the nodes.  use_counts (0.2 keyed
  * graphs): the blob may go on with the nodes' use counts
- * (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow. */
+ * (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow.  Only checks and
+ * builds: what runs the graph (host/dispatch) may still change where its
+ * tensors live (weight copies). */
 struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
-                                      uint64_t size, bool use_counts);
+                                      uint64_t size, bool use_counts, struct ggml_tensor *anchor,
+                                      const char **why);
 
 /* Frees what sc holds (it is left empty, ready for another begin). */
 void apir_import_scratch_free(struct apir_import_scratch *sc);
-
-/* Why the last import failed (for log lines; valid until this thread's
- * next import). */
-const char *apir_import_error(void);
 
 #endif

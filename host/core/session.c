@@ -1,12 +1,5 @@
 #include "session.h"
-#include "buffers.h"
-#include "graph_exec.h"
-#include "import.h"
-#include "op_policy.h"
 #include "pin.h"
-#include "upload_mirror.h"
-#include "weight_cache.h"
-#include "weight_copies.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -18,40 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/*
- * The modules' state (session.h), each made and freed by its module.  They
- * do not refer to one another, so their order among themselves is free;
- * apir_session_free frees them last: releasing a buffer drops its mirror
- * and weight copies, and nothing may be in flight on a slot's graph or
- * from mirror memory.
- */
-static bool modules_new(struct apir_session *s)
+void apir_session_init(struct apir_session *s, struct apir_host *host, const char *name)
 {
-    s->mirror = apir_mirror_new();
-    s->weights = apir_weights_new();
-    s->policy = apir_policy_new();
-    s->graphs = apir_graphs_new();
-    return s->mirror && s->weights && s->policy && s->graphs;
-}
-
-static void modules_free(struct apir_session *s)
-{
-    apir_graphs_free(s->graphs);    /* kept graphs' contexts: their tensors name buffers, own none */
-    apir_policy_free(s->policy);
-    apir_weights_free(s->weights);  /* empty by now: each copy went with its buffer */
-    apir_mirror_free(s->mirror);    /* uploads from its memory were waited for */
-}
-
-struct apir_session *apir_session_new(struct apir_host *host, const char *name)
-{
-    struct apir_session *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    if (!modules_new(s)) {
-        modules_free(s);
-        free(s);
-        return NULL;
-    }
     s->host = host;
     s->minor = APIR_VERSION_MINOR_REFERENCE;
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "session");
@@ -65,7 +26,6 @@ struct apir_session *apir_session_new(struct apir_host *host, const char *name)
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(host->devices[i]);
         s->buft_handles[i] = apir_handle_new(&s->handles, APIR_HANDLE_BUFT, buft, i);
     }
-    return s;
 }
 
 static void blob_unmap(struct apir_blob *b)
@@ -78,18 +38,8 @@ static void blob_unmap(struct apir_blob *b)
     b->release = NULL;
 }
 
-void apir_session_free(struct apir_session *s)
+void apir_session_release(struct apir_session *s)
 {
-    if (!s)
-        return;
-    /* Nothing runs on a device while memory it may use goes. */
-    apir_session_settle(s);
-    apir_wcache_log_session(s);
-    /* Buffers before blobs (some wrap one: their references go with them)
-     * and before the modules (a buffer takes its mirror and weight copies
-     * with it); the streams once nothing is queued on them; the modules
-     * last. */
-    apir_buffers_release_all(s);
     apir_handles_destroy(&s->handles);
     for (uint32_t i = 0; i < s->n_blobs; i++) {
         blob_unmap(s->blobs[i]);
@@ -99,10 +49,6 @@ void apir_session_free(struct apir_session *s)
     for (uint32_t i = 0; i < APIR_HOST_MAX_DEVICES; i++)
         if (s->backends[i])
             ggml_backend_free(s->backends[i]);
-    apir_import_scratch_free(&s->scratch);
-    modules_free(s);
-    apir_log_budget_flush(&s->log);
-    free(s);
 }
 
 /* Any blob still mapped under res_id, closing or not; NULL if none. */
@@ -231,42 +177,6 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
 
 /* The entry with the most time among those not yet shown (and marks it), or
  * -1: the profile lines go from the largest down. */
-static int next_largest(const uint64_t *ns, const uint64_t *count, bool *shown, int n)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!shown[i] && count[i] && (best < 0 || ns[i] > ns[best]))
-            best = i;
-    if (best >= 0)
-        shown[best] = true;
-    return best;
-}
-
-void apir_session_log_profile(const struct apir_session *s)
-{
-    if (apir_log_get_level() < APIR_LOG_INFO)
-        return;
-    const struct apir_session_stats *st = &s->stats;
-    if (s->stats.n_graphs)
-        APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs, %llu pieces)",
-                  s->name, st->import_ns / 1e6, st->compute_ns / 1e6, (unsigned long long)s->stats.n_graphs,
-                  (unsigned long long)s->stats.n_segments);
-    apir_weights_log_profile(s);
-    /* With cfg.op_profile each node was computed alone and waited for: where
-     * the device's time goes, op by op (launch and wait costs included). */
-    bool op_shown[GGML_OP_COUNT] = { false };
-    for (int k = 0, o; k < 12 && s->host->cfg.op_profile && (o = next_largest(st->op_ns, st->op_count, op_shown, GGML_OP_COUNT)) >= 0; k++)
-        APIR_INFO("host", "%s: profile: op %-16s %9llu nodes %10.1f ms total %8.2f us each", s->name,
-                  ggml_op_name((enum ggml_op)o), (unsigned long long)st->op_count[o], st->op_ns[o] / 1e6,
-                  st->op_ns[o] / 1e3 / (double)st->op_count[o]);
-    /* The five commands with the most total time: the profile of a run. */
-    bool shown[APIR_CMD_COUNT] = { false };
-    for (int k = 0, c; k < 5 && (c = next_largest(st->cmd_ns, st->cmd_count, shown, APIR_CMD_COUNT)) >= 0; k++)
-        APIR_INFO("host", "%s: profile: %-28s %8llu calls %10.1f ms total %8.2f us each", s->name,
-                  apir_command_name((uint32_t)c), (unsigned long long)st->cmd_count[c], st->cmd_ns[c] / 1e6,
-                  st->cmd_ns[c] / 1e3 / (double)st->cmd_count[c]);
-}
-
 void apir_session_refuse_limit(struct apir_session *s, const char *fmt, ...)
 {
     va_list ap;

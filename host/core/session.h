@@ -105,7 +105,8 @@ struct apir_session_stats {
 };
 
 /* The modules' own state: each is created and freed by its module
- * (apir_session_new, apir_session_free) and read only through its header. */
+ * (apir_session_new, apir_session_free: host/dispatch/dispatcher.h) and read
+ * only through its header. */
 struct apir_mirror;     /* upload_mirror.c: host copies of small uploads */
 struct apir_weights;    /* weight_copies.c: weights in the device's own layouts */
 struct apir_policy;     /* op_policy.c: index validation's scratch */
@@ -137,6 +138,11 @@ struct apir_session {
      * (graph_exec.h). */
     bool defer_graphs;
 
+    /* The stream a graph was launched on and not yet waited for
+     * (graph_exec.c), NULL if none: apir_session_settle (upload_mirror.h)
+     * waits for it before anything else may reach that memory. */
+    ggml_backend_t graph_in_flight;
+
     struct apir_import_scratch scratch;    /* requests' tensors (requests.c) */
 
     struct apir_mirror *mirror;
@@ -161,15 +167,17 @@ struct apir_session {
     struct apir_log_budget log;
 };
 
-/* NULL when memory cannot be had. */
-struct apir_session *apir_session_new(struct apir_host *host, const char *name);
+/* The core's part of a session's life (the whole of it: dispatcher.h).
+ * init fills a zeroed session: name, log budget, handle table with one
+ * buffer type per device.  release frees what the core holds - handles,
+ * blobs (unmapped), backend streams - once the buffers are gone and the
+ * device settled. */
+void apir_session_init(struct apir_session *s, struct apir_host *host, const char *name);
+void apir_session_release(struct apir_session *s);
+
 /* A per-guest limit refuses the command being run: logged (warn) and kept
  * for its reply (limit_why).  The caller returns APIR_HANDLER_LIMIT. */
 void apir_session_refuse_limit(struct apir_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Logs the commands that took the most host time (info level). */
-void apir_session_log_profile(const struct apir_session *s);
-void apir_session_free(struct apir_session *s);
 
 /* Blobs: add/remove is the transport's job; lookups check bounds.  add
  * refuses a res_id any blob still holds, a closing one included (logged,
@@ -190,27 +198,7 @@ struct apir_blob *apir_session_blob_find(struct apir_session *s, uint32_t res_id
 struct apir_blob *apir_session_blob_hold(struct apir_blob *b);
 void apir_session_blob_put(struct apir_session *s, struct apir_blob *b);
 
-/* Graph execution (graph_exec.h).  Computes the keyed graph accepted by the
- * last command, if any: the
- * transport calls it after sending that command's reply, so the guest goes
- * on while the device works.  apir_session_forward calls it too, first. */
-void apir_session_run_deferred(struct apir_session *s);
-
-/* Waits for queued uploads and a graph in flight: before anything that may
- * reach the same memory other than through the stream they are on. */
-void apir_session_settle(struct apir_session *s);
-
 /* The session's backend stream for a device, created on first use. */
 ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device);
-
-/*
- * Runs one backend command (the cmd_flags of a FORWARD).  Decodes from req,
- * writes reply items to reply, returns an apir_handler_result.
- */
-uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_decoder *req, struct apir_encoder *reply);
-
-/* HANDSHAKE: decodes the guest's version, writes the host's; returns the
- * command's return value (APIR_HANDSHAKE_MAGIC on success). */
-uint32_t apir_session_handshake(struct apir_session *s, struct apir_decoder *req, struct apir_encoder *reply);
 
 #endif

@@ -58,6 +58,16 @@ void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced)
     m->uploads_in_flight = 0;
 }
 
+void apir_session_settle(struct apir_session *s)
+{
+    ggml_backend_t synced = s->graph_in_flight;
+    if (synced) {
+        ggml_backend_synchronize(synced);
+        s->graph_in_flight = NULL;
+    }
+    apir_mirror_wait_uploads(s, synced);
+}
+
 static bool overlaps(const struct apir_mirror_entry *e, ggml_backend_buffer_t buf, const uint8_t *p, size_t len)
 {
     return e->buf == buf && e->start < p + len && p < e->start + e->len;

@@ -44,4 +44,10 @@ uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s);
  * caller has just synchronized (or NULL); uploads queued on it are done. */
 void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced);
 
+/* Waits for the graph in flight (session.h, graph_in_flight; a keyed graph
+ * launched and not waited for, so that queries are answered meanwhile) and
+ * for the uploads above: before anything that may reach the same memory
+ * other than through the stream they are on. */
+void apir_session_settle(struct apir_session *s);
+
 #endif

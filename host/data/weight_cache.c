@@ -9,6 +9,7 @@
 #include "apir_proto.h"
 #include "apir_tree_digest.h"
 #include "buffers.h"
+#include "upload_mirror.h"
 #include "ggml-backend.h"
 #include "session.h"
 

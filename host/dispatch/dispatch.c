@@ -20,7 +20,7 @@
 #include "upload_mirror.h"
 #include "weight_cache.h"
 #include "weight_copies.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "wait.h"
 
 #include <stdio.h>
@@ -194,7 +194,7 @@ APIR_HANDLER(BUFFER_TYPE_GET_ALLOC_SIZE)
 APIR_HANDLER(BUFFER_TYPE_GET_ALLOC_SIZE_L)
 {
     if (!req->tensor)
-        return apir_refuse(s, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, apir_import_error());
+        return apir_refuse(s, APIR_CMD_BUFFER_TYPE_GET_ALLOC_SIZE_L, "its tensor was refused (why: at debug level)");
     rep->size = ggml_backend_buft_get_alloc_size(req->buffer_type.buft, req->tensor);
     return APIR_HANDLER_OK;
 }

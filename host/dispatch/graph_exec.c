@@ -3,6 +3,7 @@
  * handlers, keyed graphs kept for recomputes, deferral and settling.
  */
 #include "graph_exec.h"
+#include "dispatcher.h"
 
 #include "apir_log.h"
 #include "apir_proto.h"
@@ -13,6 +14,7 @@
 #include "import.h"
 #include "op_policy.h"
 #include "upload_mirror.h"
+#include "weight_copies.h"
 #include "wait.h"
 
 #include <stdlib.h>
@@ -38,9 +40,6 @@ struct apir_graphs {
     struct apir_graph_slot *deferred;      /* accepted, not yet computed */
     uint32_t deferred_cmd;                 /* the command that accepted it (for the profile) */
     const char *deferred_error;            /* a deferred graph failed: told at the next wait */
-    /* A keyed graph launched and not waited for (run_graph): queries are
-     * answered meanwhile; apir_session_settle waits for it. */
-    ggml_backend_t in_flight;
     struct ggml_context *anchor_ctx;       /* apir_graph_anchor (graph_exec.h) */
     struct ggml_tensor *anchor;
 };
@@ -74,6 +73,15 @@ struct ggml_tensor *apir_graph_anchor(const struct apir_session *s)
     return s->graphs->anchor;
 }
 
+struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
+                                     uint64_t size, bool use_counts, const char **why)
+{
+    struct ggml_cgraph *graph = apir_import_graph(s, sc, blob, size, use_counts, apir_graph_anchor(s), why);
+    if (graph)
+        apir_weights_apply(s, graph);
+    return graph;
+}
+
 /* The slot keeping the graph of key, or NULL (key 0 names none). */
 static struct apir_graph_slot *slot_find(struct apir_graphs *graphs, uint64_t key)
 {
@@ -96,17 +104,7 @@ bool apir_graph_deferred(const struct apir_session *s)
 
 bool apir_graph_in_flight(const struct apir_session *s)
 {
-    return s->graphs->in_flight != NULL;
-}
-
-void apir_session_settle(struct apir_session *s)
-{
-    ggml_backend_t synced = s->graphs->in_flight;
-    if (synced) {
-        ggml_backend_synchronize(synced);
-        s->graphs->in_flight = NULL;
-    }
-    apir_mirror_wait_uploads(s, synced);
+    return s->graph_in_flight != NULL;
 }
 
 /* Where a keyed graph goes: its own slot, an empty one, or the least
@@ -136,7 +134,7 @@ static enum ggml_status run_graph(struct apir_session *s, struct apir_import_scr
     const char *why = NULL;
     uint64_t t0 = apir_now_ns(), segments0 = s->stats.n_segments;
     enum ggml_status status = apir_policy_compute(s, sc, backend, graph, &why);
-    s->graphs->in_flight = backend;
+    s->graph_in_flight = backend;
     if (!in_flight || status != GGML_STATUS_SUCCESS)
         apir_session_settle(s);
     uint64_t dt = apir_now_ns() - t0;
@@ -176,7 +174,8 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
         result = apir_refuse(s, cmd, "graph range outside its blob");
     } else {
         uint64_t t0 = apir_now_ns();
-        struct ggml_cgraph *graph = apir_import_graph(s, sc, blob, size, key != 0);
+        const char *why = NULL;
+        struct ggml_cgraph *graph = apir_graph_build(s, sc, blob, size, key != 0, &why);
         uint64_t import_ns = apir_now_ns() - t0;
         s->stats.import_ns += import_ns;
         /* Per graph, beside the compute line below: what decoding and
@@ -202,7 +201,7 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
                 status = run_graph(s, sc, cmd, backend, graph, slot != NULL, &result);
             }
         } else {
-            result = apir_refuse(s, cmd, apir_import_error());
+            result = apir_refuse(s, cmd, why);
         }
     }
     *status_out = (uint32_t)status;

@@ -48,7 +48,7 @@ void apir_graphs_free(struct apir_graphs *g);
 uint32_t apir_graph_before_command(struct apir_session *s, uint32_t cmd);
 
 /*
- * Node 0 of every graph the session computes (apir_import_graph puts it
+ * Node 0 of every graph the session computes (apir_graph_build puts it
  * there), or NULL if it could not be made: an op-less tensor every backend
  * skips.  CUDA keys its graph capture state by node 0's address.  A
  * program's own graphs all start at one address (llama.cpp builds each in
@@ -60,6 +60,13 @@ uint32_t apir_graph_before_command(struct apir_session *s, uint32_t cmd);
  * be replayed at most once.
  */
 struct ggml_tensor *apir_graph_anchor(const struct apir_session *s);
+
+/* The graph a command computes: blob imported and checked (apir_import_graph,
+ * import.h) behind the session's anchor, with the weight copies the session
+ * keeps put in place of their weights (weight_copies.h).  NULL, with *why
+ * pointed at the reason, if the blob is refused. */
+struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
+                                     uint64_t size, bool use_counts, const char **why);
 
 /* For tests: the graph kept under key (NULL: none); whether a keyed graph
  * was accepted and not yet run (deferred); whether one was launched and not

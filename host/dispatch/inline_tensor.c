@@ -81,11 +81,12 @@ struct ggml_tensor *apir_import_inline(struct apir_session *s, struct apir_impor
         op->src[i] = 3 + (uint64_t)i;
         n++;
     }
-    if (!apir_import_begin(sc, n, 0))
-        return NULL;
-    struct ggml_tensor **tensors = apir_import_list(s, sc, n, (const uint8_t *)recs, false);
+    const char *why = NULL;
+    struct ggml_tensor **tensors = NULL;
+    if (apir_import_begin(sc, n, 0, &why))
+        tensors = apir_import_list(s, sc, n, (const uint8_t *)recs, false, &why);
     if (!tensors) {
-        APIR_WARN("host", "%s: inline tensor refused: %s", s->name, apir_import_error());
+        APIR_WARN("host", "%s: inline tensor refused: %s", s->name, why);
         return NULL;
     }
     return tensors[0];

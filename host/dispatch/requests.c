@@ -24,9 +24,10 @@ void apir_request_begin(struct apir_request_decoder *rd, struct apir_session *s,
     rd->cmd = cmd;
     rd->result = APIR_HANDLER_OK;
     rd->why = NULL;
-    if (n_tensor_items && !apir_import_begin(&s->scratch, n_tensor_items, 0)) {
+    const char *why = NULL;
+    if (n_tensor_items && !apir_import_begin(&s->scratch, n_tensor_items, 0, &why)) {
         rd->result = APIR_HANDLER_FAILED;
-        rd->why = "no memory to import its tensors";
+        rd->why = why;
     }
 }
 
@@ -127,9 +128,10 @@ void apir_req_resolve_tensor(struct apir_request_decoder *rd, const struct apir_
     *out = NULL;
     if (rd->result != APIR_HANDLER_OK)
         return;
-    *out = apir_import_tensor(rd->s, &rd->s->scratch, rec, true, NULL);
+    const char *why = NULL;
+    *out = apir_import_tensor(rd->s, &rd->s->scratch, rec, true, NULL, &why);
     if (!*out)
-        refuse(rd, APIR_HANDLER_BAD_REQUEST, apir_import_error());
+        refuse(rd, APIR_HANDLER_BAD_REQUEST, why);
 }
 
 void apir_req_resolve_tensors(struct apir_request_decoder *rd, const struct apir_tensor_list *list, struct ggml_tensor **out)
@@ -138,12 +140,13 @@ void apir_req_resolve_tensors(struct apir_request_decoder *rd, const struct apir
     if (rd->result != APIR_HANDLER_OK)
         return;
     struct ggml_tensor **tensors = NULL;
-    if (apir_import_begin(&rd->s->scratch, list->count, 0))
-        tensors = apir_import_list(rd->s, &rd->s->scratch, list->count, list->records, false);
+    const char *why = NULL;
+    if (apir_import_begin(&rd->s->scratch, list->count, 0, &why))
+        tensors = apir_import_list(rd->s, &rd->s->scratch, list->count, list->records, false, &why);
     if (tensors)
         *out = tensors[0];
     else
-        APIR_DEBUG("host", "%s: %s: tensor refused: %s", rd->s->name, apir_command_name(rd->cmd), apir_import_error());
+        APIR_DEBUG("host", "%s: %s: tensor refused: %s", rd->s->name, apir_command_name(rd->cmd), why);
 }
 
 void apir_req_resolve_inline(struct apir_request_decoder *rd, struct ggml_tensor *const *w, struct ggml_tensor **out)

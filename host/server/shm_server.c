@@ -50,7 +50,7 @@
 #include "apir_proto.h"
 #include "fdpass.h"
 #include "service.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "net.h"
 #include "shm_proto.h"
 #include "tls.h"

@@ -13,7 +13,7 @@
 #include "control.h"
 #include "host_stats.h"
 #include "shm_server.h"
-#include "session.h"
+#include "dispatcher.h"
 #include "shm_proto.h"
 #include "stream_proto.h"
 

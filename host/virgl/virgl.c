@@ -57,7 +57,7 @@
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
 #include "host.h"
-#include "session.h"
+#include "dispatcher.h"
 
 #include <dlfcn.h>
 #include <limits.h>
