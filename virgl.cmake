@@ -24,8 +24,18 @@ endforeach()
 set(APIR_VIRGL_MAP "${CMAKE_CURRENT_BINARY_DIR}/apir-virgl.map")
 file(WRITE "${APIR_VIRGL_MAP}"
   "{\n  global: apir_backend_initialize; apir_backend_dispatcher; apir_backend_deinit;\n  local: *;\n};\n")
-add_library(apir-virgl SHARED host/virgl/virgl.c)
-target_link_libraries(apir-virgl PRIVATE apir_host_server ${CMAKE_DL_LIBS})
+# Each virtio-gpu context is served by a worker process: apir-host in its
+# worker mode, which loads the backend library the hypervisor names
+# (host/core/backend_lib.c, compiled into apir-host here).  The library itself
+# starts workers (host/server/worker_start.c) and forwards to them.
+add_library(apir-virgl SHARED host/virgl/virgl.c host/virgl/worker_link.c host/virgl/blob_fd.c)
+target_link_libraries(apir-virgl PRIVATE apir_host_worker_start apir_transport ${CMAKE_DL_LIBS})
+foreach(t apir-host apir-host-hooks)
+  target_sources(${t} PRIVATE host/core/backend_lib.c)
+  target_compile_definitions(${t} PRIVATE APIR_VIRGL_WORKER)
+endforeach()
+# The workers the library starts from the build folder (worker_program).
+add_dependencies(apir-virgl apir-host)
 target_link_options(apir-virgl PRIVATE "LINKER:--version-script=${APIR_VIRGL_MAP}" "LINKER:--no-undefined"
   "LINKER:--as-needed")
 set_target_properties(apir-virgl PROPERTIES OUTPUT_NAME apir-virgl C_VISIBILITY_PRESET hidden
@@ -83,6 +93,23 @@ set_tests_properties(virgl_backend_ops PROPERTIES TIMEOUT 2400 RUN_SERIAL TRUE)
 # docs/INTEROP.md); skipped otherwise.
 add_test(NAME virgl_interop_reference COMMAND ${APIR_RIG_DIR}/run_interop.sh ${CMAKE_BINARY_DIR} ${APIR_GGML_BIN})
 set_tests_properties(virgl_interop_reference PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+
+# (c) a context's worker holds against code running in it: the test build of
+#     apir-host with tests/virgl_rig/virgl_attack.c as its worker, every way
+#     out of the sandbox tried, and the hypervisor (this test), its canary,
+#     another context's blob and that context untouched (issue 24 item 4).
+add_executable(apir-host-virgl-hooks host/server/apir_host_main.c host/server/sandbox.c host/core/backend_lib.c
+  ${APIR_RIG_DIR}/virgl_attack.c)
+target_compile_definitions(apir-host-virgl-hooks PRIVATE APIR_TEST_HOOKS APIR_VIRGL_WORKER)
+target_link_libraries(apir-host-virgl-hooks PRIVATE apir_host_server PkgConfig::SECCOMP)
+set_target_properties(apir-host-virgl-hooks PROPERTIES BUILD_RPATH "${APIR_DEPS}/install/lib")
+add_executable(test_virgl_sandbox ${APIR_RIG_DIR}/test_virgl_sandbox.c)
+target_include_directories(test_virgl_sandbox PRIVATE tests ${APIR_RIG_DIR} "${APIR_DEPS}/install/include")
+target_link_libraries(test_virgl_sandbox PRIVATE apir_protocol ${CMAKE_DL_LIBS})
+add_dependencies(test_virgl_sandbox apir-virgl apir-host-virgl-hooks)
+add_test(NAME virgl_sandbox COMMAND test_virgl_sandbox $<TARGET_FILE:apir-virgl> $<TARGET_FILE:apir-host-virgl-hooks>
+  "${APIR_GGML_BIN}/libggml-cpu.so")
+set_tests_properties(virgl_sandbox PROPERTIES ENVIRONMENT "APIR_LOG_LEVEL=error" TIMEOUT 120)
 
 add_executable(rig_abuse ${APIR_RIG_DIR}/rig_abuse.c)
 target_include_directories(rig_abuse PRIVATE tests)

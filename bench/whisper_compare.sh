@@ -2,19 +2,23 @@
 # whisper.cpp through APIR0 vs natively, side by side in one run: load time,
 # encode time and the time per decode step (whisper-cli's own timings), and
 # the host round trips (APIR_PROFILE), in all and per decode step.  A random-weight tiny
-# model (apir-whisper-gen) and samples/jfk.wav, as the CI test uses.
-#   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N]
+# model (apir-whisper-gen) and samples/jfk.wav, as the CI test uses.  Each round also runs
+# APIR0 with apir 0.8's decode-step features off (APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0:
+# uploads sent one by one, op questions asked one at a time), the "before" of issue 26,
+# in the same session: the rows "apir" and "apir-off".
+#   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off]
 # Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
 # WHISPER_DIR=DIR).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ROUNDS=3 BACKEND=CPU THREADS=2
+ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1
 while [ $# -gt 0 ]; do
   case $1 in
   --rounds) ROUNDS=$2; shift 2 ;;
   --backend) BACKEND=$2; shift 2 ;;
   --threads) THREADS=$2; shift 2 ;;
-  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N]"; exit 2 ;;
+  --no-off) OFF=; shift ;;
+  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off]"; exit 2 ;;
   esac
 done
 W=${WHISPER_DIR:-$ROOT/.whisper} B=${APIR_BUILD:-$ROOT/build}
@@ -39,18 +43,35 @@ for r in $(seq 1 "$ROUNDS"); do
   "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
   env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
     "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a.err"
-  for s in n a; do
-    name=$([ $s = n ] && echo native || echo apir)
+  runs=(n a)
+  if [ -n "$OFF" ]; then
+    env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
+      APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0 "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/o.err"
+    runs+=(o)
+  fi
+  for s in "${runs[@]}"; do
+    name=$(case $s in n) echo native ;; a) echo apir ;; o) echo apir-off ;; esac)
     printf '%-8s %10s %10s %14s\n' "$name" "$(t load "$work/$s.err")" "$(t encode "$work/$s.err")" "$(t decode "$work/$s.err")"
   done | tee -a "$work/rows"
 done
-awk '$1=="native"{nl+=$2;ne+=$3;nd+=$4;n++} $1=="apir"{al+=$2;ae+=$3;ad+=$4}
-     END{printf "apir/native (means of %d rounds): load %.2fx  encode %.2fx  decode step %.2fx\n", n, al/nl, ae/nl*nl/ne, ad/nd}' "$work/rows"
+awk '$1=="native"{nl+=$2;ne+=$3;nd+=$4;n++} $1=="apir"{al+=$2;ae+=$3;ad+=$4} $1=="apir-off"{od+=$4;o++}
+     END{printf "apir/native (means of %d rounds): load %.2fx  encode %.2fx  decode step %.2fx\n", n, al/nl, ae/nl*nl/ne, ad/nd
+         if (o) printf "apir-off/native (0.8 decode-step features off): decode step %.2fx\n", od/nd}' "$work/rows"
+# The ratio of medians too: one slow native round (a busy machine) moves a mean a lot.
+med() { awk -v k="$1" '$1 == k { print $4 }' "$work/rows" | sort -n | awk '{ v[NR] = $1 } END { if (NR) print (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2 }'; }
+awk -v n="$(med native)" -v a="$(med apir)" -v o="$(med apir-off)" 'BEGIN { if (n > 0) {
+  printf "decode step, medians: native %.3f ms, apir %.3f ms (%.3fx)", n, a, a / n
+  if (o != "") printf ", apir-off %.3f ms (%.3fx)", o, o / n
+  printf "\n" } }'
 dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
 steps() { grep -o 'decode time = [^/]*/ *[0-9]*' "$1" | grep -o '[0-9]*$'; }
 echo "round trips (last APIR0 run, $(steps "$work/a.err") decode steps; APIR_PROFILE):"
 grep 'apir profile' "$work/a.err" | sed 's/^/  /'
+if [ -n "$OFF" ]; then
+  echo "round trips with the 0.8 decode-step features off (last apir-off run):"
+  grep 'apir profile' "$work/o.err" | grep -v 'serialization\|data area' | sed 's/^/  /'
+fi
 # Per decode step: the same run with a shorter decoder context (fewer decode steps,
 # the same load and encode), the difference in each command's count divided by the
 # difference in steps.
@@ -59,16 +80,26 @@ args[1]=$work/m40.bin
 env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
   "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a40.err"
 calls() { sed -n 's/.*apir profile [A-Z0-9]*: \([A-Z_]*\) *\([0-9]*\) calls.*/\1 \2/p' "$1"; }
-echo "per decode step (runs of $(steps "$work/a.err") and $(steps "$work/a40.err") decode steps):"
-join -a1 -e0 -o 0,1.2,2.2 <(calls "$work/a.err" | sort) <(calls "$work/a40.err" | sort) |
-  awk -v d=$(( $(steps "$work/a.err") - $(steps "$work/a40.err") )) \
-    'd > 0 && $2 != $3 { printf "  %-30s %6.2f\n", $1, ($2 - $3) / d; t += ($2 - $3) / d } END { if (d > 0) printf "  %-30s %6.2f\n", "all commands", t }'
-# Where a decode step's time goes, from the last round's APIR0 run (guest#ROUNDS): the host's
+per_step() { # long.err short.err label
+  echo "per decode step, $3 (runs of $(steps "$1") and $(steps "$2") decode steps):"
+  join -a1 -a2 -e0 -o 0,1.2,2.2 <(calls "$1" | sort) <(calls "$2" | sort) |
+    awk -v d=$(( $(steps "$1") - $(steps "$2") )) \
+      'd > 0 && $2 != $3 { printf "  %-30s %6.2f\n", $1, ($2 - $3) / d; t += ($2 - $3) / d } END { if (d > 0) printf "  %-30s %6.2f\n", "all commands (round trips)", t }'
+}
+per_step "$work/a.err" "$work/a40.err" apir
+if [ -n "$OFF" ]; then
+  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
+    APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0 "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/o40.err"
+  per_step "$work/o.err" "$work/o40.err" apir-off
+fi
+# Where a decode step's time goes, from the last round's APIR0 run (guest#G: the host numbers
+# guests in order, two a round with the apir-off runs): the host's
 # lines per graph (the decoder's graphs: those with its node count, the most frequent one;
 # medians, as the prompt's graph is among them), the guest's serialization (a mean over all
 # its graphs) and questions.
-for _ in $(seq 1 100); do grep -q "guest#$ROUNDS(.*disconnected" "$work/host.log" && break; sleep 0.02; done
-grep "guest#$ROUNDS(" "$work/host.log" >"$work/last.log"
+G=$([ -n "$OFF" ] && echo $((2 * ROUNDS - 1)) || echo "$ROUNDS")
+for _ in $(seq 1 100); do grep -q "guest#$G(.*disconnected" "$work/host.log" && break; sleep 0.02; done
+grep "guest#$G(" "$work/host.log" >"$work/last.log"
 host_import() { sed -n "s/.* imported $1 nodes in \([0-9.]*\) us.*/\1/p" "$work/last.log"; }
 host_compute() { sed -n "s/.*: $1 nodes in [0-9]* piece(s), \([0-9.]*\) us.*/\1/p" "$work/last.log"; }
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2 / 1e3 }'; }

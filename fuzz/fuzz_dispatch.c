@@ -86,13 +86,25 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* The graph a GRAPH_COMPUTE, _AT or _KEYED names gets its handle numbers
- * rewritten: the request starts res, [blob_offset,] size. */
+/* A graph command (the table's APIR_GRAPH class: COMPUTE, _AT, _KEYED,
+ * RECOMPUTE, COMPUTE_INPUTS). */
+static bool is_graph_cmd(uint32_t cmd)
+{
+    return (apir_command_classes(cmd) & APIR_GRAPH) == APIR_GRAPH;
+}
+
+/* The graph a graph command names gets its handle numbers rewritten: the
+ * request starts res, [blob_offset,] size (COMPUTE_INPUTS: res, the
+ * uploads' offset and size, then the graph's). */
 static void patch_graph_of(uint32_t cmd, const uint8_t *req, size_t len, const struct fz_known *k, bool *known_hit)
 {
     struct apir_decoder dec;
     apir_decoder_init(&dec, req, len);
     uint32_t res_id = apir_decode_u32(&dec);
+    if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS) {
+        apir_decode_u64(&dec);
+        apir_decode_u64(&dec);
+    }
     uint64_t offset = cmd != APIR_CMD_BACKEND_GRAPH_COMPUTE ? apir_decode_u64(&dec) : 0;
     uint64_t size = apir_decode_u64(&dec);
     if (dec.fatal || res_id != FZ_BLOB_RES_ID || offset >= FZ_BLOB_SIZE)
@@ -141,8 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bool known_hit = false;
         if (cmd < APIR_CMD_COUNT) {
             fz_patch_request(req, len, apir_command_table[cmd].request, &k, &known_hit);
-            if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
-                cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED)
+            if (is_graph_cmd(cmd) && cmd != APIR_CMD_BACKEND_GRAPH_RECOMPUTE)
                 patch_graph_of(cmd, req, len, &k, &known_hit);
         }
         if (known_hit && fz_skipping_known()) {
@@ -150,8 +161,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue;
         }
         uint32_t res;
-        if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
-            cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE) {
+        if (is_graph_cmd(cmd)) {
             res = forward_isolated(s, cmd, &dec, &enc);
         } else {
             res = apir_session_forward(s, cmd, &dec, &enc);

@@ -1,10 +1,10 @@
 /*
  * fuzz_shm_frame: the host side of the shm transport's framing.
  *
- * shm_server.c keeps its hello check (accept_client), its command framing
- * (serve_one) and its blob handling (blob_create) static, reachable only
- * through a listening socket.  So this target runs the real server in a
- * thread of this process (apir_shm_server_new/run on a private socket) and
+ * client_shm.c keeps its hello check (apir_client_shm_accept), its command
+ * framing (serve_one) and its blob handling (blob_create) behind a
+ * listening socket.  So this target runs the real server in a
+ * thread of this process (apir_server_new/run on a private socket) and
  * plays a hostile guest against it, one connection per input:
  *   - a hello whose bytes and file descriptors come from the input (good,
  *     unsealed or short memfds, pipes, too few or too many fds);
@@ -26,7 +26,7 @@
 #include "fdpass.h"
 #include "fuzz_host.h"
 #include "shm_proto.h"
-#include "shm_server.h"
+#include "server.h"
 #include "wait.h"
 
 #include <dirent.h>
@@ -45,7 +45,7 @@
 #define REPLY_DEADLINE_NS (20ull * 1000 * 1000 * 1000)
 #define MAX_BLOB_SIZE     (4u << 20)
 
-static struct apir_shm_server *srv;
+static struct apir_server *srv;
 static pthread_t srv_thread;
 static char sock_dir[64];
 static char sock_path[108];
@@ -53,15 +53,15 @@ static char sock_path[108];
 static void *server_main(void *arg)
 {
     (void)arg;
-    apir_shm_server_run(srv);
+    apir_server_run(srv);
     return NULL;
 }
 
 static void server_shutdown(void)
 {
-    apir_shm_server_stop(srv);
+    apir_server_stop(srv);
     pthread_join(srv_thread, NULL);
-    apir_shm_server_free(srv);
+    apir_server_free(srv);
     rmdir(sock_dir);
 }
 
@@ -75,7 +75,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     snprintf(sock_path, sizeof(sock_path), "%s/host.sock", sock_dir);
     char err[256];
-    srv = apir_shm_server_new(&fz_host, sock_path, err, sizeof(err));
+    srv = apir_server_new(&fz_host, sock_path, err, sizeof(err));
     if (!srv) {
         fprintf(stderr, "fuzz_shm_frame: %s\n", err);
         abort();

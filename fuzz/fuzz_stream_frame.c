@@ -1,11 +1,11 @@
 /*
  * fuzz_stream_frame: the host side of the stream transport's framing
- * (transport/stream_proto.h, host/server/stream_server.c).
+ * (transport/stream_proto.h, host/server/stream.c).
  *
  * Like fuzz_shm_frame, this runs the real server in threads of this process
  * and plays a hostile guest against it, one TCP connection per input.  Two
- * servers (apir_shm_server_new on private Unix sockets, then
- * apir_shm_server_listen_stream on tcp:127.0.0.1:0): one without a token,
+ * servers (apir_server_new on private Unix sockets, then
+ * apir_server_listen_stream on tcp:127.0.0.1:0): one without a token,
  * one with FZ_STREAM_TOKEN.  The ports the kernel chose are found by
  * looking for the listening loopback sockets that appeared in this process
  * (the server does not export them).
@@ -37,14 +37,14 @@
  * The host's FRAME_IDLE_MS is 30 s: every cut-short frame is ended by
  * shutting our side, never by waiting.
  *
- * Graph computes (GRAPH_COMPUTE, _AT, _KEYED, RECOMPUTE) are not sent: a
+ * Graph computes (the table's APIR_GRAPH class) are not sent: a
  * backend assert on an odd in-bounds node ends the process that computes,
  * which is this one here (apir-host contains it in a worker process;
  * fuzz_dispatch and fuzz_graph fuzz graphs with that containment).  They
  * travel as an unknown command number instead.
  */
 #include "fuzz_host.h"
-#include "shm_server.h"
+#include "server.h"
 #include "stream_proto.h"
 #include "wait.h"
 
@@ -75,7 +75,7 @@ static const char fz_token[] = FZ_STREAM_TOKEN;
 static bool verbose;
 
 struct server {
-    struct apir_shm_server *srv;
+    struct apir_server *srv;
     pthread_t thread;
     char dir[64];
     char path[108];
@@ -86,7 +86,7 @@ static struct server servers[2];
 
 static void *server_main(void *arg)
 {
-    apir_shm_server_run(((struct server *)arg)->srv);
+    apir_server_run(((struct server *)arg)->srv);
     return NULL;
 }
 
@@ -124,15 +124,15 @@ static void server_start(struct server *s, bool token)
         abort();
     snprintf(s->path, sizeof(s->path), "%s/host.sock", s->dir);
     char err[256];
-    s->srv = apir_shm_server_new(&fz_host, s->path, err, sizeof(err));
-    if (!s->srv || (token && !apir_shm_server_set_token(s->srv, fz_token, err, sizeof(err)))) {
+    s->srv = apir_server_new(&fz_host, s->path, err, sizeof(err));
+    if (!s->srv || (token && !apir_server_set_token(s->srv, fz_token, err, sizeof(err)))) {
         fprintf(stderr, "fuzz_stream_frame: %s\n", err);
         abort();
     }
     s->has_token = token;
     uint16_t before[16], after[16];
     int n_before = listening_ports(before, 16);
-    if (!apir_shm_server_listen_stream(s->srv, "tcp:127.0.0.1:0", err, sizeof(err))) {
+    if (!apir_server_listen_stream(s->srv, "tcp:127.0.0.1:0", err, sizeof(err))) {
         fprintf(stderr, "fuzz_stream_frame: %s\n", err);
         abort();
     }
@@ -155,9 +155,9 @@ static void server_start(struct server *s, bool token)
 static void servers_shutdown(void)
 {
     for (int i = 0; i < 2; i++) {
-        apir_shm_server_stop(servers[i].srv);
+        apir_server_stop(servers[i].srv);
         pthread_join(servers[i].thread, NULL);
-        apir_shm_server_free(servers[i].srv);
+        apir_server_free(servers[i].srv);
         rmdir(servers[i].dir);
     }
 }
@@ -333,8 +333,7 @@ static enum seg_class classify(struct session *s, const struct apir_stream_segme
 
 static bool is_graph_cmd(uint32_t cmd)
 {
-    return cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
-           cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
+    return (apir_command_classes(cmd) & APIR_GRAPH) == APIR_GRAPH;  /* the table's graph commands */
 }
 
 /* ---- one frame ------------------------------------------------------------------ */

@@ -140,10 +140,9 @@ static int get_in_pieces(struct apir_remote *r, uint64_t buffer, const struct ap
         .n_pieces = (uint32_t)((n + piece - 1) / piece),
         .spin_ns = r->graph_spin_ns,
     };
-    r->t->wait_work = &c.work;
-    int rc = apir_call_BUFFER_GET_TENSOR_CHUNKED_locked(r, buffer, rec, r->data_res_id, APIR_DOWNLOAD_AREA_OFFSET,
-                                                        offset, n, piece, 0);
-    r->t->wait_work = NULL;
+    const struct apir_call_opts copy_early = { .wait_work = &c.work };
+    int rc = apir_call_BUFFER_GET_TENSOR_CHUNKED_opts_locked(r, &copy_early, buffer, rec, r->data_res_id,
+                                                             APIR_DOWNLOAD_AREA_OFFSET, offset, n, piece, 0);
     if (rc != APIR_HANDLER_OK)
         return rc;
     uint64_t c0 = r->profile ? apir_now_ns() : 0;
@@ -189,8 +188,8 @@ int apir_download_locked(struct apir_remote *r, uint64_t buffer, const struct ap
         } else {
             /* One piece or less: the plain command, one round trip. */
             n = left < r->data_size ? left : r->data_size;
-            if (apir_remote_get_data_locked(r, 0, out + done, n))
-                rc = apir_call_BUFFER_GET_TENSOR_locked(r, buffer, rec, r->data_res_id, offset + done, n);
+            const struct apir_call_opts get = { .get_dst = out + done, .get_size = n };
+            rc = apir_call_BUFFER_GET_TENSOR_opts_locked(r, &get, buffer, rec, r->data_res_id, offset + done, n);
         }
         if (rc != APIR_HANDLER_OK) {
             memset(out + done, 0, left);

@@ -64,6 +64,46 @@ struct apir_op_cache_entry {
     uint64_t last_use;
 };
 
+/*
+ * Questions that come in series (apir 0.8): a cache growing by a row each
+ * decode step makes each step's question about an attention node new - the
+ * same op, types and parameters, one dimension a row longer.  Per family of
+ * questions (the key without shapes and strides) the last one asked is
+ * kept, and the step from the one before (the difference of every shape and
+ * stride); when a new question is the same step further, the guest asks the
+ * host about it and the APIR_ASK_SERIES - 1 that would follow at that step,
+ * in one round trip, and caches every answer under its own full key.  A
+ * series that does not continue only leaves unused entries: every cached
+ * answer is the host's answer to exactly that key.  (A step seen once is
+ * not a series: a program trying shapes, as test-backend-ops does, asks
+ * one question at a time.)
+ */
+#define APIR_OP_SERIES 8
+#define APIR_ASK_SERIES 32
+struct apir_op_series {
+    uint64_t h1, h2;    /* family; 0,0: empty */
+    uint64_t last_use;
+    uint32_t n;         /* records of the last question */
+    bool has_step;
+    struct apir_tensor_rec recs[1 + GGML_MAX_SRC];
+    int64_t step[1 + GGML_MAX_SRC][2][GGML_MAX_DIMS];  /* per record: ne, nb */
+};
+
+/*
+ * Small uploads waiting for the graph that reads them (apir 0.8): the
+ * inputs section of BACKEND_GRAPH_COMPUTE_INPUTS, encoded as they come
+ * (u32 count, then per upload its buffer handle, record, offset, size and
+ * bytes).  Any other command that may touch device memory sends them first
+ * as plain uploads (apir_inputs_flush_locked).  Fixed size, allocated once.
+ */
+#define APIR_INPUT_MAX (64u << 10)       /* one upload at most: whisper's mask, token, positions */
+#define APIR_INPUTS_SIZE (256u << 10)    /* all waiting at most */
+struct apir_inputs {
+    uint8_t *buf;        /* APIR_INPUTS_SIZE bytes, or NULL until the first */
+    size_t used;         /* bytes encoded, the count's 4 included (0: none) */
+    uint32_t count;
+};
+
 /* Reusable scratch for serializing graphs: grows, never shrinks. */
 struct apir_graph_scratch {
     const struct ggml_tensor **list;  /* tensors in record order */
@@ -129,6 +169,10 @@ struct apir_device {
     pthread_mutex_t cache_lock;
     struct apir_op_cache_entry cache[APIR_OP_CACHE_SETS][APIR_OP_CACHE_WAYS];
     uint64_t cache_clock;
+    struct apir_op_series series[APIR_OP_SERIES];  /* under cache_lock */
+    struct apir_inputs inputs;        /* under remote.lock */
+    bool inputs_off;                  /* APIR_GRAPH_INPUTS=0: every upload goes at once */
+    bool series_off;                  /* APIR_ASK_SERIES=0: questions asked one at a time */
     struct apir_graph_scratch graph;
     uint64_t kept_uids[APIR_KEPT_GRAPHS];
     uint32_t kept_next;
@@ -222,8 +266,21 @@ uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_
  * Lock held. */
 size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent);
 
-/* Cached op queries (frontend_device.c); kind: which question. */
-enum apir_op_query { APIR_Q_SUPPORTS = 1, APIR_Q_OFFLOAD = 2, APIR_Q_ALLOC_SIZE = 3 };
+/* Cached op queries (frontend_device.c); kind: which question (the wire's
+ * apir_ask_question numbers). */
+enum apir_op_query { APIR_Q_SUPPORTS = APIR_ASK_SUPPORTS_OP, APIR_Q_OFFLOAD = APIR_ASK_OFFLOAD_OP,
+                     APIR_Q_ALLOC_SIZE = APIR_ASK_ALLOC_SIZE };
+
+/* frontend_buffer.c: small uploads that wait for the graph (struct
+ * apir_inputs).  defer: keeps [data, data + size) for tensor's range at
+ * offset in the device's inputs, false when it does not qualify (then
+ * nothing was kept); lock held.  flush: sends those waiting as plain
+ * uploads, before any command other than a graph that carries them (lock
+ * held, or taken by apir_inputs_flush). */
+bool apir_inputs_defer_locked(struct apir_buffer_ctx *bc, const struct ggml_tensor *tensor, const void *data,
+                              size_t offset, size_t size);
+void apir_inputs_flush_locked(struct apir_device *d);
+void apir_inputs_flush(struct apir_device *d);
 bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct ggml_tensor *op, uint64_t *value);
 
 #endif

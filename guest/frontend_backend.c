@@ -73,6 +73,34 @@ static void uid_forget(struct apir_device *d, uint64_t uid)
 }
 
 /*
+ * A keyed graph with the uploads waiting for it (apir 0.8): one round trip
+ * for the step's inputs and its graph.  The graph is at [0, graph_size) of
+ * the data area (graph_size 0: the one the host keeps under uid), the
+ * uploads after it.  Lock held; an apir_handler_result, or -1 when the
+ * uploads did not fit beside the graph (nothing sent: the caller flushes
+ * them and sends the graph again).
+ */
+static int compute_with_inputs_locked(struct apir_device *d, uint64_t uid, size_t graph_size, uint32_t *status)
+{
+    struct apir_remote *r = &d->remote;
+    struct apir_inputs *in = &d->inputs;
+    const size_t at = (graph_size + 7) & ~(size_t)7;
+    if (at + in->used > r->data_size)
+        return -1;  /* reserving more would lose the graph already written */
+    memcpy(in->buf, &in->count, sizeof(in->count));
+    const size_t inputs_size = in->used;
+    in->count = 0;
+    in->used = 0;
+    r->inputs_waiting = 0;
+    /* A range that cannot be staged (logged) drops the uploads with the graph. */
+    if (!apir_remote_put_data_locked(r, at, in->buf, inputs_size) ||
+        (graph_size && !apir_remote_put_data_locked(r, 0, r->data, graph_size)))
+        return -1;
+    return apir_call_BACKEND_GRAPH_COMPUTE_INPUTS_locked(r, r->data_res_id, at, inputs_size, 0, graph_size, uid,
+                                                         status);
+}
+
+/*
  * A graph whose uid the host keeps is recomputed by uid: nothing is
  * serialized, sent or decoded again (the token path).  ggml's scheduler gives
  * a graph a new uid whenever it splits it anew, so an equal uid means the
@@ -99,8 +127,20 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         pthread_mutex_unlock(&r->lock);
         return GGML_STATUS_FAILED;
     }
+    /* Only a keyed graph carries the uploads waiting for it. */
+    if (!keyed)
+        apir_inputs_flush_locked(d);
     if (keyed && uid_is_kept(d, uid)) {
-        int rc = apir_call_BACKEND_GRAPH_RECOMPUTE_locked(r, uid, &status);
+        const bool carries = d->inputs.count != 0;
+        int rc = carries ? compute_with_inputs_locked(d, uid, 0, &status) : -1;
+        if (rc == -1 && d->inputs.count)
+            apir_inputs_flush_locked(d);  /* they did not fit the data area: sent plain */
+        else if (rc == -1 && carries) {
+            pthread_mutex_unlock(&r->lock);  /* not sent, logged: the graph would read stale inputs */
+            return GGML_STATUS_FAILED;
+        }
+        if (rc == -1)
+            rc = apir_call_BACKEND_GRAPH_RECOMPUTE_locked(r, uid, &status);
         if (rc == APIR_HANDLER_OK) {
             pthread_mutex_unlock(&r->lock);
             return (enum ggml_status)status;
@@ -125,14 +165,25 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         return GGML_STATUS_SUCCESS;
     }
     int rc = -1;
-    if (!size)
+    if (!size) {
         APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
-    else if (!apir_remote_put_data_locked(r, 0, r->data, size))
+    } else if (keyed && d->inputs.count) {
+        rc = compute_with_inputs_locked(d, uid, size, &status);
+        if (rc == -1 && d->inputs.count) {
+            /* The uploads did not fit beside the graph: they go first,
+             * through the data area, and the graph is written there again. */
+            apir_inputs_flush_locked(d);
+            size = apir_graph_serialize(d, cgraph, keyed, &n_sent);
+            if (size && apir_remote_put_data_locked(r, 0, r->data, size))
+                rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, &status);
+        }
+    } else if (!apir_remote_put_data_locked(r, 0, r->data, size)) {
         ;  /* logged */
-    else if (keyed)
+    } else if (keyed) {
         rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, &status);
-    else
+    } else {
         rc = apir_call_BACKEND_GRAPH_COMPUTE_locked(r, r->data_res_id, size, &status);
+    }
     if (rc != APIR_HANDLER_OK)
         status = GGML_STATUS_FAILED;
     else if (keyed) {

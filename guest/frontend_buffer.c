@@ -112,8 +112,10 @@ static void buffer_free(ggml_backend_buffer_t buffer)
     struct apir_remote *r = &bc->device->remote;
     pthread_mutex_lock(&r->lock);
     if (bc->conn) {  /* else a stand-in: nothing anywhere */
-        if (bc->conn == r->conn)
+        if (bc->conn == r->conn) {
+            apir_inputs_flush_locked(bc->device);
             apir_call_BUFFER_FREE_BUFFER_locked(r, bc->handle);
+        }
         if (bc->mapped) {
             struct apir_transport *t = bc->conn->t;
             t->ops->blob_destroy(t, bc->res_id, bc->file_backed ? NULL : bc->mapped, bc->mapped_size);
@@ -152,6 +154,7 @@ static enum ggml_status init_remote(ggml_backend_buffer_t buffer, struct ggml_te
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return GGML_STATUS_FAILED;
     uint32_t status = GGML_STATUS_FAILED;
+    apir_inputs_flush(bc->device);
     if (apir_call_BUFFER_INIT_TENSOR(&bc->device->remote, bc->handle, &rec, &status) != APIR_HANDLER_OK)
         return GGML_STATUS_FAILED;
     return (enum ggml_status)status;
@@ -166,6 +169,79 @@ static enum ggml_status buffer_init_tensor(ggml_backend_buffer_t buffer, struct 
     if (st == GGML_STATUS_SUCCESS && bc->prefilled && !tensor->view_src)
         after_write(buffer, tensor, 0, ggml_nbytes(tensor), true);
     return st;
+}
+
+/* The bytes one upload takes in the inputs section (its wire form). */
+static size_t input_bytes(size_t size)
+{
+    return 8 + APIR_TENSOR_REC_SIZE + 8 + 8 + apir_pad4(size);
+}
+
+bool apir_inputs_defer_locked(struct apir_buffer_ctx *bc, const struct ggml_tensor *tensor, const void *data,
+                              size_t offset, size_t size)
+{
+    struct apir_device *d = bc->device;
+    struct apir_remote *r = &d->remote;
+    struct apir_inputs *in = &d->inputs;
+    /* Weights go once and whole (weight notes and the cache want them
+     * seen); what a graph reads each step is small and in compute buffers. */
+    if (d->inputs_off || size == 0 || size > APIR_INPUT_MAX || !apir_minor_speaks(r->minor, APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS) ||
+        ggml_backend_buffer_get_usage(tensor->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS || apir_remote_gone_locked(r))
+        return false;
+    struct apir_tensor_rec rec;
+    if (!apir_tensor_to_rec(tensor, &rec, true))
+        return false;
+    if (!in->buf && !(in->buf = malloc(APIR_INPUTS_SIZE)))
+        return false;
+    if (in->used && in->used + input_bytes(size) > APIR_INPUTS_SIZE)
+        apir_inputs_flush_locked(d);
+    if (!in->used)
+        in->used = 4;  /* the count, written when sent */
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, in->buf + in->used, APIR_INPUTS_SIZE - in->used);
+    apir_encode_u64(&enc, bc->handle);
+    apir_encode_tensor(&enc, &rec);
+    apir_encode_u64(&enc, offset);
+    apir_encode_u64(&enc, size);
+    apir_encode_bytes(&enc, data, size);
+    if (enc.fatal)
+        return false;  /* cannot happen: fits by the test above */
+    in->used += apir_encoder_used(&enc);
+    in->count++;
+    r->inputs_waiting = in->count;
+    return true;
+}
+
+void apir_inputs_flush_locked(struct apir_device *d)
+{
+    struct apir_remote *r = &d->remote;
+    struct apir_inputs *in = &d->inputs;
+    if (!in->count)
+        return;
+    const uint32_t n = in->count;
+    in->count = 0;
+    r->inputs_waiting = 0;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, in->buf + 4, in->used - 4);
+    in->used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct apir_tensor_rec rec;
+        const uint64_t handle = apir_decode_u64(&dec);
+        apir_decode_tensor(&dec, &rec);
+        const uint64_t offset = apir_decode_u64(&dec), size = apir_decode_u64(&dec);
+        const void *bytes = apir_decode_inplace(&dec, (size_t)size);
+        if (dec.fatal || !apir_remote_put_data_locked(r, 0, bytes, (size_t)size) ||
+            apir_call_BUFFER_SET_TENSOR_locked(r, handle, &rec, r->data_res_id, offset, size) != APIR_HANDLER_OK)
+            APIR_ERROR("guest", "%s: set_tensor of tensor '%s' failed", d->name, rec.name);
+    }
+}
+
+void apir_inputs_flush(struct apir_device *d)
+{
+    struct apir_remote *r = &d->remote;
+    pthread_mutex_lock(&r->lock);
+    apir_inputs_flush_locked(d);
+    pthread_mutex_unlock(&r->lock);
 }
 
 /* Copies in chunks of the data area: SET or GET, data guest-side. */
@@ -200,6 +276,7 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
     if (bc->device->has_host_buft && apir_host_blob_find(bc->device, data, size, &blob_id, &blob_offset)) {
         /* data is in one of our host buffers: the host copies between it
          * and the device directly. */
+        apir_inputs_flush(bc->device);
         int rc = set ? apir_call_BUFFER_SET_TENSOR_AT(r, bc->handle, &rec, blob_id, blob_offset, offset, size)
                      : apir_call_BUFFER_GET_TENSOR_AT(r, bc->handle, &rec, blob_id, blob_offset, offset, size);
         if (rc != APIR_HANDLER_OK) {
@@ -214,6 +291,11 @@ static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *te
      * stream transport (apir_remote_put_data_locked).  Downloads:
      * download.c, which overlaps the two copies where it can. */
     pthread_mutex_lock(&r->lock);
+    if (set && apir_inputs_defer_locked(bc, tensor, data, offset, size)) {
+        pthread_mutex_unlock(&r->lock);
+        return;
+    }
+    apir_inputs_flush_locked(bc->device);
     if (!set) {
         if (apir_download_locked(r, bc->handle, &rec, offset, data, size) != APIR_HANDLER_OK)
             APIR_ERROR("guest", "get_tensor of tensor '%s' failed", tensor->name);
@@ -265,6 +347,7 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
         uint32_t kept = APIR_WEIGHT_NOT_KEPT;
         if (!apir_tensor_to_rec(tensor, &rec, true))
             return;
+        apir_inputs_flush(d);
         if (apir_call_BUFFER_NOTE_WEIGHT(r, bc->handle, &rec, &kept) != APIR_HANDLER_OK ||
             kept == APIR_WEIGHT_NEVER) {
             APIR_DEBUG("guest", "%s: the host keeps no weight copies", d->name);
@@ -318,6 +401,7 @@ static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tenso
     if (!apir_tensor_to_rec(tensor, &rec, true))
         return;
     if (apir_minor_speaks(bc->device->remote.minor, APIR_CMD_BUFFER_MEMSET_TENSOR)) {
+        apir_inputs_flush(bc->device);
         apir_call_BUFFER_MEMSET_TENSOR(&bc->device->remote, bc->handle, &rec, value, offset, size);
         return;
     }
@@ -352,6 +436,7 @@ static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_te
     if (!apir_tensor_to_rec(src, &src_rec, true) || !apir_tensor_to_rec(dst, &dst_rec, true))
         return false;
     bool ok = false;
+    apir_inputs_flush(bc->device);
     if (apir_call_BUFFER_CPY_TENSOR(&bc->device->remote, bc->handle, &src_rec, &dst_rec, &ok) != APIR_HANDLER_OK)
         return false;
     return ok;
@@ -372,6 +457,7 @@ static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
     }
     if (!live_or_log(bc, "clear", NULL))
         return;
+    apir_inputs_flush(bc->device);
     apir_call_BUFFER_CLEAR(&bc->device->remote, bc->handle, value);
 }
 

@@ -113,6 +113,161 @@ static void cache_store(struct apir_device *d, uint64_t h1, uint64_t h2, uint64_
     pthread_mutex_unlock(&d->cache_lock);
 }
 
+/* The key of a question: its records, the question's kind among them. */
+static void question_key(struct apir_tensor_rec *recs, uint32_t n, enum apir_op_query kind, uint64_t *h1, uint64_t *h2)
+{
+    recs[0].pad1 = (uint32_t)kind;
+    hash_words(recs, n * sizeof(recs[0]), h1, h2);
+    recs[0].pad1 = 0;
+}
+
+/* The family of a question: its key without the shapes and strides. */
+static void family_key(const struct apir_tensor_rec *recs, uint32_t n, enum apir_op_query kind, uint64_t *h1,
+                       uint64_t *h2)
+{
+    struct apir_tensor_rec f[1 + GGML_MAX_SRC];
+    memcpy(f, recs, n * sizeof(recs[0]));
+    for (uint32_t i = 0; i < n; i++) {
+        memset(f[i].ne, 0, sizeof(f[i].ne));
+        memset(f[i].nb, 0, sizeof(f[i].nb));
+    }
+    question_key(f, n, kind, h1, h2);
+}
+
+/*
+ * How many questions of the series to ask with recs (1: none follows), from
+ * the family's last question and step (struct apir_op_series); step: the
+ * difference of every shape and stride from the last question.  *last:
+ * where the last question asked goes (series_asked).  Lock held.
+ */
+static uint32_t series_next(struct apir_device *d, const struct apir_tensor_rec *recs, uint32_t n,
+                            enum apir_op_query kind, int64_t step[][2][GGML_MAX_DIMS], struct apir_op_series **last)
+{
+    uint64_t f1, f2;
+    family_key(recs, n, kind, &f1, &f2);
+    pthread_mutex_lock(&d->cache_lock);
+    struct apir_op_series *e = NULL, *victim = &d->series[0];
+    for (int i = 0; i < APIR_OP_SERIES && !e; i++) {
+        if (d->series[i].h1 == f1 && d->series[i].h2 == f2)
+            e = &d->series[i];
+        else if (d->series[i].last_use < victim->last_use)
+            victim = &d->series[i];
+    }
+    bool moves = false, again = false;
+    if (e && e->n == n) {
+        again = e->has_step;
+        for (uint32_t i = 0; i < n; i++)
+            for (int k = 0; k < GGML_MAX_DIMS; k++) {
+                step[i][0][k] = (int64_t)recs[i].ne[k] - (int64_t)e->recs[i].ne[k];
+                step[i][1][k] = (int64_t)recs[i].nb[k] - (int64_t)e->recs[i].nb[k];
+                moves = moves || step[i][0][k] || step[i][1][k];
+                again = again && step[i][0][k] == e->step[i][0][k] && step[i][1][k] == e->step[i][1][k];
+            }
+    }
+    if (!e) {
+        e = victim;
+        memset(e, 0, sizeof(*e));
+        e->h1 = f1;
+        e->h2 = f2;
+    }
+    e->n = n;
+    memcpy(e->recs, recs, n * sizeof(recs[0]));
+    e->has_step = moves;
+    if (moves)
+        memcpy(e->step, step, n * sizeof(e->step[0]));
+    e->last_use = ++d->cache_clock;
+    pthread_mutex_unlock(&d->cache_lock);
+    *last = e;
+    if (moves && again)
+        return APIR_ASK_SERIES;
+    memset(step, 0, n * sizeof(step[0]));  /* one question: itself */
+    return 1;
+}
+
+/* The family's last question is the last one of the series asked: a step
+ * past it continues the series (entries change only under the remote's
+ * lock, which the caller held throughout). */
+static void series_asked(struct apir_device *d, struct apir_op_series *e, const struct apir_tensor_rec *recs, uint32_t n)
+{
+    pthread_mutex_lock(&d->cache_lock);
+    memcpy(e->recs, recs, n * sizeof(recs[0]));
+    pthread_mutex_unlock(&d->cache_lock);
+}
+
+/* Question j of a series: recs moved j steps; false past what a record holds. */
+static bool series_member(const struct apir_tensor_rec *recs, uint32_t n, int64_t step[][2][GGML_MAX_DIMS], uint32_t j,
+                          struct apir_tensor_rec *out)
+{
+    memcpy(out, recs, n * sizeof(recs[0]));
+    for (uint32_t i = 0; i < n; i++)
+        for (int k = 0; k < GGML_MAX_DIMS; k++) {
+            const int64_t ne = (int64_t)recs[i].ne[k] + (int64_t)j * step[i][0][k];
+            const int64_t nb = (int64_t)recs[i].nb[k] + (int64_t)j * step[i][1][k];
+            if (ne < 0 || ne > UINT32_MAX || nb < 0 || nb > UINT32_MAX)  /* empty tensors (ne 0) are questions too */
+                return false;
+            out[i].ne[k] = (uint32_t)ne;
+            out[i].nb[k] = (uint32_t)nb;
+        }
+    return true;
+}
+
+/*
+ * Asks the question recs (n records) together with the ones its series
+ * would ask next (DEVICE_ASK_OPS, apir 0.8), caching every answer under its
+ * own key; *value: recs' answer.  Lock held; an apir_handler_result.
+ */
+static int ask_series_locked(struct apir_device *d, enum apir_op_query kind, struct apir_tensor_rec *recs, uint32_t n,
+                             uint64_t *value)
+{
+    struct apir_remote *r = &d->remote;
+    int64_t step[1 + GGML_MAX_SRC][2][GGML_MAX_DIMS] = { { { 0 } } };
+    struct apir_op_series *family = NULL;
+    const uint32_t want = d->series_off ? 1 : series_next(d, recs, n, kind, step, &family);
+    const size_t per = (size_t)n * APIR_TENSOR_REC_SIZE;
+    if (!apir_remote_data_reserve(r, 8 + want * per))
+        return -1;
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, r->data, r->data_size);
+    apir_encode_u32(&enc, 0);  /* the count, once known */
+    apir_encode_u32(&enc, n);
+    uint32_t asked = 0;
+    while (asked < want) {
+        struct apir_tensor_rec *q = apir_encode_reserve(&enc, per);
+        if (!q || !series_member(recs, n, step, asked, q))
+            break;
+        asked++;
+    }
+    if (!asked || enc.fatal)  /* asked 0: the question itself is always a member (j = 0) */
+        return -1;
+    memcpy(r->data, &asked, sizeof(asked));
+    const size_t size = 8 + asked * per;
+    uint64_t answers[APIR_ASK_SERIES];
+    uint32_t answered = 0;
+    if (!apir_remote_put_data_locked(r, 0, r->data, size))
+        return -1;
+    const struct apir_call_opts get_answers = { .get_dst = answers, .get_size = asked * sizeof(answers[0]) };
+    int rc = apir_call_DEVICE_ASK_OPS_opts_locked(r, &get_answers, (uint32_t)kind, d->buft_ctx.handle, r->data_res_id,
+                                                  size, &answered);
+    if (rc != APIR_HANDLER_OK)
+        return rc;
+    if (answered != asked)
+        return APIR_HANDLER_BAD_REQUEST;
+    struct apir_tensor_rec member[1 + GGML_MAX_SRC];
+    for (uint32_t j = 0; j < asked; j++) {
+        series_member(recs, n, step, j, member);
+        /* A refused alloc-size question (0) is not an answer: asked again. */
+        if (kind == APIR_Q_ALLOC_SIZE && answers[j] == 0)
+            continue;
+        uint64_t h1, h2;
+        question_key(member, n, kind, &h1, &h2);
+        cache_store(d, h1, h2, answers[j]);
+    }
+    if (family)
+        series_asked(d, family, member, n);
+    *value = answers[0];
+    return kind == APIR_Q_ALLOC_SIZE && answers[0] == 0 ? APIR_HANDLER_FAILED : APIR_HANDLER_OK;
+}
+
 /* What a device whose host is gone answers: it keeps running what it ran
  * (a tensor already in its buffers must still have a backend that takes
  * it, or ggml's scheduler aborts), and the compute then fails with an
@@ -139,9 +294,7 @@ bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct 
         return false;
     uint64_t h1, h2;
     /* The question is part of the key. */
-    recs[0].pad1 = (uint32_t)kind;
-    hash_words(recs, n * sizeof(recs[0]), &h1, &h2);
-    recs[0].pad1 = 0;
+    question_key(recs, n, kind, &h1, &h2);
     if (cache_lookup(d, h1, h2, value))
         return true;
     APIR_DEBUG("guest", "%s: asking the host (question %d): %s '%s' %dx%dx%dx%d", d->name, (int)kind, ggml_op_desc(op),
@@ -157,6 +310,14 @@ bool apir_op_query(struct apir_device *d, enum apir_op_query kind, const struct 
     if (apir_remote_gone_locked(r)) {
         pthread_mutex_unlock(&r->lock);
         return answer_without_host(kind, value);
+    }
+    if (apir_minor_speaks(r->minor, APIR_CMD_DEVICE_ASK_OPS)) {
+        rc = ask_series_locked(d, kind, recs, n, value);
+        const bool gone = rc != APIR_HANDLER_OK && apir_remote_gone_locked(r);
+        pthread_mutex_unlock(&r->lock);
+        if (gone)
+            return answer_without_host(kind, value);
+        return rc == APIR_HANDLER_OK;
     }
     const struct apir_tensor_span span = { n, recs };
     switch (kind) {
@@ -206,8 +367,13 @@ static void device_reconnected_locked(struct apir_device *d)
         d->buft_ctx.max_size = (size_t)max_size;
     pthread_mutex_lock(&d->cache_lock);
     memset(d->cache, 0, sizeof(d->cache));
+    memset(d->series, 0, sizeof(d->series));
     pthread_mutex_unlock(&d->cache_lock);
     memset(d->kept_uids, 0, sizeof(d->kept_uids));
+    /* Uploads into the old host's buffers: their memory is gone with it. */
+    d->inputs.count = 0;
+    d->inputs.used = 0;
+    r->inputs_waiting = 0;
     d->generation = r->conn->generation;
 }
 
@@ -394,6 +560,12 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
      * out, and with them llama.cpp's pipeline over several devices. */
     const char *ev = getenv("APIR_EVENTS");
     d->events = apir_minor_has(d->remote.minor, APIR_FEATURE_EVENTS) && !(ev && !strcmp(ev, "0"));
+    /* A decode step in two round trips (apir 0.8): its small uploads go
+     * with its graph, and questions that come in series are asked ahead.
+     * Each can be turned off, to measure what it brings. */
+    const char *gi = getenv("APIR_GRAPH_INPUTS"), *as = getenv("APIR_ASK_SERIES");
+    d->inputs_off = gi && !strcmp(gi, "0");
+    d->series_off = as && !strcmp(as, "0");
     pthread_mutex_init(&d->cache_lock, NULL);
     d->generation = d->remote.conn->generation;
     d->dev.iface = apir_device_iface;

@@ -25,16 +25,34 @@ size_t apir_remote_data_default(void)
     return APIR_DATA_BLOB_SIZE;
 }
 
+/* Commands that touch no device memory an upload waiting for the graph
+ * writes (queries, new buffers, waits), the uploads themselves when they go
+ * plain, and the graph that carries them. */
+static bool apir_command_passes_inputs(enum apir_command cmd)
+{
+    switch (cmd) {
+    case APIR_CMD_BUFFER_SET_TENSOR:
+    case APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS:
+    case APIR_CMD_BUFFER_TYPE_ALLOC_BUFFER:
+    case APIR_CMD_DEVICE_BUFFER_FROM_PTR:
+    case APIR_CMD_BACKEND_SYNCHRONIZE:
+        return true;
+    default:
+        return (apir_command_classes(cmd) & APIR_QUERY) != 0;
+    }
+}
+
 struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd)
 {
     if (!apir_minor_speaks(r->minor, cmd)) {
         /* Not sent: what was staged for it must not ride on the next one. */
-        r->get_dst = NULL;
-        r->t->wait_work = NULL;
         if (r->t->ops->unstage)
             r->t->ops->unstage(r->t);
         return NULL;
     }
+    if (r->inputs_waiting && !apir_command_passes_inputs(cmd))
+        APIR_ERROR("guest", "%s sent before %u upload(s) waiting for a graph: a missing flush (a bug)",
+                   apir_command_name(cmd), r->inputs_waiting);
     r->enc = r->t->ops->begin(r->t);
     return r->enc;
 }
@@ -70,26 +88,50 @@ static const char *handler_result_text(enum apir_command cmd, uint32_t result)
     }
 }
 
-int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, struct apir_decoder *reply)
+/* Whether [offset, offset + size) lies in the data area; logs when not. */
+static bool data_range_fits(const struct apir_remote *r, uint64_t offset, size_t size)
 {
+    if (offset > r->data_size || size > r->data_size - offset) {
+        APIR_ERROR("guest", "%zu bytes at %llu do not fit the %zu-byte data area", size, (unsigned long long)offset,
+                   r->data_size);
+        return false;
+    }
+    return true;
+}
+
+int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, const struct apir_call_opts *opts,
+                              struct apir_decoder *reply)
+{
+    static const struct apir_call_opts nothing_more;
+    if (!opts)
+        opts = &nothing_more;
     const char *name = apir_command_name(cmd);
     uint32_t classes = apir_command_classes(cmd);
-    if (!r->enc || r->enc->fatal) {
+    bool sendable = r->enc && !r->enc->fatal;
+    if (!sendable)
         APIR_ERROR("guest", "%s: request does not fit", name);
+    else if (opts->get_dst)
+        sendable = data_range_fits(r, opts->get_offset, opts->get_size) &&
+                   (!r->t->ops->stage_out ||
+                    r->t->ops->stage_out(r->t, r->data_res_id, opts->get_offset, opts->get_dst, opts->get_size) == 0);
+    if (!sendable) {
+        /* Not sent: what was staged for it must not ride on the next one. */
+        if (r->t->ops->unstage)
+            r->t->ops->unstage(r->t);
         return -1;
     }
-    uint32_t ret;
     /* Commands that wait for the device spin through its work; so do those
      * after a graph the host answered before computing it and leaves
      * running (APIR_LEAVES_BUSY). */
     bool waits_for_device = (classes & APIR_WAITS_DEVICE) || r->host_computing;
-    r->t->wait_spin_ns = waits_for_device ? r->graph_spin_ns : 0;
+    const struct apir_submit_opts sub_opts = {
+        .spin_ns = waits_for_device ? r->graph_spin_ns : 0,
+        .posted = (classes & APIR_POSTED) != 0,
+        .wait_work = opts->wait_work,
+    };
+    uint32_t ret;
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
-    r->t->post_next = (classes & APIR_POSTED) != 0;
-    int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 0, &ret, reply);
-    r->t->wait_work = NULL;  /* this command's only */
-    void *get_dst = r->get_dst;
-    r->get_dst = NULL;
+    int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, &sub_opts, &ret, reply);
     if (sub != 0 && r->t->broken && !r->gone_logged) {
         /* Said once per connection; each caller reports its own failure. */
         r->gone_logged = true;
@@ -141,12 +183,13 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
                     "APIR_LOG_LEVEL=info APIR_LOG_FILE=/tmp/apir.log shows every step; the host's log says why it refused");
         return (int)result;
     }
-    if (get_dst) {
+    if (opts->get_dst && !r->t->ops->stage_out) {
+        /* Shared memory: the host left the bytes in the data area. */
         uint64_t c0 = r->profile ? apir_now_ns() : 0;
-        apir_bulk_copy(get_dst, r->data + r->get_offset, r->get_size);
+        apir_bulk_copy(opts->get_dst, r->data + opts->get_offset, opts->get_size);
         if (r->profile) {
             r->copy_ns += apir_now_ns() - c0;
-            r->copy_bytes += r->get_size;
+            r->copy_bytes += opts->get_size;
         }
     }
     return APIR_HANDLER_OK;
@@ -154,11 +197,8 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, stru
 
 bool apir_remote_put_data_locked(struct apir_remote *r, uint64_t offset, const void *src, size_t size)
 {
-    if (offset > r->data_size || size > r->data_size - offset) {
-        APIR_ERROR("guest", "%zu bytes at %llu do not fit the %zu-byte data area", size, (unsigned long long)offset,
-                   r->data_size);
+    if (!data_range_fits(r, offset, size))
         return false;
-    }
     if (r->t->ops->stage_in)
         return r->t->ops->stage_in(r->t, r->data_res_id, offset, src, size) == 0;
     if (r->data + offset != src) {
@@ -169,21 +209,6 @@ bool apir_remote_put_data_locked(struct apir_remote *r, uint64_t offset, const v
             r->copy_bytes += size;
         }
     }
-    return true;
-}
-
-bool apir_remote_get_data_locked(struct apir_remote *r, uint64_t offset, void *dst, size_t size)
-{
-    if (offset > r->data_size || size > r->data_size - offset) {
-        APIR_ERROR("guest", "%zu bytes at %llu do not fit the %zu-byte data area", size, (unsigned long long)offset,
-                   r->data_size);
-        return false;
-    }
-    if (r->t->ops->stage_out)
-        return r->t->ops->stage_out(r->t, r->data_res_id, offset, dst, size) == 0;
-    r->get_dst = dst;
-    r->get_offset = offset;
-    r->get_size = size;
     return true;
 }
 
@@ -262,7 +287,8 @@ static bool session_open(struct apir_remote *r, char *err, size_t err_len)
     apir_encode_u32(enc, APIR_VERSION_MINOR);
     uint32_t ret, major = 0, minor = 0;
     struct apir_decoder reply;
-    if (t->ops->submit(t, APIR_CMD_TYPE_HANDSHAKE, 0, HANDSHAKE_TIMEOUT_NS, &ret, &reply) != 0) {
+    if (t->ops->submit(t, APIR_CMD_TYPE_HANDSHAKE, 0, &(struct apir_submit_opts){ .timeout_ns = HANDSHAKE_TIMEOUT_NS },
+                       &ret, &reply) != 0) {
         snprintf(err, err_len, "no handshake answer from %s", t->endpoint);
         goto fail;
     }

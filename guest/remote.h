@@ -46,14 +46,13 @@ struct apir_remote {
     uint8_t *data;                /* data area blob */
     size_t data_size;
     uint32_t data_res_id;
-    /* A download into the program's memory waiting for the next command's
-     * reply (apir_remote_get_data_locked), where blobs are shared memory. */
-    void *get_dst;
-    uint64_t get_offset;
-    size_t get_size;
     size_t get_piece;             /* bytes per piece of a download (download.h; 0: none) */
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
     bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
+    /* Uploads the device keeps for its next graph (struct apir_inputs,
+     * frontend.h): a command that may touch device memory must not pass
+     * them (apir_remote_begin_locked says so when one does). */
+    uint32_t inputs_waiting;
     /* Graphs the host answered before computing them (APIR_LEAVES_BUSY),
      * counted on this connection and its successors; done: how many of them
      * are known finished, because a later command waited for the device.
@@ -92,16 +91,35 @@ struct apir_conn *apir_remote_conn_get_locked(struct apir_remote *r);
 void apir_conn_put_locked(struct apir_remote *r, struct apir_conn *c);
 
 /*
+ * What one call asks beyond its request items, given with it (the stubs'
+ * apir_call_<NAME>_opts_locked, calls.h): nothing of it outlives the call.
+ * Zero in every field: nothing more.
+ */
+struct apir_call_opts {
+    /* After a successful reply, [get_offset, get_offset + get_size) of the
+     * data area as the host left it, in get_dst: copied out of shared
+     * memory, or read from the reply straight into get_dst by a stream
+     * transport.  get_dst NULL: none.  A range past the data area fails the
+     * call (-1, logged) before it is sent. */
+    void *get_dst;
+    uint64_t get_offset;
+    size_t get_size;
+    /* Work for the wait (transport.h: download.c's pieces); NULL: none. */
+    struct apir_wait_work *wait_work;
+};
+
+/*
  * The core of a backend command, for the typed stubs of calls.h (use
  * those): begin returns the encoder for the request items, or NULL when the
- * command needs a newer protocol than the host answered; submit sends it and
- * waits, setting *reply to the reply items on APIR_HANDLER_OK; it returns
- * an apir_handler_result, or -1 if the transport failed, and logs failures.
- * reply_checked turns the reply decoder's verdict into a result.  The
- * remote's lock is held throughout.
+ * command needs a newer protocol than the host answered; submit sends it as
+ * opts asks (NULL: nothing more) and waits, setting *reply to the reply
+ * items on APIR_HANDLER_OK; it returns an apir_handler_result, or -1 if the
+ * transport failed, and logs failures.  reply_checked turns the reply
+ * decoder's verdict into a result.  The remote's lock is held throughout.
  */
 struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd);
-int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, struct apir_decoder *reply);
+int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, const struct apir_call_opts *opts,
+                              struct apir_decoder *reply);
 int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool reply_ok);
 
 /* Waits until the host has computed the keyed graph it answered last (it
@@ -116,15 +134,13 @@ void apir_remote_wait_graphs(struct apir_remote *r, uint64_t launched);
 
 /*
  * The data area's bytes for the next command (lock held), whatever the
- * transport: put makes [offset, offset + size) of it hold src's bytes as the
+ * transport: makes [offset, offset + size) of it hold src's bytes as the
  * host sees it (a copy into shared memory, or sent with the command by a
- * stream transport straight from src); get fills dst with that range as the
- * host left it after the command, if the command succeeded (copied out of
- * shared memory, or read from the reply straight into dst).  src and dst
- * stay the caller's until that command returns.  False: not staged (logged).
+ * stream transport straight from src).  src stays the caller's until that
+ * command returns.  False: not staged (logged).  The way back is a call's
+ * get_dst (struct apir_call_opts).
  */
 bool apir_remote_put_data_locked(struct apir_remote *r, uint64_t offset, const void *src, size_t size);
-bool apir_remote_get_data_locked(struct apir_remote *r, uint64_t offset, void *dst, size_t size);
 
 /* Makes the data area at least size bytes (lock held). */
 bool apir_remote_data_reserve(struct apir_remote *r, size_t size);

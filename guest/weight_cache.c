@@ -121,6 +121,7 @@ bool apir_weight_cache_set(ggml_backend_buffer_t buffer, struct ggml_tensor *ten
             : wc.hash_fast(APIR_GNUTLS_DIG_SHA256, data, size, pending->hash.b) != 0)
         return false;
     uint32_t answer = APIR_WCACHE_MISS;
+    apir_inputs_flush(d);
     int rc = apir_call_BUFFER_SET_TENSOR_HASH(r, bc->handle, &rec, offset, size, &pending->hash, &answer);
     if ((rc == APIR_HANDLER_OK && answer == APIR_WCACHE_NONE) || rc == APIR_HANDLER_INVALID_INDEX) {
         APIR_DEBUG("guest", "%s: the host has no weight cache: weights are sent whole", d->name);
@@ -148,6 +149,7 @@ void apir_weight_cache_uploaded(ggml_backend_buffer_t buffer, struct ggml_tensor
     if (!apir_buffer_live(bc) || !apir_tensor_to_rec(tensor, &rec, true))
         return;
     uint32_t answer = APIR_WCACHE_MISS;
+    apir_inputs_flush(d);
     int rc = apir_call_BUFFER_CACHE_TENSOR(&d->remote, bc->handle, &rec, &pending->hash, &answer);
     if ((rc == APIR_HANDLER_OK && answer == APIR_WCACHE_NONE) || rc == APIR_HANDLER_INVALID_INDEX)
         d->weight_cache_off = true;

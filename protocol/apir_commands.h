@@ -122,7 +122,10 @@
     /* apir 0.6 extension (a download the guest copies out as it lands) */     \
     X(40, BUFFER_GET_TENSOR_CHUNKED,       6, APIR_REPORTS)                    \
     /* apir 0.7 extension (the guest's ggml: computed by the same tables) */   \
-    X(41, HOST_CHECK_GGML,                 7, APIR_QUERY)
+    X(41, HOST_CHECK_GGML,                 7, APIR_QUERY)                      \
+    /* apir 0.8 extensions (a decode step in two round trips) */               \
+    X(42, DEVICE_ASK_OPS,                  8, APIR_QUERY)                      \
+    X(43, BACKEND_GRAPH_COMPUTE_INPUTS,    8, APIR_GRAPH | APIR_LEAVES_BUSY)
 
 /* ---- items: F(kind, field), in wire order ------------------------------- */
 
@@ -244,6 +247,38 @@
 #define APIR_REQ_HOST_CHECK_GGML(F)             F(string, version) F(string, commit) F(string, ops) \
                                                 F(string, unary_ops) F(string, glu_ops) F(string, types)
 #define APIR_REP_HOST_CHECK_GGML(F)             F(u32, verdict) F(string, reason) F(string, host_ggml)
+/* Several questions of one kind in one round trip (apir 0.8): `question`
+ * an apir_ask_question; [0, size) of the blob holds u32 n (1..APIR_ASK_OPS_MAX),
+ * u32 m (records per question, 1..APIR_ASK_OPS_MAX_RECORDS), then n * m
+ * tensor records, question q being records [q*m, (q+1)*m) as the _L
+ * command of that question would carry them.  The host answers each as that
+ * command would (a refused tensor: 0, "not supported" / no size) and writes
+ * the n answers, u64 each, at the start of the blob; answered: n.
+ * buffer_type: the buffer type an ALLOC_SIZE question is about (any of the
+ * session's for the others).  The guest asks a question it expects next
+ * together with the one it has (a cache growing by a row each step). */
+#define APIR_REQ_DEVICE_ASK_OPS(F)              F(u32, question) F(buft, buffer_type) F(res, blob) F(u64, size)
+#define APIR_REP_DEVICE_ASK_OPS(F)              F(u32, answered)
+/* A keyed graph and the small uploads it reads, in one round trip (apir
+ * 0.8): [inputs_offset, inputs_offset + inputs_size) of the blob holds the
+ * uploads (u32 n, then per upload: u64 buffer handle, a tensor record, u64
+ * offset, u64 size, the size bytes padded to 4), each done as
+ * BUFFER_SET_TENSOR would, in order, before the graph; then the graph blob
+ * at graph_offset (graph_size bytes, as BACKEND_GRAPH_COMPUTE_KEYED), or,
+ * with graph_size 0, the graph kept under key (as BACKEND_GRAPH_RECOMPUTE,
+ * answering APIR_HANDLER_STALE after the uploads when it is not kept). */
+#define APIR_REQ_BACKEND_GRAPH_COMPUTE_INPUTS(F) F(res, blob) F(u64, inputs_offset) F(u64, inputs_size) \
+                                                F(u64, graph_offset) F(u64, graph_size) F(u64, key)
+#define APIR_REP_BACKEND_GRAPH_COMPUTE_INPUTS(F) F(enum, status)
+
+/* DEVICE_ASK_OPS: the questions, and its limits. */
+enum apir_ask_question {
+    APIR_ASK_SUPPORTS_OP = 1,   /* as DEVICE_SUPPORTS_OP_L: 1 or 0 */
+    APIR_ASK_OFFLOAD_OP = 2,    /* as DEVICE_OFFLOAD_OP_L: 1 or 0 */
+    APIR_ASK_ALLOC_SIZE = 3,    /* as BUFFER_TYPE_GET_ALLOC_SIZE_L: bytes, 0 refused */
+};
+#define APIR_ASK_OPS_MAX 64u
+#define APIR_ASK_OPS_MAX_RECORDS 16u
 
 enum apir_command {
 #define APIR_X_ENUM(num, name, since, classes) APIR_CMD_##name = num,

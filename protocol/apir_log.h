@@ -6,7 +6,12 @@
  * A line:  2025-01-31T12:00:00.123Z apir host: info: guest#1(pid 42) connected
  * The timestamp is UTC with milliseconds.  APIR_LOG_TIMESTAMPS=0 leaves it
  * out (=1 forces it); it is left out by default when stderr is systemd's
- * journal (JOURNAL_STREAM), which stamps every line itself.
+ * journal (JOURNAL_STREAM names stderr's device and inode), which stamps
+ * every line itself; there each line starts with its priority as sd-daemon(3)
+ * writes it (<3> error, <4> warn, <6> info, <7> debug), so that journald files
+ * it under that priority (journalctl -p).  Each line is one write(2).
+ * The log file can be reopened (apir_log_reopen: apir-host on SIGHUP, for
+ * logrotate) without losing or splitting a line.
  *
  * A sink (apir_log_set_sink) takes the lines instead of stderr: the guest
  * library hands them to ggml's logger, so that programs capturing ggml's log
@@ -27,6 +32,22 @@ enum apir_log_level { APIR_LOG_ERROR = 0, APIR_LOG_WARN = 1, APIR_LOG_INFO = 2, 
 typedef void (*apir_log_sink_fn)(enum apir_log_level level, const char *line);
 
 void apir_log_set_level(enum apir_log_level level);
+/* The environment's log settings are usable: APIR_LOG_LEVEL a level,
+ * APIR_LOG_TIMESTAMPS 0/1 (off/on, no/yes), APIR_LOG_FILE a file that opens.
+ * False with the setting and the reason in err (a program refuses to start,
+ * as with a bad option; the guest library goes on with the defaults). */
+bool apir_log_check_env(char *err, size_t err_len);
+/* Lines go to this file from now on (appended; created 0640), stamped.
+ * False with the reason in err; the log stays where it was. */
+bool apir_log_set_file(const char *path, char *err, size_t err_len);
+/* Opens the log file again by its path (after logrotate moved it): 1 done,
+ * 0 no log file (stderr), -1 with the reason in err (the old file is kept). */
+int apir_log_reopen(char *err, size_t err_len);
+/* The log file's path, or NULL when lines go to stderr. */
+const char *apir_log_file_path(void);
+/* Lines to stderr, unstamped and without <N>: a process whose stderr another
+ * reads and logs again with its own stamp (an apir-host worker). */
+void apir_log_set_plain_stderr(void);
 int  apir_log_level_from_string(const char *s, enum apir_log_level *out);
 enum apir_log_level apir_log_get_level(void);
 /* NULL: back to stderr. */
@@ -45,6 +66,10 @@ void apir_log(enum apir_log_level level, const char *component, const char *fmt,
  * field unambiguous.
  */
 const char *apir_log_escape(const char *in, size_t in_len, char *out, size_t out_len);
+/* The same, the quote and the backslash kept: a whole line another process
+ * wrote (an apir-host worker's stderr), relayed after a prefix of ours, so
+ * that what that process escaped itself reads the same. */
+const char *apir_log_escape_line(const char *in, size_t in_len, char *out, size_t out_len);
 /* Room for n guest bytes escaped, the NUL included. */
 #define APIR_LOG_ESCAPED_SIZE(n) ((n) * 4 + 1)
 
@@ -75,6 +100,16 @@ struct apir_log_budget *apir_log_budget_enter(struct apir_log_budget *b);
 void apir_log_budget_leave(struct apir_log_budget *previous);
 /* The "suppressed" summary now, if lines were dropped since the last. */
 void apir_log_budget_flush(struct apir_log_budget *b);
+
+/*
+ * Another library's log (ggml's, through ggml_log_set) in our format: text
+ * comes in pieces that may not end a line; each whole line is logged under
+ * component at level (filtered, and charged to the thread's budget, like
+ * ours).  With apir_log_relay_demote_info(true), info lines count as debug
+ * (an apir-host worker: the daemon said the same when it started).
+ */
+void apir_log_relay(enum apir_log_level level, const char *component, const char *text);
+void apir_log_relay_demote_info(bool demote);
 
 #define APIR_ERROR(comp, ...) apir_log(APIR_LOG_ERROR, comp, __VA_ARGS__)
 #define APIR_WARN(comp, ...)  apir_log(APIR_LOG_WARN, comp, __VA_ARGS__)

@@ -18,9 +18,10 @@
  * 0.3 the weight copies (35, 36) and the version query (37), 0.4 the
  * weight cache (38, 39), 0.5 no command but the weight cache's tree digest
  * (APIR_WCACHE_TREE_MINOR), 0.6 the chunked download (40), 0.7 the ggml
- * check (41).  A host answers min(guest minor, its minor), so a 0.1 guest
- * sees 0.1. */
-#define APIR_VERSION_MINOR 7
+ * check (41), 0.8 several questions in one round trip (42) and a graph with
+ * its small uploads (43).  A host answers min(guest minor, its minor), so a
+ * 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 8
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu
@@ -37,7 +38,7 @@ enum apir_cmd_type {
     APIR_CMD_TYPE_SHM_BLOB_CREATE  = 100,
     APIR_CMD_TYPE_SHM_BLOB_DESTROY = 101,
     /* A range of a file the guest has mapped (a model), shared without a
-     * copy: the host maps the same file (apir 0.3, host/server/shm_server.c). */
+     * copy: the host maps the same file (apir 0.3, host/server/client_shm.c). */
     APIR_CMD_TYPE_SHM_BLOB_FILE    = 102,
 };
 

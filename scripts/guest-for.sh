@@ -22,7 +22,11 @@
 #
 #   scripts/guest-for.sh --cached SOURCE   never fetch or build the tree: exit 3 when
 #                                          it is not in the cache (tests use this)
-#   GUEST_DIR=... and GUEST_LIB=... are printed last on stdout (the rest goes to stderr).
+#   scripts/guest-for.sh --whisper SOURCE  also whisper.cpp (../shared/third_party, as
+#                                          scripts/setup.sh builds it) against that tree's ggml:
+#     ~/.cache/apir/whisper-<whisper commit>-<commit7>-<key>/  (bin/whisper-cli, share/)
+#   GUEST_DIR=... and GUEST_LIB=... (and WHISPER_DIR=...) are printed last on stdout
+#   (the rest goes to stderr).
 #   JOBS (default: nproc), APIR_CACHE (default ~/.cache/apir) as for scripts/setup.sh.
 set -euo pipefail
 
@@ -36,9 +40,16 @@ done_step() { printf 'guest-for:   done in %ss\n' "$(( $(date +%s) - step_start 
 die() { printf 'guest-for: error: %s\n' "$*" >&2; exit 1; }
 . "$ROOT/scripts/llama_build.sh"
 
-cached_only=0
-if [ "${1:-}" = --cached ]; then cached_only=1; shift; fi
-[ $# = 1 ] || { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+cached_only=0 with_whisper=0
+while [ $# -gt 1 ]; do
+  case $1 in
+    --cached) cached_only=1 ;;
+    --whisper) with_whisper=1 ;;
+    *) break ;;
+  esac
+  shift
+done
+[ $# = 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 SPEC=$1
 
 # ---- Which tree: its commit, and where its sources are ---------------------------
@@ -140,5 +151,26 @@ mv -f "$GUEST/lib/libggml-apir.so.new" "$GUEST/lib/libggml-apir.so"
 cp -f "$apir_build/tests/apir-llama-greedy" "$GUEST/bin/apir-llama-greedy.new"
 mv -f "$GUEST/bin/apir-llama-greedy.new" "$GUEST/bin/apir-llama-greedy"
 done_step
+
+# ---- whisper.cpp against this tree's ggml (--whisper; once per pair of commits) -------
+# Keyed by both commits and the tree's key: a rebuilt tree rebuilds whisper.cpp.
+if [ "$with_whisper" = 1 ]; then
+  wkey=$(printf '%s %s %s %s %s' "$WHISPER_COMMIT" "$COMMIT" "$key" "$WHISPER_OPTS" "$WHISPER_TARGETS" \
+    | sha256sum | cut -c1-16)
+  WHISPER="$CACHE/whisper-$WHISPER_COMMIT-${COMMIT:0:7}-$wkey"
+  if [ -f "$WHISPER/stamp" ] && [ "$(cat "$WHISPER/stamp")" = "$wkey" ]; then
+    echo "guest-for: whisper.cpp $WHISPER_COMMIT against ggml ${COMMIT:0:7} present ($WHISPER)" >&2
+  elif [ "$cached_only" = 1 ]; then
+    echo "guest-for: whisper.cpp $WHISPER_COMMIT is not built against ggml ${COMMIT:0:7} (scripts/guest-for.sh --whisper $SPEC builds it)" >&2
+    exit 3
+  else
+    [ -f "$WHISPER_TARBALL" ] || die "no $WHISPER_TARBALL (APIR_WHISPER_TARBALL names another)"
+    step "building whisper.cpp $WHISPER_COMMIT against ggml ${COMMIT:0:7} (1-3 min on 2 cores)"
+    whisper_build "$GUEST" "$WHISPER"
+    echo "$wkey" >"$WHISPER/stamp"
+    done_step
+  fi
+fi
 echo "GUEST_DIR=$GUEST"
 echo "GUEST_LIB=$GUEST/lib/libggml-apir.so"
+if [ "$with_whisper" = 1 ]; then echo "WHISPER_DIR=$WHISPER"; fi

@@ -89,3 +89,36 @@ llama_private_headers() {
   mkdir -p "$dest/install/include"
   cp "$src/ggml/src/ggml-backend-impl.h" "$src/ggml/src/ggml-impl.h" "$dest/install/include/"
 }
+
+# ---- whisper.cpp against a llama.cpp tree's ggml ----------------------------
+# The pinned tree's (scripts/setup.sh, .whisper) and other trees' (scripts/guest-for.sh
+# --whisper) are built here alike, so that they differ by their ggml alone.
+WHISPER_COMMIT=233fe1fc
+WHISPER_TARBALL=${APIR_WHISPER_TARBALL:-$ROOT/../shared/third_party/whisper.cpp-$WHISPER_COMMIT.tar.gz}
+WHISPER_OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DWHISPER_USE_SYSTEM_GGML=ON -DWHISPER_SDL2=OFF \
+ -DWHISPER_CURL=OFF -DWHISPER_BUILD_TESTS=OFF -DWHISPER_BUILD_SERVER=OFF -DWHISPER_BUILD_EXAMPLES=ON"
+WHISPER_TARGETS="whisper-cli whisper-bench"
+
+# whisper_build GGML DEST: whisper.cpp from WHISPER_TARBALL against the ggml that
+# GGML holds (a tree's cache folder: install/ its headers, libraries and CMake
+# packages, bin/ its CPU backend), into DEST:
+#   bin/    whisper-cli, whisper-bench, libwhisper (an $ORIGIN rpath, then GGML's
+#           libraries) and GGML's CPU backend linked in (ggml's loader looks for
+#           backends next to the program)
+#   share/  the test inputs: the tensor-less model (apir-whisper-gen adds random
+#           weights) and samples/jfk.wav
+whisper_build() {
+  local ggml=$1 dest=$2 src=$2/whisper.cpp lib
+  rm -rf "$dest"
+  mkdir -p "$dest/bin" "$dest/share"
+  tar -C "$dest" -xzf "$WHISPER_TARBALL" || die "cannot unpack $WHISPER_TARBALL"
+  cmake -S "$src" -B "$dest/build" -G Ninja $WHISPER_OPTS -DCMAKE_PREFIX_PATH="$ggml/install" \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH="\$ORIGIN;$ggml/install/lib" \
+    >"$dest/configure.log" 2>&1 || { tail -30 "$dest/configure.log" >&2; die "whisper.cpp configure failed (log: $dest/configure.log)"; }
+  cmake --build "$dest/build" -j "$JOBS" --target $WHISPER_TARGETS >"$dest/build.log" 2>&1 \
+    || { tail -30 "$dest/build.log" >&2; die "whisper.cpp build failed (log: $dest/build.log)"; }
+  for t in $WHISPER_TARGETS; do cp -a "$dest/build/bin/$t" "$dest/bin/"; done
+  find "$dest/build" -name 'libwhisper.so*' -exec cp -a {} "$dest/bin/" \;
+  for lib in "$ggml/bin/"libggml-cpu*.so; do ln -sfn "$lib" "$dest/bin/"; done
+  cp "$src/models/for-tests-ggml-tiny.bin" "$src/samples/jfk.wav" "$dest/share/"
+}

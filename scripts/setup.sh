@@ -145,11 +145,7 @@ build_extras() {
 }
 
 # ---- whisper.cpp against the pinned ggml, own cache folder -------------------
-WHISPER_COMMIT=233fe1fc
-WHISPER_TARBALL=${APIR_WHISPER_TARBALL:-$ROOT/../shared/third_party/whisper.cpp-$WHISPER_COMMIT.tar.gz}
-WHISPER_OPTS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DWHISPER_USE_SYSTEM_GGML=ON -DWHISPER_SDL2=OFF \
- -DWHISPER_CURL=OFF -DWHISPER_BUILD_TESTS=OFF -DWHISPER_BUILD_SERVER=OFF -DWHISPER_BUILD_EXAMPLES=ON"
-WHISPER_TARGETS="whisper-cli whisper-bench"
+# (scripts/llama_build.sh: its commit, options and build, shared with guest-for.sh --whisper.)
 whisper_key=$(printf '%s %s %s %s' "$WHISPER_COMMIT" "$key" "$WHISPER_OPTS" "$WHISPER_TARGETS" | sha256sum | cut -c1-16)
 WHISPER="$CACHE/whisper-$WHISPER_COMMIT-$whisper_key"
 
@@ -170,22 +166,7 @@ build_whisper() {
     return 0
   fi
   step "building whisper.cpp $WHISPER_COMMIT against the pinned ggml"
-  rm -rf "$WHISPER"
-  mkdir -p "$WHISPER/bin" "$WHISPER/share"
-  tar -C "$WHISPER" -xzf "$WHISPER_TARBALL" || die "cannot unpack $WHISPER_TARBALL"
-  local src="$WHISPER/whisper.cpp"
-  # Programs and libwhisper live in bin/ with an $ORIGIN rpath; ggml comes from
-  # the pinned install, and its CPU backend is looked up next to the program.
-  cmake -S "$src" -B "$WHISPER/build" -G Ninja $WHISPER_OPTS -DCMAKE_PREFIX_PATH="$DEPS/install" \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH="\$ORIGIN;$DEPS/install/lib" \
-    >"$WHISPER/configure.log" 2>&1 || { tail -30 "$WHISPER/configure.log"; die "whisper.cpp configure failed"; }
-  cmake --build "$WHISPER/build" -j "$JOBS" --target $WHISPER_TARGETS >"$WHISPER/build.log" 2>&1 \
-    || { tail -30 "$WHISPER/build.log"; die "whisper.cpp build failed (log: $WHISPER/build.log)"; }
-  for t in $WHISPER_TARGETS; do cp -a "$WHISPER/build/bin/$t" "$WHISPER/bin/"; done
-  find "$WHISPER/build" -name 'libwhisper.so*' -exec cp -a {} "$WHISPER/bin/" \;
-  for lib in "$DEPS/bin/"libggml-cpu*.so; do ln -sfn "$lib" "$WHISPER/bin/"; done
-  # Test inputs: the tensor-less model (apir-whisper-gen adds random weights) and the sample.
-  cp "$src/models/for-tests-ggml-tiny.bin" "$src/samples/jfk.wav" "$WHISPER/share/"
+  whisper_build "$DEPS" "$WHISPER"
   done_step
   echo "$whisper_key" >"$WHISPER/stamp"
   link_whisper

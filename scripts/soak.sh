@@ -20,7 +20,8 @@
 # wrong answer.
 #
 # Verdict (exit 1 on any): the daemon alive and answering at the end; every
-# honest run either equal to native or failed - and failures no more than
+# honest run either equal to native or failed (its program exited non-zero:
+# a killed worker, a timeout) - and failures no more than
 # the workers killed (each kill fails at most the runs of one guest, counted
 # once); with all guests gone: no worker left, no guest, buffer or blob in
 # the daemon's accounting (apir stat --json), its open descriptors back to
@@ -99,6 +100,15 @@ rss0=$(awk '/^VmRSS/ { print $2 }' /proc/$host_pid/status)
 say "daemon $host_pid after warm-up: $fds0 descriptors, RSS $((rss0 / 1024)) MiB"
 
 END=$(( $(date +%s) + MINUTES * 60 ))
+# A run whose program exited 0 with an answer other than native's is kept,
+# with its guest's stderr and the daemon's log so far, in KEEP (which the
+# clean-up leaves): such a run is a defect to find, not noise.
+KEEP=${SOAK_KEEP:-/tmp/apir-soak-bad-$$}
+keep_bad() {  # kind id output
+  local d="$KEEP/$1-$2-$(date +%s%N)"
+  mkdir -p "$d" && printf '%s\n' "$3" >"$d/out" && cp "$W/ref-$1" "$d/ref" 2>/dev/null
+  tail -200 "$W/honest-$2.err" >"$d/guest.err" 2>/dev/null; tail -400 "$W/host.log" >"$d/host.log" 2>/dev/null
+}
 # one honest guest: runs until END, one line per run: "kind ok|bad|failed"
 honest() {
   local id=$1 k run=0
@@ -109,13 +119,15 @@ honest() {
     case $k in
       greedy)
         out=$("${GUEST[@]}" timeout 120 "$BUILD/tests/apir-llama-greedy" -m "$MODEL" -d APIR0 -n 8 -t 1 2>>"$W/honest-$id.err" | grep "tokens:")
-        if [ -z "$out" ]; then echo "greedy failed"; elif [ "$out" = "$(cat "$W/ref-greedy")" ]; then echo "greedy ok"; else echo "greedy bad $out"; fi ;;
+        rc=$?
+        if [ $rc != 0 ] || [ -z "$out" ]; then echo "greedy failed"; elif [ "$out" = "$(cat "$W/ref-greedy")" ]; then echo "greedy ok"; else keep_bad greedy "$id" "$out"; echo "greedy bad $out"; fi ;;
       bench)
         if (cd "$DEPS_BIN" && "${GUEST[@]}" timeout 120 ./llama-bench -m "$MODEL" -p 16 -n 8 -r 1 -t 1 -ngl 99 -dev APIR0 -o csv \
               2>>"$W/honest-$id.err" | grep -c '^"' | grep -qx 2); then echo "bench ok"; else echo "bench failed"; fi ;;
       whisper)
         out=$("${GUEST[@]}" timeout 120 "$WHISPER/bin/whisper-cli" "${WARGS[@]}" -dev 0 2>>"$W/honest-$id.err")
-        if [ -z "$out" ]; then echo "whisper failed"; elif [ "$out" = "$(cat "$W/ref-whisper")" ]; then echo "whisper ok"; else echo "whisper bad"; fi ;;
+        rc=$?
+        if [ $rc != 0 ] || [ -z "$out" ]; then echo "whisper failed"; elif [ "$out" = "$(cat "$W/ref-whisper")" ]; then echo "whisper ok"; else keep_bad whisper "$id" "$out"; echo "whisper bad"; fi ;;
       server)
         local port=$((server_port + id))
         "${GUEST[@]}" "$DEPS_BIN/llama-server" -m "$SMODEL" --host 127.0.0.1 --port "$port" -t 1 -c 256 -np 1 -ngl 99 -dev APIR0 \
@@ -157,7 +169,7 @@ cat "$W"/honest-*.log | awk '{ n[$1 " " $2]++ } END { for (k in n) printf "  %-1
 ok=$(cat "$W"/honest-*.log | grep -c ' ok$'); failed=$(cat "$W"/honest-*.log | grep -c ' failed$')
 wrong=$(cat "$W"/honest-*.log | grep -c ' bad')
 say "honest runs: $ok equal to native, $failed failed, $wrong wrong"
-[ "$wrong" = 0 ] || bad "$wrong honest run(s) gave an answer other than native's"
+[ "$wrong" = 0 ] || bad "$wrong honest run(s) exited 0 with an answer other than native's (kept in $KEEP)"
 [ "$ok" -gt 0 ] || bad "no honest run succeeded"
 # a kill fails the runs of the guest it served, which may be several back to back
 # when that guest was a long one; bound them by a generous multiple

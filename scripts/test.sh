@@ -22,10 +22,14 @@ bash scripts/setup.sh || exit 1
 # scripts/guest-for.sh), built once into the cache like .deps: the first time
 # ~10 min for node-llama-cpp@3.14.0 and ~15 for 3.22.1 on 2 cores, then nothing.
 # Not by default (that first build does not fit CI's time beside the rest);
-# without them those tests skip.  e.g.
-#   APIR_GGML_TREES="node-llama-cpp@3.14.0 node-llama-cpp@3.22.1" scripts/test.sh
+# without them those tests skip.  whisper:SPEC: that tree and whisper.cpp against
+# its ggml (guest-for.sh --whisper; 1-3 min more), for ggml_version_*_whisper.  e.g.
+#   APIR_GGML_TREES="node-llama-cpp@3.14.0 whisper:node-llama-cpp@3.22.1" scripts/test.sh
 for tree in ${APIR_GGML_TREES:-}; do
-  bash scripts/guest-for.sh "$tree" >/dev/null || exit 1
+  case $tree in
+    whisper:*) bash scripts/guest-for.sh --whisper "${tree#whisper:}" >/dev/null || exit 1 ;;
+    *) bash scripts/guest-for.sh "$tree" >/dev/null || exit 1 ;;
+  esac
 done
 STAGES=${APIR_TEST_STAGES:-"build sanitizers fuzz"}
 [ $# -gt 0 ] && STAGES=build

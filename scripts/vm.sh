@@ -549,6 +549,11 @@ stage_boot() {
     cp "$(ref_dir)/$hostlib" "$hl/"
   else
     cp "$APIR_BUILD/libapir-virgl.so" "$hl/"
+    # Its contexts' workers: apir-host beside it, where the library looks
+    # (LIBDIR/../bin/apir-host); it finds the ggml libraries below through
+    # LD_LIBRARY_PATH (run.sh), which the workers keep.
+    mkdir -p "$(dirname "$hl")/bin"
+    cp "$APIR_BUILD/apir-host" "$(dirname "$hl")/bin/"
   fi
   cp -a "$DEPS_LIB"/libggml*.so* "$hl/"
   cp -L "$DEPS_BIN"/libggml-cpu*.so "$hl/"

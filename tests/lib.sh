@@ -47,3 +47,22 @@ apir_host_stop() {
   rm -rf "$APIR_TEST_DIR"
   return $rc
 }
+
+# A test's work folder ($work) and the processes it started (pids+=...):
+# both gone at exit.  fail MESSAGE shows the tail of each $work/*.log.
+apir_test_setup() {
+  work=$(mktemp -d "/tmp/apir-$1-XXXXXX")
+  pids=()
+  trap apir_test_cleanup EXIT
+}
+apir_test_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+fail() { echo "FAIL: $*"; for f in "$work"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }; done; exit 1; }
+wait_for() {  # wait_for SECONDS TEST...
+  local n=$(( $1 * 20 )); shift
+  for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
+  return 1
+}

@@ -8,6 +8,10 @@
 #           SPEC` builds it, ~10-18 min on 2 cores)
 #   CHECK   ops      that tree's test-backend-ops -o OPS through APIR0
 #           greedy   a greedy decode (tests/llama_greedy.c built against that tree)
+#           whisper  whisper.cpp built against that tree's ggml (scripts/guest-for.sh
+#                    --whisper SPEC, else skipped): tests/run_whisper_compare.sh with
+#                    this tree's guest library, natively on the tree's CPU backend and
+#                    through APIR0
 #           mismatch the pinned libggml-apir.so in that tree's program, and that
 #                    tree's library in the pinned program: both refuse, no crash
 #   EXPECT  (ops, greedy) equal: as the tree's own CPU backend (pass counts,
@@ -25,14 +29,16 @@ work=$(mktemp -d)
 trap 'apir_host_stop; rm -rf "$work"' EXIT
 
 # The tree's build from the cache; the guest library rebuilt from these sources.
-JOBS=${JOBS:-2} "$ROOT/scripts/guest-for.sh" --cached "$SPEC" >"$work/guest-for.out" 2>"$work/guest-for.err"
+also=()
+[ "$CHECK" = whisper ] && also=(--whisper)
+JOBS=${JOBS:-2} "$ROOT/scripts/guest-for.sh" --cached "${also[@]}" "$SPEC" >"$work/guest-for.out" 2>"$work/guest-for.err"
 rc=$?
 if [ $rc = 3 ]; then
   echo "SKIP: $(tail -1 "$work/guest-for.err")"
   exit 77
 fi
 [ $rc = 0 ] || { cat "$work/guest-for.err"; echo "FAIL: scripts/guest-for.sh --cached $SPEC: exit $rc"; exit 1; }
-eval "$(grep -E '^GUEST_(DIR|LIB)=' "$work/guest-for.out")"
+eval "$(grep -E '^(GUEST_DIR|GUEST_LIB|WHISPER_DIR)=' "$work/guest-for.out")"
 tree_ggml=$(grep -m1 -o 'ggml version: .*' "$GUEST_DIR/configure.log" | cut -d' ' -f3)
 echo "$SPEC: $(cut -c1-7 "$GUEST_DIR/stamp") (ggml $tree_ggml), guest library $GUEST_LIB"
 
@@ -50,6 +56,20 @@ host_computes_other() {
 guest_refused() { # LOG
   grep -m1 'refuses this program.s ggml' "$1" ||
     { echo "FAIL: the guest does not say the host refused its ggml:"; tail -20 "$1"; return 1; }
+}
+# The item-2 refusal: a guest library in a program of another ggml registers no
+# device, says so and names the remedy, and the program goes on (fail=1 if not).
+fail=0
+check_refusal() { # WHAT LIB PROGRAM...
+  local what=$1 lib=$2; shift 2
+  GGML_BACKEND_PATH=$lib "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [ $rc -ge 128 ]; then echo "FAIL: $what: killed by signal $((rc - 128))"; fail=1; return; fi
+  local said; said=$(grep -m1 'libggml-apir.so was built for ggml' "$work/err")
+  [ -n "$said" ] || { echo "FAIL: $what: no refusal said"; tail -5 "$work/err"; fail=1; return; }
+  grep -q 'guest-for.sh' "$work/err" || { echo "FAIL: $what: the remedy is not named"; fail=1; }
+  grep -q 'APIR0' "$work/out" && { echo "FAIL: $what: APIR0 listed"; fail=1; }
+  echo "$what: exit $rc, $said"
 }
 
 case $CHECK in
@@ -133,22 +153,30 @@ greedy)
   [ "${graphs:-0}" -ge 24 ] || { echo "FAIL: the host computed too few graphs"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
   host_computes_other || exit 1
   ;;
+whisper)
+  # This tree's whisper-cli natively on its own ggml's CPU backend, and through
+  # APIR0 computed by the pinned host's CPU backend (their op and type tables
+  # agree, and the host's log must say it compared them): equal transcripts,
+  # every token id, probability and timestamp.
+  [ "$EXPECT" = equal ] || { echo "whisper: only EXPECT=equal is checked"; exit 2; }
+  linked=$(ldd "$WHISPER_DIR/bin/whisper-cli" | awk '$1 ~ /^libggml-base/ { print $3 }')
+  [ -n "$linked" ] && [ "$(readlink -f "$linked")" = "$(readlink -f "$GUEST_DIR/install/lib/$(basename "$linked")")" ] ||
+    { echo "FAIL: whisper-cli does not link $SPEC's ggml"; ldd "$WHISPER_DIR/bin/whisper-cli"; exit 1; }
+  APIR_GUEST_LIB=$GUEST_LIB "$ROOT/tests/run_whisper_compare.sh" "$APIR_BUILD" "$WHISPER_DIR" | tee "$work/whisper.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+  grep -q 'named as ours, computed' "$work/whisper.out" ||
+    { echo "FAIL: the host did not compare this guest's ggml with its own"; exit 1; }
+  # And the libraries swapped (whisper-cli loads its backends first thing, -h included).
+  check_refusal "pinned library in $SPEC's whisper-cli" "$APIR_BUILD/libggml-apir.so" "$WHISPER_DIR/bin/whisper-cli" -h
+  if [ -x "$ROOT/.whisper/bin/whisper-cli" ]; then
+    check_refusal "$SPEC's library in the pinned whisper-cli" "$GUEST_LIB" "$ROOT/.whisper/bin/whisper-cli" -h
+  fi
+  exit $fail
+  ;;
 mismatch)
   # A host runs, so that a library which wrongly accepted would connect: the
   # refusal must come before (the host sees no guest).
   APIR_HOST_LOG=info apir_host_start --threads 2 || exit 1
-  fail=0
-  check_refusal() { # WHAT LIB PROGRAM...
-    local what=$1 lib=$2; shift 2
-    GGML_BACKEND_PATH=$lib "$@" >"$work/out" 2>"$work/err"
-    local rc=$?
-    if [ $rc -ge 128 ]; then echo "FAIL: $what: killed by signal $((rc - 128))"; fail=1; return; fi
-    local said; said=$(grep -m1 'libggml-apir.so was built for ggml' "$work/err")
-    [ -n "$said" ] || { echo "FAIL: $what: no refusal said"; tail -5 "$work/err"; fail=1; return; }
-    grep -q 'guest-for.sh' "$work/err" || { echo "FAIL: $what: the remedy is not named"; fail=1; }
-    grep -q 'APIR0' "$work/out" && { echo "FAIL: $what: APIR0 listed"; fail=1; }
-    echo "$what: exit $rc, $said"
-  }
   # The pinned library in this tree's program (its own CPU backend still listed).
   check_refusal "pinned library in $SPEC's program" "$APIR_BUILD/libggml-apir.so" \
     "$GUEST_DIR/bin/apir-llama-greedy" --list-devices

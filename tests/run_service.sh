@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# apir-host as a service (host/server/service.c, host/server/shm_server.c), one case per run:
+# apir-host as a service (host/server/service.c, host/server/server.c), one case per run:
 #   activation   socket activation with systemd-socket-activate (else
 #                tests/service_harness.c's equivalent), READY=1 / STATUS= /
 #                STOPPING=1 on a NOTIFY_SOCKET of ours; the socket passed is
@@ -16,20 +16,8 @@
 # usage: run_service.sh BUILD HARNESS DEPS_BIN CASE
 set -uo pipefail
 BUILD=$1 HARNESS=$2 DEPS_BIN=$3 CASE=$4
-work=$(mktemp -d /tmp/apir-svc-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$work"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }; done; exit 1; }
-wait_for() {  # wait_for SECONDS TEST...
-  local n=$(( $1 * 20 )); shift
-  for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
-  return 1
-}
+. "$(dirname "$0")/lib.sh"
+apir_test_setup svc
 uid=$(id -u) gid=$(id -g)
 stamp='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z apir '
 

@@ -121,7 +121,7 @@ static void random_command(struct apir_remote *r)
     struct apir_encoder *e = r->t->ops->begin(r->t);
     apir_encode_bytes(e, items, n);
     struct apir_decoder dec;
-    (void)apir_remote_submit_locked(r, (enum apir_command)cmd, &dec);
+    (void)apir_remote_submit_locked(r, (enum apir_command)cmd, NULL, &dec);
     pthread_mutex_unlock(&r->lock);
 }
 

@@ -143,8 +143,7 @@ static int transport_cmd(struct apir_remote *r, int32_t type, uint32_t res_id, b
         apir_encode_u64(e, size);
     uint32_t ret = 0;
     struct apir_decoder reply;
-    r->t->post_next = false;
-    int rc = r->t->ops->submit(r->t, type, 0, 5000000000ull, &ret, &reply);
+    int rc = r->t->ops->submit(r->t, type, 0, &(struct apir_submit_opts){ .timeout_ns = 5000000000ull }, &ret, &reply);
     pthread_mutex_unlock(&r->lock);
     return rc != 0 ? -1 : (int)ret;
 }
@@ -220,8 +219,9 @@ static long buffer_count(struct apir_remote *r, uint64_t buf, size_t size, uint8
     struct apir_tensor_rec t = rec_f32(1, buf, 0, (uint32_t)(size / 4));
     pthread_mutex_lock(&r->lock);
     int rc = -1;
-    if (size <= r->data_size && apir_remote_get_data_locked(r, 0, out, size))
-        rc = apir_call_BUFFER_GET_TENSOR_locked(r, buf, &t, r->data_res_id, 0, size);
+    const struct apir_call_opts get = { .get_dst = out, .get_size = size };
+    if (size <= r->data_size)
+        rc = apir_call_BUFFER_GET_TENSOR_opts_locked(r, &get, buf, &t, r->data_res_id, 0, size);
     pthread_mutex_unlock(&r->lock);
     long n = -1;
     if (rc == APIR_HANDLER_OK) {

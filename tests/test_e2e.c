@@ -357,7 +357,8 @@ static uint32_t raw_forward(struct apir_remote *r, uint32_t cmd, const void *byt
     apir_encode_bytes(e, bytes, len);
     uint32_t ret = 0;
     struct apir_decoder reply;
-    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 2000000000ull, &ret, &reply) != 0)
+    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd,
+                          &(struct apir_submit_opts){ .timeout_ns = 2000000000ull }, &ret, &reply) != 0)
         return 0xffffffffu;
     return ret;
 }

@@ -342,7 +342,8 @@ static int send_blob(struct apir_remote *r, int fd, uint32_t res_id, uint64_t si
     apir_encode_u64(e, size);
     uint32_t ret = 0;
     struct apir_decoder reply;
-    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, 2000000000ull, &ret, &reply) != 0)
+    const struct apir_submit_opts waited = { .timeout_ns = 2000000000ull };
+    if (r->t->ops->submit(r->t, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, &waited, &ret, &reply) != 0)
         return -1;
     return (int)ret;
 }

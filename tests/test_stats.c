@@ -466,7 +466,7 @@ static bool parse_metrics(const char *text, struct sample *out, size_t max, size
         if (!strncmp(buf, "# TYPE ", 7)) {
             char type[32];
             if (sscanf(buf + 7, "%95s %31s", name, type) != 2 ||
-                (strcmp(type, "gauge") && strcmp(type, "counter"))) {
+                (strcmp(type, "gauge") && strcmp(type, "counter") && strcmp(type, "histogram"))) {
                 fprintf(stderr, "metrics: bad TYPE line: %s\n", buf);
                 ok = false;
             } else if (n_typed < 256) {
@@ -532,8 +532,13 @@ static bool parse_metrics(const char *text, struct sample *out, size_t max, size
             continue;
         }
         bool has_type = false;
-        for (size_t t = 0; t < n_typed && !has_type; t++)
-            has_type = !strcmp(typed[t], name);
+        for (size_t t = 0; t < n_typed && !has_type; t++) {
+            /* a histogram's samples: NAME_bucket, NAME_sum, NAME_count */
+            const size_t tl = strlen(typed[t]);
+            has_type = !strcmp(typed[t], name) ||
+                       (!strncmp(typed[t], name, tl) && (!strcmp(name + tl, "_bucket") || !strcmp(name + tl, "_sum") ||
+                                                         !strcmp(name + tl, "_count")));
+        }
         if (!has_type) {
             fprintf(stderr, "metrics: %s has no TYPE line before it\n", name);
             ok = false;
@@ -743,7 +748,7 @@ static void test_metrics_file(void)
     CHECK(metric(s, n, "apir_guests", NULL) == (double)JU(doc, "totals.guests"));
     CHECK(metric(s, n, "apir_devices", NULL) == 1);
     CHECK(metric(s, n, "apir_guest_buffers", want) == (double)JU(g, "buffers"));
-    CHECK(metric(s, n, "apir_guest_bytes", want) == (double)JU(g, "bytes"));
+    CHECK(metric(s, n, "apir_guest_buffer_bytes", want) == (double)JU(g, "bytes"));
     CHECK(metric(s, n, "apir_guest_blobs", want) == (double)JU(g, "blobs"));
     CHECK(metric(s, n, "apir_guest_blob_bytes", want) == (double)JU(g, "blob_bytes"));
     CHECK(metric(s, n, "apir_guest_graphs_total", want) == (double)JU(g, "graphs"));

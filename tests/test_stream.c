@@ -262,9 +262,11 @@ static int tensor_io(struct apir_remote *r, bool set, uint64_t buf, const struct
         size_t chunk = size - done < r->data_size ? size - done : r->data_size;
         uint8_t *at = (uint8_t *)data + done;
         rc = -1;
-        if (set ? apir_remote_put_data_locked(r, 0, at, chunk) : apir_remote_get_data_locked(r, 0, at, chunk))
-            rc = set ? apir_call_BUFFER_SET_TENSOR_locked(r, buf, t, r->data_res_id, offset + done, chunk)
-                     : apir_call_BUFFER_GET_TENSOR_locked(r, buf, t, r->data_res_id, offset + done, chunk);
+        const struct apir_call_opts get = { .get_dst = at, .get_size = chunk };
+        if (!set)
+            rc = apir_call_BUFFER_GET_TENSOR_opts_locked(r, &get, buf, t, r->data_res_id, offset + done, chunk);
+        else if (apir_remote_put_data_locked(r, 0, at, chunk))
+            rc = apir_call_BUFFER_SET_TENSOR_locked(r, buf, t, r->data_res_id, offset + done, chunk);
         if (frames)
             (*frames)++;
         done += chunk;
@@ -297,8 +299,8 @@ static int forward_waited(struct apir_remote *r, enum apir_command cmd, void (*e
     encode(e, arg);
     uint32_t ret = 0;
     struct apir_decoder reply;
-    r->t->post_next = false;
-    int rc = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, 5000000000ull, &ret, &reply);
+    int rc = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd,
+                               &(struct apir_submit_opts){ .timeout_ns = 5000000000ull }, &ret, &reply);
     pthread_mutex_unlock(&r->lock);
     return rc != 0 || ret < APIR_FORWARD_BASE ? -1 : (int)(ret - APIR_FORWARD_BASE);
 }
@@ -643,9 +645,19 @@ static void test_commands(void)
     pthread_mutex_lock(&r.lock);
     CHECK(apir_remote_put_data_locked(&r, 5, data, 1000));
     CHECK(apir_call_BUFFER_SET_TENSOR_AT_locked(&r, buf, &t, r.data_res_id, 5, 77, 1000) == APIR_HANDLER_OK);
+    /* a read-back past the data area fails its call before it is sent, and
+     * the bytes staged for that call do not ride on the next one: the
+     * tensor at 77 gets the host's bytes at 5 again (data), not these */
+    uint8_t dropped[1000];
+    fill_random(dropped, sizeof(dropped));
+    CHECK(apir_remote_put_data_locked(&r, 5, dropped, sizeof(dropped)));
+    const struct apir_call_opts get_past_end = { .get_dst = back, .get_offset = r.data_size - 999, .get_size = 1000 };
+    CHECK(apir_call_BUFFER_GET_TENSOR_AT_opts_locked(&r, &get_past_end, buf, &t, r.data_res_id, 7, 77, 1000) == -1);
+    CHECK(apir_call_BUFFER_SET_TENSOR_AT_locked(&r, buf, &t, r.data_res_id, 5, 77, 1000) == APIR_HANDLER_OK);
     memset(back, 0, 1000);
-    CHECK(apir_remote_get_data_locked(&r, 7, back, 1000));
-    CHECK(apir_call_BUFFER_GET_TENSOR_AT_locked(&r, buf, &t, r.data_res_id, 7, 77, 1000) == APIR_HANDLER_OK);
+    const struct apir_call_opts get_at_7 = { .get_dst = back, .get_offset = 7, .get_size = 1000 };
+    CHECK(apir_call_BUFFER_GET_TENSOR_AT_opts_locked(&r, &get_at_7, buf, &t, r.data_res_id, 7, 77, 1000) ==
+          APIR_HANDLER_OK);
     pthread_mutex_unlock(&r.lock);
     CHECK(memcmp(back, data, 1000) == 0);
     /* the whole buffer: every write landed where it was aimed, nothing else moved */

@@ -984,7 +984,7 @@ static void stat_usage(FILE *out)
             "  ENDPOINT, -H, --host ENDPOINT  the host's socket, unix:PATH or /PATH: its control socket is\n"
             "                          PATH.ctl (a path ending in .ctl is taken as the control socket)\n"
             "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
-            "  -C, --control unix:PATH the control socket itself (the host's --control)\n"
+            "  -C, --control unix:PATH  the control socket itself (the host's --control)\n"
             "      --json              the JSON document (docs/DEPLOY.md describes it)\n"
             "      --prometheus        the Prometheus metrics, as --metrics-file writes them\n"
             "  -h, --help              this help\n"
@@ -1000,7 +1000,7 @@ static void ps_usage(FILE *out)
             "name, state, uptime, device, buffers, bytes, blobs, graphs, commands, refused commands.\n"
             "It asks the host's control socket (see apir stat --help).\n"
             "  ENDPOINT, -H, --host ENDPOINT  the host's socket (its control socket is PATH.ctl)\n"
-            "  -C, --control unix:PATH the control socket itself (the host's --control)\n"
+            "  -C, --control unix:PATH  the control socket itself (the host's --control)\n"
             "      --json              the whole JSON document, as apir stat --json\n"
             "  -h, --help              this help\n"
             "%s",

@@ -70,9 +70,26 @@ static void usage(FILE *f) {
             "                     [--embd-type f16|f32|q4_0|q8_0]\n"
             "                     [--layers N --embd N --ff N --heads N --kv-heads N --vocab N --ctx N]\n"
             "                     [--seed N] [--vocab-from VOCAB.gguf] [--help] [--version]\n"
+            "Writes a llama-architecture GGUF model of random weights (for tests and benchmarks).\n"
+            "  -o, --out OUT.gguf      the file to write\n"
+            "      --size PRESET       tiny, 1b or 8b (the presets below; default tiny)\n"
+            "      --type TYPE         the weights' type: f16, f32, q4_0 or q8_0\n"
+            "      --embd-type TYPE    the token embedding's type (default: --type)\n"
+            "      --layers N          layers (overrides the preset, as the options below)\n"
+            "      --embd N            embedding width\n"
+            "      --ff N              feed-forward width\n"
+            "      --heads N           attention heads\n"
+            "      --kv-heads N        key/value heads\n"
+            "      --vocab N           vocabulary size\n"
+            "      --ctx N             context length\n"
+            "      --seed N            the random weights' seed\n"
+            "      --vocab-from FILE   take the vocabulary of this GGUF model\n"
+            "  -h, --help              this help\n"
+            "      --version           apir's version, the APIR protocol version and the ggml it was built against\n"
             "presets: tiny = embd 256, 4 layers, ff 768, heads 4, kv 2, vocab 4096, ctx 2048\n"
             "         1b   = embd 2048, 16 layers, ff 8192, heads 32, kv 8, vocab 32000, ctx 4096\n"
-            "         8b   = embd 4096, 32 layers, ff 14336, heads 32, kv 8, vocab 32000, ctx 8192\n");
+            "         8b   = embd 4096, 32 layers, ff 14336, heads 32, kv 8, vocab 32000, ctx 8192\n"
+            "exit status: 0 written; 1 the file cannot be written; 2 bad command line\n");
 }
 
 static bool set_preset(struct gen_params *p, const char *name) {

@@ -2,7 +2,7 @@
  * Stream sockets for the stream transport (stream_proto.h): endpoint
  * strings, connecting and listening with the options a remoting link wants,
  * and reads and writes with deadlines.  Used by the guest (stream_client.c)
- * and the host (host/server/stream_server.c).
+ * and the host (host/server/stream.c).
  */
 #ifndef APIR_NET_H
 #define APIR_NET_H

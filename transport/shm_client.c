@@ -47,10 +47,11 @@ static bool host_hung_up(struct shm_transport *s)
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
 }
 
-static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags, uint64_t timeout_ns, uint32_t *ret,
-                      struct apir_decoder *reply)
+static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags,
+                      const struct apir_submit_opts *opts, uint32_t *ret, struct apir_decoder *reply)
 {
     struct shm_transport *s = (struct shm_transport *)t;
+    opts = apir_submit_opts_or_defaults(opts);
     if (t->broken)
         return -1;
     if (s->enc.fatal) {
@@ -69,8 +70,7 @@ static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_fl
     if (atomic_load(&s->ctrl->host_waiting))
         apir_futex_wake(&s->ctrl->cmd_seq);
 
-    struct apir_wait_work *work = t->wait_work;
-    t->wait_work = NULL;
+    struct apir_wait_work *work = opts->wait_work;
     while (work && atomic_load_explicit(word, memory_order_acquire) == 0 && work->run(work, word)) {
         if (host_hung_up(s)) {
             APIR_ERROR("guest", "host at %s hung up", t->endpoint);
@@ -78,7 +78,7 @@ static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_fl
             return -1;
         }
     }
-    uint32_t v = apir_spin_while_equal(word, 0, t->wait_spin_ns ? t->wait_spin_ns : s->spin_ns);
+    uint32_t v = apir_spin_while_equal(word, 0, opts->spin_ns ? opts->spin_ns : s->spin_ns);
     uint64_t start = 0;
     while (v == 0) {
         if (!start)
@@ -95,9 +95,9 @@ static int shm_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_fl
             t->broken = true;
             return -1;
         }
-        if (timeout_ns && apir_now_ns() - start > timeout_ns) {
+        if (opts->timeout_ns && apir_now_ns() - start > opts->timeout_ns) {
             APIR_ERROR("guest", "host at %s did not answer in %llu ms", t->endpoint,
-                       (unsigned long long)(timeout_ns / 1000000));
+                       (unsigned long long)(opts->timeout_ns / 1000000));
             t->broken = true;
             return -1;
         }
@@ -131,7 +131,7 @@ static int shm_blob_create(struct apir_transport *t, size_t size, uint32_t *res_
     apir_encode_u64(enc, size);
     uint32_t ret;
     struct apir_decoder dec;
-    if (shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, 0, &ret, &dec) != 0 || ret != 0) {
+    if (shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, NULL, &ret, &dec) != 0 || ret != 0) {
         APIR_ERROR("guest", "host refused a %zu-byte blob", size);
         munmap(*ptr, size);
         return -1;
@@ -147,7 +147,7 @@ static void shm_blob_destroy(struct apir_transport *t, uint32_t res_id, void *pt
     apir_encode_u32(enc, res_id);
     uint32_t ret;
     struct apir_decoder dec;
-    shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, 0, &ret, &dec);
+    shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, NULL, &ret, &dec);
     if (ptr)
         munmap(ptr, size);
 }
@@ -170,7 +170,7 @@ static int shm_blob_share_file(struct apir_transport *t, int fd, uint64_t offset
     apir_encode_u64(enc, skip);
     uint32_t ret;
     struct apir_decoder dec;
-    if (shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, 0, &ret, &dec) != 0 || ret != 0)
+    if (shm_submit(t, APIR_CMD_TYPE_SHM_BLOB_FILE, 0, NULL, &ret, &dec) != 0 || ret != 0)
         return -1;
     *res_id = id;
     return 0;

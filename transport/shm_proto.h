@@ -43,7 +43,9 @@ struct apir_shm_ctrl {
     _Atomic uint32_t host_waiting;   /* the host sleeps on cmd_seq */
     _Atomic uint32_t guest_waiting;  /* the guest sleeps on the reply word */
     _Atomic uint32_t cmd_len;        /* bytes of the current command */
-    uint32_t reserved[12];
+    _Atomic uint32_t reply_len;      /* bytes of the last reply's items, stored before its reply word (the
+                                      * library side of libapir-virgl.so copies that many: host/virgl) */
+    uint32_t reserved[11];
     uint8_t cmd[APIR_SHM_CMD_AREA];
 };
 _Static_assert(sizeof(struct apir_shm_ctrl) == APIR_SHM_CTRL_SIZE, "control blob layout");

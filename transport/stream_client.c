@@ -157,12 +157,11 @@ static int drain_posted(struct stream_transport *s, uint32_t keep)
     return 0;
 }
 
-static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags, uint64_t timeout_ns, uint32_t *ret,
-                         struct apir_decoder *reply)
+static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags,
+                         const struct apir_submit_opts *opts, uint32_t *ret, struct apir_decoder *reply)
 {
     struct stream_transport *s = (struct stream_transport *)t;
-    const bool posted = t->post_next;
-    t->post_next = false;
+    opts = apir_submit_opts_or_defaults(opts);
     const uint32_t n_in = s->n_in, n_out = s->n_out;
     s->n_in = s->n_out = 0;
     if (t->broken)
@@ -199,7 +198,7 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
         broken(s, "cannot send");
         return -1;
     }
-    if (posted) {
+    if (opts->posted) {
         s->posted_ok[(s->posted_head + s->posted) % MAX_POSTED] =
             cmd_type == APIR_CMD_TYPE_FORWARD ? APIR_FORWARD_BASE + APIR_HANDLER_OK : 0;
         s->posted++;
@@ -209,15 +208,15 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     }
     if (drain_posted(s, 0) != 0)
         return -1;
-    int timeout_ms = timeout_ns ? (int)(timeout_ns / 1000000ull) : -1;
+    int timeout_ms = opts->timeout_ns ? (int)(opts->timeout_ns / 1000000ull) : -1;
     /* A reply: the short spin, then sleep; a graph on a device with its own
-     * memory the caller's longer spin (wait_spin_ns, as on shared memory: a
+     * memory the caller's longer spin (opts->spin_ns, as on shared memory: a
      * wake-up from sleep at each token costs more than the spin's idle core;
      * 1B F16 tg over loopback TCP on an H200 was 0.89 of native without).
      * The caller leaves it 0 for a CPU host, which over loopback computes on
      * the cores a long spin would take (tg32 0.94 of native with it, 0.99
      * without, 2 cores). */
-    s->rd.spin_ns = t->wait_spin_ns ? t->wait_spin_ns : s->spin_ns;
+    s->rd.spin_ns = opts->spin_ns ? opts->spin_ns : s->spin_ns;
     uint32_t len;
     if (read_reply(s, s->out, n_out, timeout_ms, ret, &len) != 0)
         return -1;
@@ -240,7 +239,7 @@ static int stream_blob_create(struct apir_transport *t, size_t size, uint32_t *r
     apir_encode_u64(enc, size);
     uint32_t ret;
     struct apir_decoder dec;
-    if (stream_submit(t, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, 0, &ret, &dec) != 0 || ret != 0) {
+    if (stream_submit(t, APIR_CMD_TYPE_SHM_BLOB_CREATE, 0, NULL, &ret, &dec) != 0 || ret != 0) {
         APIR_ERROR("guest", "host at %s refused a %zu-byte blob", t->endpoint, size);
         munmap(p, size);
         return -1;
@@ -257,8 +256,7 @@ static void stream_blob_destroy(struct apir_transport *t, uint32_t res_id, void 
     apir_encode_u32(enc, res_id);
     uint32_t ret;
     struct apir_decoder dec;
-    t->post_next = true;
-    stream_submit(t, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, 0, &ret, &dec);
+    stream_submit(t, APIR_CMD_TYPE_SHM_BLOB_DESTROY, 0, &(struct apir_submit_opts){ .posted = true }, &ret, &dec);
     if (ptr)
         munmap(ptr, size);
 }

@@ -14,7 +14,7 @@
  *    checks against its CA file and the host's name; with a client CA the
  *    host asks every guest for a certificate chaining to it (the logs name
  *    its subject).  Without a client CA any guest gets in: the host allows
- *    that on a loopback address only (stream_server.c).
+ *    that on a loopback address only (host/server/stream.c).
  *
  * A host may have both (each guest uses either); a guest uses its key if it
  * has one, else certificates.  Everything is read when loaded (a host

@@ -35,14 +35,44 @@ struct apir_wait_work {
     bool (*run)(struct apir_wait_work *w, _Atomic uint32_t *reply_word);
 };
 
+/*
+ * How one submit is to be made, given with that submit (nothing of it
+ * outlives the call).  Zero in every field: the defaults.
+ */
+struct apir_submit_opts {
+    /* Give up on a reply after this long and mark the transport broken;
+     * 0: wait as long as the host lives (a graph may compute for long). */
+    uint64_t timeout_ns;
+    /* How long to spin on the reply before sleeping; 0: the transport's
+     * default.  The caller knows what it waits for: a graph on a GPU takes
+     * ~1 ms, and a sleep plus wake-up costs 50 us or more, so graph waits
+     * spin (yielding) much longer than short commands. */
+    uint64_t spin_ns;
+    /* The reply need not be waited for (APIR_POSTED commands): a transport
+     * that can (stream) answers APIR_FORWARD_BASE at once with no reply
+     * items and reads the real reply later, in order; a failure is logged
+     * then.  Others wait as usual. */
+    bool posted;
+    /* Work for the wait (NULL: none); run only where runs_wait_work. */
+    struct apir_wait_work *wait_work;
+};
+
+/* opts, or the defaults where it is NULL (what a submit reads). */
+static inline const struct apir_submit_opts *apir_submit_opts_or_defaults(const struct apir_submit_opts *opts)
+{
+    static const struct apir_submit_opts defaults;
+    return opts ? opts : &defaults;
+}
+
 struct apir_transport_ops {
     /* Starts a command: returns the encoder for its items (after the header). */
     struct apir_encoder *(*begin)(struct apir_transport *t);
-    /* Sends it and waits for the reply.  On success (0) *ret holds the
-     * command's return value and *reply decodes the reply items.  -1: the
-     * transport failed (host gone, timeout); the message is logged. */
-    int (*submit)(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags, uint64_t timeout_ns, uint32_t *ret,
-                  struct apir_decoder *reply);
+    /* Sends it and waits for the reply, as opts asks (NULL: the defaults).
+     * On success (0) *ret holds the command's return value and *reply
+     * decodes the reply items.  -1: the transport failed (host gone,
+     * timeout); the message is logged. */
+    int (*submit)(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags, const struct apir_submit_opts *opts,
+                  uint32_t *ret, struct apir_decoder *reply);
     /* A shared blob of at least size bytes, mapped at *ptr. */
     int (*blob_create)(struct apir_transport *t, size_t size, uint32_t *res_id, void **ptr);
     /* ptr NULL: the blob is not ours to unmap (a shared file range). */
@@ -69,19 +99,9 @@ struct apir_transport {
     char endpoint[128];
     bool broken;          /* a failure made the connection unusable */
     bool blobs_shared;    /* blobs are memory the host maps (zero copy possible) */
-    /* How long the next submit spins on its reply before sleeping; 0: the
-     * transport's default.  The caller knows what it waits for: a graph on a
-     * GPU takes ~1 ms, and a sleep plus wake-up costs 50 us or more, so
-     * graph waits spin (yielding) much longer than short commands. */
-    uint64_t wait_spin_ns;
-    /* The next submit need not wait for its reply (set by the caller for
-     * APIR_POSTED commands, cleared by submit): a transport that can
-     * (stream) answers APIR_FORWARD_BASE at once with no reply items and
-     * reads the real reply later, in order; a failure is logged then. */
-    bool post_next;
-    /* The next submit's wait work (set by the caller, cleared by submit);
-     * runs_wait_work: this transport calls it (shm). */
-    struct apir_wait_work *wait_work;
+    /* What the transport is, set when it connects (not a per-call
+     * setting): it calls a submit's wait_work (shm, whose host writes our
+     * memory while it runs a command). */
     bool runs_wait_work;
 };
 

@@ -463,10 +463,14 @@ static struct apir_encoder *vgpu_begin(struct apir_transport *t)
     return &v->enc;
 }
 
-static int vgpu_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags, uint64_t timeout_ns, uint32_t *ret,
-                       struct apir_decoder *reply)
+static int vgpu_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd_flags,
+                       const struct apir_submit_opts *opts, uint32_t *ret, struct apir_decoder *reply)
 {
     struct vgpu_transport *v = (struct vgpu_transport *)t;
+    /* Of the options only the timeout is used: every reply is waited for
+     * with wait_reply's own spin, and posting and wait work are optional
+     * (transport.h). */
+    const uint64_t timeout_ns = apir_submit_opts_or_defaults(opts)->timeout_ns;
     if (t->broken)
         return -1;
     if (v->enc.fatal) {

@@ -36,7 +36,7 @@ void apir_limits_default(struct apir_limits *l)
     l->max_blobs = 1024;
     l->max_blob_bytes = default_blob_bytes();
     l->max_clients = 64;
-    /* Per tenant (a container, a uid, an address: shm_server.c, admission).  16 of the
+    /* Per tenant (a container, a uid, an address: host/server/admission.c).  16 of the
      * 64 places: four tenants that fill their share still leave room; a
      * program of one tenant starting more guests at once raises it
      * (--max-clients-per-tenant 64 --spawn-burst 64 for 64 guests). */
@@ -75,7 +75,8 @@ void apir_host_resolve_alloc_quota(struct apir_host *host)
 }
 
 /*
- * ggml's own messages, filtered by our log level.  Its default logger prints
+ * ggml's own messages, as lines of ours ("apir ggml: info: ..."), filtered
+ * by our log level.  Its default logger prints
  * every level, debug included: CUDA writes a line per reused graph, i.e. per
  * token, into the host's log.  CONT continues the previous message's level.
  */
@@ -91,8 +92,7 @@ static void ggml_log_filtered(enum ggml_log_level level, const char *text, void 
                                : level == GGML_LOG_LEVEL_WARN ? APIR_LOG_WARN
                                : level == GGML_LOG_LEVEL_INFO ? APIR_LOG_INFO
                                                               : APIR_LOG_DEBUG;
-    if (apir_log_get_level() >= need)
-        fputs(text, stderr);
+    apir_log_relay(need, "ggml", text);  /* our line format, whole lines */
 }
 
 /* ggml's backend registry is process-wide; load it once. */

@@ -32,7 +32,7 @@ struct apir_limits {
     uint32_t max_blobs;          /* shared-memory blobs per session */
     uint64_t max_blob_bytes;     /* bytes of blobs mapped per session */
     uint32_t max_clients;        /* concurrent sessions (daemon) */
-    /* Denial of service (shm_server.c, admission): a guest must not hold what others
+    /* Denial of service (host/server/admission.c): a guest must not hold what others
      * need.  A tenant is a local peer's container (its cgroup) or uid
      * (tenant_by), or a stream peer's address; each has its own counts and
      * buckets, so no tenant's connections - silent, hung up or served -

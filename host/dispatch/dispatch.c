@@ -211,6 +211,56 @@ APIR_HANDLER(DEVICE_OFFLOAD_OP_L)
     return APIR_HANDLER_OK;
 }
 
+/*
+ * Several questions of one kind (apir 0.8): each answered as its _L command
+ * would be, so that a guest caching the answers holds exactly the host's.
+ * The records are read once, in place, and imported one question at a time
+ * into the session's scratch; the answers are written over the questions'
+ * start only after the last one was read.
+ */
+APIR_HANDLER(DEVICE_ASK_OPS)
+{
+    const uint32_t cmd = APIR_CMD_DEVICE_ASK_OPS;
+    if (req->question < APIR_ASK_SUPPORTS_OP || req->question > APIR_ASK_ALLOC_SIZE)
+        return apir_refuse(s, cmd, "unknown question");
+    uint8_t *blob = apir_session_blob_range(s, req->blob, 0, req->size);
+    if (!blob)
+        return apir_refuse(s, cmd, "questions outside their blob");
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, blob, (size_t)req->size);
+    const uint32_t n = apir_decode_u32(&dec), m = apir_decode_u32(&dec);
+    if (dec.fatal || n == 0 || n > APIR_ASK_OPS_MAX || m == 0 || m > APIR_ASK_OPS_MAX_RECORDS)
+        return apir_refuse(s, cmd, "question or record count out of range");
+    uint64_t answers[APIR_ASK_OPS_MAX];
+    for (uint32_t q = 0; q < n; q++) {
+        const uint8_t *records = apir_decode_inplace(&dec, (size_t)m * APIR_TENSOR_REC_SIZE);
+        if (dec.fatal)
+            return apir_refuse(s, cmd, "fewer records than questions need");
+        const char *why = NULL;
+        struct ggml_tensor **tensors = NULL;
+        if (apir_import_begin(&s->scratch, m, 0, &why))
+            tensors = apir_import_list(s, &s->scratch, m, records, false, &why);
+        const struct ggml_tensor *t = tensors ? tensors[0] : NULL;
+        if (!t)
+            APIR_DEBUG("host", "%s: %s: question %u refused: %s", s->name, apir_command_name(cmd), q, why);
+        switch (req->question) {
+        case APIR_ASK_SUPPORTS_OP:
+            answers[q] = supports(s, t);
+            break;
+        case APIR_ASK_OFFLOAD_OP:
+            answers[q] = t && ggml_backend_dev_offload_op(cur_dev(s), t);
+            break;
+        default:
+            answers[q] = t ? ggml_backend_buft_get_alloc_size(req->buffer_type.buft, t) : 0;
+            break;
+        }
+    }
+    /* n answers fit where the n * m records were read (8 <= 304 bytes each). */
+    memcpy(blob, answers, (size_t)n * sizeof(answers[0]));
+    rep->answered = n;
+    return APIR_HANDLER_OK;
+}
+
 APIR_HANDLER(DEVICE_SELECT)
 {
     (void)rep;
@@ -305,6 +355,77 @@ APIR_HANDLER(BUFFER_GET_TENSOR_AT)
     (void)rep;
     return tensor_io(s, APIR_CMD_BUFFER_GET_TENSOR_AT, TENSOR_GET, req->buffer, req->tensor, req->blob, req->blob_offset,
                      req->offset, req->size);
+}
+
+/*
+ * A keyed graph with the small uploads it reads (apir 0.8): each upload is
+ * a BUFFER_SET_TENSOR (same checks, same path), the graph then runs as
+ * BACKEND_GRAPH_COMPUTE_KEYED or, without a graph, RECOMPUTE.  What is
+ * refused stops the command: uploads before it stay done, as they would
+ * have as separate commands.
+ */
+static uint32_t graph_inputs(struct apir_session *s, uint32_t cmd, uint32_t blob_id, uint64_t at, uint64_t size)
+{
+    const uint8_t *blob = size ? apir_session_blob_range(s, blob_id, at, size) : NULL;
+    if (size && !blob)
+        return apir_refuse(s, cmd, "uploads outside their blob");
+    if (!size)
+        return APIR_HANDLER_OK;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, blob, (size_t)size);
+    const uint32_t n = apir_decode_u32(&dec);
+    for (uint32_t i = 0; i < n && !dec.fatal; i++) {
+        const uint64_t handle = apir_decode_u64(&dec);
+        struct apir_tensor_rec rec;
+        apir_decode_tensor(&dec, &rec);
+        const uint64_t offset = apir_decode_u64(&dec), len = apir_decode_u64(&dec);
+        if (dec.fatal || len > apir_decoder_left(&dec))
+            break;
+        const uint8_t *bytes = apir_decode_inplace(&dec, (size_t)len);
+        struct apir_handle_slot *slot = apir_handle_get(&s->handles, handle, APIR_HANDLE_BUFFER);
+        if (!slot) {
+            APIR_WARN("host", "%s: %s refused: an upload names an unknown, stale or foreign buffer handle", s->name,
+                      apir_command_name(cmd));
+            return APIR_HANDLER_BAD_HANDLE;
+        }
+        const char *why = NULL;
+        struct ggml_tensor *t = NULL;
+        if (apir_import_begin(&s->scratch, 1, 0, &why))
+            t = apir_import_tensor(s, &s->scratch, &rec, true, NULL, &why);
+        if (!t)
+            return apir_refuse(s, cmd, why ? why : "an upload's tensor was refused");
+        uint32_t result = tensor_io(s, cmd, TENSOR_SET, slot->object, t, blob_id, at + (uint64_t)(bytes - blob), offset, len);
+        if (result != APIR_HANDLER_OK)
+            return result;
+    }
+    if (dec.fatal || apir_decoder_left(&dec) != 0)
+        return apir_refuse(s, cmd, "malformed uploads");
+    return APIR_HANDLER_OK;
+}
+
+APIR_HANDLER(BACKEND_GRAPH_COMPUTE_INPUTS)
+{
+    const uint32_t cmd = APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS;
+    rep->status = GGML_STATUS_FAILED;
+    if (req->key == 0)
+        return apir_refuse(s, cmd, "key 0");
+    uint32_t result = graph_inputs(s, cmd, req->blob, req->inputs_offset, req->inputs_size);
+    if (result != APIR_HANDLER_OK)
+        return result;
+    if (req->graph_size == 0) {
+        const struct apir_request_BACKEND_GRAPH_RECOMPUTE again = { .key = req->key };
+        struct apir_reply_BACKEND_GRAPH_RECOMPUTE status;
+        result = host_cmd_BACKEND_GRAPH_RECOMPUTE(s, &again, &status);
+        rep->status = status.status;
+        return result;
+    }
+    const struct apir_request_BACKEND_GRAPH_COMPUTE_KEYED graph = {
+        .blob = req->blob, .blob_offset = req->graph_offset, .size = req->graph_size, .key = req->key
+    };
+    struct apir_reply_BACKEND_GRAPH_COMPUTE_KEYED status;
+    result = host_cmd_BACKEND_GRAPH_COMPUTE_KEYED(s, &graph, &status);
+    rep->status = status.status;
+    return result;
 }
 
 /*

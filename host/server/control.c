@@ -19,14 +19,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* A control connection: reads its request line, writes the answer, then
- * (its write side shut) waits for the client to hang up before closing:
- * closing a Unix socket with bytes unread resets the connection, and the
- * client would lose the answer. */
+/* A connection - to the control socket, or to the metrics listener (http):
+ * reads its request, writes the answer, then (its write side shut) waits
+ * for the client to hang up before closing: closing a socket with bytes
+ * unread resets the connection, and the client would lose the answer. */
 struct ctl_conn {
     int fd;                 /* -1: free */
+    bool http;              /* GET /metrics (metrics_http.h); else a control request line */
     uint64_t deadline_ns;
-    char req[32];
+    char req[APIR_METRICS_HTTP_MAX_REQUEST];
     size_t req_len;
     char *out;              /* the answer being written; NULL: still reading */
     size_t out_len, out_off;
@@ -38,12 +39,16 @@ struct apir_control {
     char path[108];
     bool has_group;
     gid_t gid;
-    struct ctl_conn conns[APIR_CONTROL_MAX_CONNS];
+    /* the control socket's, then the metrics listener's */
+    struct ctl_conn conns[APIR_CONTROL_MAX_CONNS + APIR_METRICS_HTTP_MAX_CONNS];
     uint32_t n_conns;
     char *metrics_path, *metrics_tmp;
     uint64_t metrics_interval_ns, next_metrics_ns;
     bool metrics_failing;   /* the last write failed (logged once) */
+    struct apir_metrics_http *http;  /* --metrics-listen; NULL: none */
 };
+
+#define N_CONNS (APIR_CONTROL_MAX_CONNS + APIR_METRICS_HTTP_MAX_CONNS)
 
 const char *apir_control_path(const struct apir_control *ctl)
 {
@@ -51,7 +56,7 @@ const char *apir_control_path(const struct apir_control *ctl)
 }
 
 /* Bound under a temporary name, given its mode and group, renamed once
- * listening (as the guest socket: shm_server.c). */
+ * listening (as the guest socket: server.c). */
 static bool bind_control(struct apir_control *ctl, const char *path, char *err, size_t err_len)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX }, tmp = { .sun_family = AF_UNIX };
@@ -161,7 +166,7 @@ struct apir_control *apir_control_new(const struct apir_control_config *cfg, cha
         return NULL;
     }
     ctl->listen_fd = -1;
-    for (uint32_t i = 0; i < APIR_CONTROL_MAX_CONNS; i++)
+    for (uint32_t i = 0; i < N_CONNS; i++)
         ctl->conns[i].fd = -1;
     if (cfg->group && *cfg->group) {
         if (!apir_service_resolve_group(cfg->group, "--control-group", &ctl->gid, err, err_len))
@@ -172,12 +177,17 @@ struct apir_control *apir_control_new(const struct apir_control_config *cfg, cha
         goto fail;
     if (cfg->path && !bind_control(ctl, cfg->path, err, err_len))
         goto fail;
+    if (cfg->metrics_listen &&
+        !(ctl->http = apir_metrics_http_new(cfg->metrics_listen, ctl->has_group ? &ctl->gid : NULL, err, err_len)))
+        goto fail;
     if (ctl->listen_fd >= 0)
         APIR_INFO("host", "control socket unix:%s (mode %s%s): apir stat, apir ps", ctl->path,
                   ctl->has_group ? "0660, group " : "0600", ctl->has_group ? cfg->group : "");
     if (ctl->metrics_path)
         APIR_INFO("host", "metrics: %s, every %llu s", ctl->metrics_path,
                   (unsigned long long)(ctl->metrics_interval_ns / 1000000000ull));
+    if (ctl->http)
+        APIR_INFO("host", "metrics over HTTP: GET /metrics at %s", apir_metrics_http_where(ctl->http));
     return ctl;
 fail:
     apir_control_free(ctl);
@@ -197,13 +207,14 @@ void apir_control_free(struct apir_control *ctl)
 {
     if (!ctl)
         return;
-    for (uint32_t i = 0; i < APIR_CONTROL_MAX_CONNS; i++)
+    for (uint32_t i = 0; i < N_CONNS; i++)
         if (ctl->conns[i].fd >= 0)
             conn_close(ctl, i);
     if (ctl->listen_fd >= 0) {
         close(ctl->listen_fd);
         unlink(ctl->path);
     }
+    apir_metrics_http_free(ctl->http);
     /* A stopped host has no metrics: node_exporter then reports none,
      * rather than the last guests forever. */
     if (ctl->metrics_path && ctl->next_metrics_ns)
@@ -273,24 +284,30 @@ static void conn_answer_text(struct ctl_conn *c, const char *text)
         conn_answer(c, s, strlen(s));
 }
 
-static void accept_conns(struct apir_control *ctl)
+/* New connections on the control socket, or on the metrics listener (http:
+ * no peer check - its address or file mode is the check). */
+static void accept_conns(struct apir_control *ctl, int listen_fd, bool http)
 {
+    const uint32_t first = http ? APIR_CONTROL_MAX_CONNS : 0;
+    const uint32_t end = http ? N_CONNS : APIR_CONTROL_MAX_CONNS;
     for (;;) {
-        int fd = accept4(ctl->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
             return;
-        struct ucred peer;
-        const char *why;
-        const bool allowed = peer_allowed(ctl, fd, &peer, &why);
+        struct ucred peer = { 0 };
+        const char *why = NULL;
+        const bool allowed = http || peer_allowed(ctl, fd, &peer, &why);
         if (!allowed)
             APIR_WARN("host", "control connection refused (pid %d, uid %u, gid %u): %s", (int)peer.pid,
                       (unsigned)peer.uid, (unsigned)peer.gid, why);
-        uint32_t i = 0;
-        while (i < APIR_CONTROL_MAX_CONNS && ctl->conns[i].fd >= 0)
+        uint32_t i = first;
+        while (i < end && ctl->conns[i].fd >= 0)
             i++;
-        if (i == APIR_CONTROL_MAX_CONNS) {
+        if (i == end) {
             /* No room: a best-effort answer, then closed. */
-            const char *text = allowed ? "error: busy; retry\n" : "error: not allowed\n";
+            const char *text = http ? "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                                      "Connection: close\r\n\r\n"
+                               : allowed ? "error: busy; retry\n" : "error: not allowed\n";
             ssize_t w = send(fd, text, strlen(text), MSG_NOSIGNAL);
             (void)w;
             close(fd);
@@ -298,23 +315,40 @@ static void accept_conns(struct apir_control *ctl)
         }
         /* A refused peer gets its answer at once and one second to read it. */
         const uint64_t ms = allowed ? APIR_CONTROL_DEADLINE_MS : 1000;
-        ctl->conns[i] = (struct ctl_conn){ .fd = fd, .deadline_ns = apir_now_ns() + ms * 1000000ull };
+        ctl->conns[i] = (struct ctl_conn){ .fd = fd, .http = http, .deadline_ns = apir_now_ns() + ms * 1000000ull };
         ctl->n_conns++;
         if (!allowed)
             conn_answer_text(&ctl->conns[i], "error: not allowed\n");
-        APIR_DEBUG("host", "control connection (pid %d, uid %u)", (int)peer.pid, (unsigned)peer.uid);
+        APIR_DEBUG("host", "%s connection (pid %d, uid %u)", http ? "metrics" : "control", (int)peer.pid,
+                   (unsigned)peer.uid);
     }
+}
+
+/* An HTTP request: read while it comes; once its head is whole (or too
+ * long), the answer. */
+static void conn_read_http(struct ctl_conn *c, bool eof, apir_control_render_fn render, void *user)
+{
+    bool with_body = false;
+    int status = apir_metrics_http_status(c->req, c->req_len, &with_body);
+    if (!status && !eof)
+        return;
+    size_t len = 0;
+    char *out = apir_metrics_http_answer(status ? status : 400, with_body, render, user, &len);
+    if (out)
+        conn_answer(c, out, len);
 }
 
 /* Reads the request line; once whole, makes the answer. */
 static void conn_read(struct ctl_conn *c, apir_control_render_fn render, void *user)
 {
     bool eof = false;
+    /* A control request is one short line; an HTTP head up to the buffer. */
+    const size_t cap = c->http ? sizeof(c->req) - 1 : 32;
     for (;;) {
-        ssize_t n = read(c->fd, c->req + c->req_len, sizeof(c->req) - 1 - c->req_len);
+        ssize_t n = read(c->fd, c->req + c->req_len, cap - c->req_len);
         if (n > 0) {
             c->req_len += (size_t)n;
-            if (c->req_len == sizeof(c->req) - 1 || memchr(c->req, '\n', c->req_len))
+            if (c->req_len == cap || (!c->http && memchr(c->req, '\n', c->req_len)))
                 break;
             continue;
         }
@@ -327,7 +361,11 @@ static void conn_read(struct ctl_conn *c, apir_control_render_fn render, void *u
         break;
     }
     c->req[c->req_len] = '\0';
-    if (!eof && !memchr(c->req, '\n', c->req_len) && c->req_len < sizeof(c->req) - 1)
+    if (c->http) {
+        conn_read_http(c, eof, render, user);
+        return;
+    }
+    if (!eof && !memchr(c->req, '\n', c->req_len) && c->req_len < cap)
         return;  /* more to come */
     c->req[strcspn(c->req, "\r\n")] = '\0';
     static const struct { const char *word; enum apir_stats_format format; } requests[] = {
@@ -347,7 +385,11 @@ static void conn_read(struct ctl_conn *c, apir_control_render_fn render, void *u
             conn_answer_text(c, "error: out of memory\n");
         return;
     }
-    conn_answer_text(c, "error: unknown request (one line: json, text, ps or metrics)\n");
+    if (!strncmp(c->req, "GET ", 4))
+        conn_answer_text(c, "error: this is apir-host's control socket, not HTTP: apir-host --metrics-listen ADDR "
+                            "answers GET /metrics\n");
+    else
+        conn_answer_text(c, "error: unknown request (one line: json, text, ps or metrics)\n");
 }
 
 /* Writes what the socket takes; true when done. */
@@ -413,7 +455,9 @@ size_t apir_control_poll_fill(struct apir_control *ctl, struct pollfd *pfds)
     size_t n = 0;
     if (ctl->listen_fd >= 0)
         pfds[n++] = (struct pollfd){ .fd = ctl->listen_fd, .events = POLLIN };
-    for (uint32_t i = 0; i < APIR_CONTROL_MAX_CONNS; i++)
+    if (ctl->http)
+        pfds[n++] = (struct pollfd){ .fd = apir_metrics_http_fd(ctl->http), .events = POLLIN };
+    for (uint32_t i = 0; i < N_CONNS; i++)
         if (ctl->conns[i].fd >= 0)
             pfds[n++] = (struct pollfd){ .fd = ctl->conns[i].fd,
                                          .events = ctl->conns[i].out && !ctl->conns[i].draining ? POLLOUT : POLLIN };
@@ -426,16 +470,17 @@ void apir_control_poll_done(struct apir_control *ctl, const struct pollfd *pfds,
     if (!ctl)
         return;
     const uint64_t now = apir_now_ns();
+    const int http_fd = apir_metrics_http_fd(ctl->http);
     for (size_t k = 0; k < n; k++) {
-        if (pfds[k].fd == ctl->listen_fd) {
+        if (pfds[k].fd == ctl->listen_fd || pfds[k].fd == http_fd) {
             if (pfds[k].revents & POLLIN)
-                accept_conns(ctl);
+                accept_conns(ctl, pfds[k].fd, pfds[k].fd == http_fd);
             continue;
         }
         uint32_t i = 0;
-        while (i < APIR_CONTROL_MAX_CONNS && ctl->conns[i].fd != pfds[k].fd)
+        while (i < N_CONNS && ctl->conns[i].fd != pfds[k].fd)
             i++;
-        if (i == APIR_CONTROL_MAX_CONNS)
+        if (i == N_CONNS)
             continue;
         struct ctl_conn *c = &ctl->conns[i];
         const short rev = pfds[k].revents;
@@ -459,7 +504,7 @@ void apir_control_poll_done(struct apir_control *ctl, const struct pollfd *pfds,
         }
     }
     /* Deadlines of connections that saw no event. */
-    for (uint32_t i = 0; i < APIR_CONTROL_MAX_CONNS; i++)
+    for (uint32_t i = 0; i < N_CONNS; i++)
         if (ctl->conns[i].fd >= 0 && now >= ctl->conns[i].deadline_ns)
             conn_close(ctl, i);
     if (ctl->metrics_path && now >= ctl->next_metrics_ns) {
@@ -476,7 +521,7 @@ int apir_control_timeout_ms(const struct apir_control *ctl)
     uint64_t next = UINT64_MAX;
     if (ctl->metrics_path)
         next = ctl->next_metrics_ns;
-    for (uint32_t i = 0; i < APIR_CONTROL_MAX_CONNS; i++)
+    for (uint32_t i = 0; i < N_CONNS; i++)
         if (ctl->conns[i].fd >= 0 && ctl->conns[i].deadline_ns < next)
             next = ctl->conns[i].deadline_ns;
     if (next == UINT64_MAX)

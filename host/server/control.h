@@ -15,8 +15,11 @@
  *    format, for node_exporter's textfile collector, rewritten every
  *    --metrics-interval seconds through a temporary file and a rename (a
  *    reader never sees half a file), removed when the host stops.
+ *  - The metrics listener (--metrics-listen ADDR, metrics_http.h): the same
+ *    document for Prometheus' scrape, GET /metrics over HTTP, on a loopback
+ *    address or a Unix socket.
  *
- * Both are served by the daemon's poll loop (shm_server.c): the sockets are
+ * Both are served by the daemon's poll loop (server.c): the sockets are
  * non-blocking, at most APIR_CONTROL_MAX_CONNS clients at once, each closed
  * after APIR_CONTROL_DEADLINE_MS; the metrics deadline is the loop's poll
  * timeout.  No thread, nothing on a guest's path.
@@ -30,9 +33,11 @@
 #include <stdint.h>
 
 #include "host_stats.h"
+#include "metrics_http.h"
 
 #define APIR_CONTROL_MAX_CONNS   8
-#define APIR_CONTROL_MAX_POLL    (1 + APIR_CONTROL_MAX_CONNS)
+/* the control socket and the metrics listener, and their connections */
+#define APIR_CONTROL_MAX_POLL    (2 + APIR_CONTROL_MAX_CONNS + APIR_METRICS_HTTP_MAX_CONNS)
 #define APIR_CONTROL_DEADLINE_MS 5000
 #define APIR_METRICS_INTERVAL_DEFAULT_S 10
 
@@ -41,6 +46,7 @@ struct apir_control_config {
     const char *group;          /* its group (mode 0660); NULL: owner only (0600) */
     const char *metrics_file;   /* NULL: none */
     unsigned metrics_interval_s;
+    const char *metrics_listen; /* HTTP /metrics: HOST:PORT (loopback) or unix:PATH; NULL: none */
 };
 
 struct apir_control;
@@ -48,10 +54,10 @@ struct apir_control;
 /* The document asked for, malloc'ed (NULL: out of memory). */
 typedef char *(*apir_control_render_fn)(void *user, enum apir_stats_format format, size_t *len);
 
-/* Binds the control socket and checks the metrics file's folder; NULL with
- * a message in err. */
+/* Binds the control socket and the metrics listener and checks the metrics
+ * file's folder; NULL with a message in err. */
 struct apir_control *apir_control_new(const struct apir_control_config *cfg, char *err, size_t err_len);
-/* Closes every connection, removes the socket file and the metrics file. */
+/* Closes every connection, removes the socket files and the metrics file. */
 void apir_control_free(struct apir_control *ctl);
 const char *apir_control_path(const struct apir_control *ctl);
 

@@ -12,13 +12,25 @@
 #include "handles.h"
 #include "session.h"
 
+#include "wait.h"
+
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #define STATS_READ_TRIES 1000
+
+/* From a short command (a supports_op query answers in tens of us) to a
+ * graph past any sane budget. */
+const uint64_t apir_latency_bounds_ns[APIR_LATENCY_BUCKETS] = {
+    50000ull,     100000ull,    250000ull,    500000ull,     1000000ull,    2500000ull,    5000000ull,  10000000ull,
+    25000000ull,  50000000ull,  100000000ull, 250000000ull,  500000000ull,  1000000000ull, 2500000000ull, 10000000000ull,
+};
 
 void apir_stats_page_init(struct apir_stats_page *p)
 {
@@ -49,13 +61,43 @@ static void write_end(struct apir_stats_page *p)
 #define PUT(field, v) atomic_store_explicit(&p->field, (uint64_t)(v), memory_order_relaxed)
 #define GET(field) atomic_load_explicit(&p->field, memory_order_relaxed)
 
+/* One observation into a page's histogram (under the seqlock). */
+static void observe(_Atomic uint64_t *h, uint64_t ns, uint64_t times)
+{
+    uint32_t i = 0;
+    while (i < APIR_LATENCY_BUCKETS && ns > apir_latency_bounds_ns[i])
+        i++;
+    atomic_store_explicit(&h[0], atomic_load_explicit(&h[0], memory_order_relaxed) + times, memory_order_relaxed);
+    atomic_store_explicit(&h[1], atomic_load_explicit(&h[1], memory_order_relaxed) + ns * times, memory_order_relaxed);
+    if (i < APIR_LATENCY_BUCKETS)  /* over the last bound: +Inf, which is the count */
+        atomic_store_explicit(&h[2 + i], atomic_load_explicit(&h[2 + i], memory_order_relaxed) + times,
+                              memory_order_relaxed);
+}
+
+static void read_hist(_Atomic uint64_t *h, struct apir_latency_hist *out)
+{
+    out->count = atomic_load_explicit(&h[0], memory_order_relaxed);
+    out->sum_ns = atomic_load_explicit(&h[1], memory_order_relaxed);
+    for (uint32_t i = 0; i < APIR_LATENCY_BUCKETS; i++)
+        out->bucket[i] = atomic_load_explicit(&h[2 + i], memory_order_relaxed);
+}
+
+static void add_hist(struct apir_latency_hist *to, const struct apir_latency_hist *h)
+{
+    to->count += h->count;
+    to->sum_ns += h->sum_ns;
+    for (uint32_t i = 0; i < APIR_LATENCY_BUCKETS; i++)
+        to->bucket[i] += h->bucket[i];
+}
+
 void apir_stats_publish(struct apir_stats_page *p, const struct apir_session *s, enum apir_guest_state state,
                         uint64_t last_command_ns, int32_t says_pid)
 {
     if (!p || !s)
         return;
     /* Only this side writes the page: its own last values say what changed. */
-    const uint64_t graphs_before = GET(graphs);
+    const uint64_t graphs_before = GET(graphs), compute_ns_before = GET(compute_ns);
+    const uint64_t ended_ns = last_command_ns ? apir_now_ns() : 0;
     const bool buffers_changed = GET(buffers) != s->n_buffers || GET(bytes) != s->bytes_allocated;
     uint64_t dev_buffers[APIR_HOST_MAX_DEVICES] = { 0 }, dev_bytes[APIR_HOST_MAX_DEVICES] = { 0 };
     if (buffers_changed) {
@@ -91,6 +133,13 @@ void apir_stats_publish(struct apir_stats_page *p, const struct apir_session *s,
      * just served cannot have switched it and computed. */
     if (s->stats.n_graphs != graphs_before && s->device < APIR_HOST_MAX_DEVICES)
         PUT(dev_graphs[s->device], GET(dev_graphs[s->device]) + (s->stats.n_graphs - graphs_before));
+    if (ended_ns > last_command_ns)
+        observe(p->command_latency, ended_ns - last_command_ns, 1);
+    /* One command computes one graph; were there more, each counts their mean. */
+    if (s->stats.n_graphs > graphs_before && s->stats.compute_ns >= compute_ns_before) {
+        const uint64_t n = s->stats.n_graphs - graphs_before;
+        observe(p->graph_latency, (s->stats.compute_ns - compute_ns_before) / n, n);
+    }
     if (buffers_changed) {
         for (uint32_t d = 0; d < APIR_HOST_MAX_DEVICES; d++) {
             PUT(dev_buffers[d], dev_buffers[d]);
@@ -119,6 +168,8 @@ bool apir_stats_read(const struct apir_stats_page *cp, struct apir_guest_counter
             out->dev_bytes[d] = GET(dev_bytes[d]);
             out->dev_graphs[d] = GET(dev_graphs[d]);
         }
+        read_hist(p->command_latency, &out->command_latency);
+        read_hist(p->graph_latency, &out->graph_latency);
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&p->seq, memory_order_relaxed) == seq)
             return true;
@@ -135,6 +186,8 @@ void apir_stats_retire(struct apir_guest_counters *retired, const struct apir_gu
     retired->compute_ns += c->compute_ns;
     for (uint32_t d = 0; d < APIR_HOST_MAX_DEVICES; d++)
         retired->dev_graphs[d] += c->dev_graphs[d];
+    add_hist(&retired->command_latency, &c->command_latency);
+    add_hist(&retired->graph_latency, &c->graph_latency);
 }
 
 /* ---- documents ------------------------------------------------------------- */
@@ -273,7 +326,8 @@ static bool unlimited(uint64_t max)
 
 /* Host-wide sums over the live guests (and, for counters, the departed). */
 struct totals {
-    uint64_t buffers, bytes, blobs, blob_bytes, commands, refused, graphs, recomputes;
+    uint64_t buffers, bytes, blobs, blob_bytes, commands, refused, graphs, recomputes, compute_ns;
+    struct apir_latency_hist command_latency, graph_latency;
     uint64_t dev_guests[APIR_HOST_MAX_DEVICES], dev_buffers[APIR_HOST_MAX_DEVICES], dev_bytes[APIR_HOST_MAX_DEVICES],
         dev_graphs[APIR_HOST_MAX_DEVICES];
 };
@@ -285,6 +339,9 @@ static void sum(const struct apir_host_view *v, struct totals *t)
     t->refused = v->retired.refused;
     t->graphs = v->retired.graphs;
     t->recomputes = v->retired.recomputes;
+    t->compute_ns = v->retired.compute_ns;
+    t->command_latency = v->retired.command_latency;
+    t->graph_latency = v->retired.graph_latency;
     for (uint32_t d = 0; d < APIR_HOST_MAX_DEVICES; d++)
         t->dev_graphs[d] = v->retired.dev_graphs[d];
     for (uint32_t i = 0; i < v->n_guests; i++) {
@@ -297,6 +354,9 @@ static void sum(const struct apir_host_view *v, struct totals *t)
         t->refused += c->refused;
         t->graphs += c->graphs;
         t->recomputes += c->recomputes;
+        t->compute_ns += c->compute_ns;
+        add_hist(&t->command_latency, &c->command_latency);
+        add_hist(&t->graph_latency, &c->graph_latency);
         if (c->state == APIR_GUEST_SERVING && c->device < v->host->n_devices)
             t->dev_guests[c->device]++;
         for (uint32_t d = 0; d < APIR_HOST_MAX_DEVICES; d++) {
@@ -577,7 +637,72 @@ static void host_metric(struct strbuf *b, const char *name, const char *type, co
     put(b, "%s %llu\n", name, (unsigned long long)value);
 }
 
-static void render_prometheus(struct strbuf *b, const struct apir_host_view *v)
+/* A histogram, cumulated as Prometheus wants: name_bucket{le=...}, _sum, _count. */
+static void put_histogram(struct strbuf *b, const char *name, const char *help, const struct apir_latency_hist *h)
+{
+    metric_head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (uint32_t i = 0; i < APIR_LATENCY_BUCKETS; i++) {
+        cum += h->bucket[i];
+        put(b, "%s_bucket{le=\"%g\"} %llu\n", name, (double)apir_latency_bounds_ns[i] / 1e9, (unsigned long long)cum);
+    }
+    put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
+    put(b, "%s_sum %.9f\n%s_count %llu\n", name, seconds(h->sum_ns), name, (unsigned long long)h->count);
+}
+
+/* The daemon's own process, as Prometheus' client libraries name it
+ * (process_*), from getrusage and /proc/self: nothing a guest sends. */
+static void render_process(struct strbuf *b, const struct apir_host_view *v)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        metric_head(b, "process_cpu_seconds_total", "counter", "User and system CPU time of apir-host's daemon.");
+        put(b, "process_cpu_seconds_total %.6f\n", (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                                                     (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+    }
+    if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
+        metric_head(b, "apir_workers_cpu_seconds_total", "counter",
+                    "User and system CPU time of the worker processes that have ended.");
+        put(b, "apir_workers_cpu_seconds_total %.6f\n", (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                                                          (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+    }
+    unsigned long long vm_pages = 0, rss_pages = 0;
+    FILE *f = fopen("/proc/self/statm", "re");
+    if (f) {
+        if (fscanf(f, "%llu %llu", &vm_pages, &rss_pages) == 2) {
+            const long page = sysconf(_SC_PAGESIZE);
+            host_metric(b, "process_resident_memory_bytes", "gauge", "Resident memory of apir-host's daemon.",
+                        rss_pages * (unsigned long long)page);
+            host_metric(b, "process_virtual_memory_bytes", "gauge", "Virtual memory of apir-host's daemon.",
+                        vm_pages * (unsigned long long)page);
+        }
+        fclose(f);
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        uint64_t n = 0;
+        for (struct dirent *e; (e = readdir(d));)
+            n += e->d_name[0] != '.';
+        closedir(d);
+        host_metric(b, "process_open_fds", "gauge", "Open file descriptors of apir-host's daemon.", n ? n - 1 : 0);
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        host_metric(b, "process_max_fds", "gauge", "Most open file descriptors apir-host's daemon may have.",
+                    (uint64_t)rl.rlim_cur);
+    metric_head(b, "process_start_time_seconds", "gauge", "When apir-host's daemon started (Unix time).");
+    put(b, "process_start_time_seconds %.3f\n", (double)v->start_unix_ms / 1000.0);
+}
+
+/*
+ * Names: apir_X is the host's total of X, apir_guest_X one guest's (label
+ * guest), apir_device_X one device's (label device), apir_limit_X a
+ * per-guest limit; counters end in _total, times are in seconds.  So the
+ * host's apir_buffer_bytes is the sum of apir_guest_buffer_bytes over the
+ * guests, and apir_commands_total that of apir_guest_commands_total plus
+ * the departed guests'.
+ */
+static void render_prometheus(struct strbuf *b, const struct apir_host_view *v, bool with_comm)
 {
     const struct apir_host *h = v->host;
     const struct apir_limits *l = &h->cfg.limits;
@@ -607,6 +732,12 @@ static void render_prometheus(struct strbuf *b, const struct apir_host_view *v)
     host_metric(b, "apir_graphs_total", "counter", "Graphs computed since start, all guests.", t.graphs);
     host_metric(b, "apir_recomputes_total", "counter", "Kept graphs recomputed by key since start, all guests.",
                 t.recomputes);
+    metric_head(b, "apir_compute_seconds_total", "counter", "Time spent checking and computing graphs, all guests.");
+    put(b, "apir_compute_seconds_total %.6f\n", seconds(t.compute_ns));
+    put_histogram(b, "apir_command_duration_seconds",
+                  "A command's time on the host, from its arrival to its answer, all guests.", &t.command_latency);
+    put_histogram(b, "apir_graph_compute_duration_seconds",
+                  "A graph's check and compute (its launch when not waited for), all guests.", &t.graph_latency);
     host_metric(b, "apir_limit_clients", "gauge", "Most guests at once (--max-clients).", l->max_clients);
     host_metric(b, "apir_limit_buffers", "gauge", "Live buffers per guest (--max-buffers).", l->max_buffers);
     if (!unlimited(l->max_alloc_bytes) && l->max_alloc_bytes != APIR_ALLOC_QUOTA_AUTO)
@@ -635,9 +766,12 @@ static void render_prometheus(struct strbuf *b, const struct apir_host_view *v)
                 "A connected guest: its peer credentials (SO_PEERCRED), process name and worker (always 1).");
     for (uint32_t i = 0; i < v->n_guests; i++) {
         const struct apir_guest_row *g = &v->guests[i];
-        put(b, "apir_guest_info{guest=\"%llu\",pid=\"%d\",uid=\"%u\",gid=\"%u\",comm=", (unsigned long long)g->id,
+        put(b, "apir_guest_info{guest=\"%llu\",pid=\"%d\",uid=\"%u\",gid=\"%u\"", (unsigned long long)g->id,
             (int)g->pid, (unsigned)g->uid, (unsigned)g->gid);
-        put_label(b, g->comm);
+        if (with_comm) {
+            put(b, ",comm=");
+            put_label(b, g->comm);
+        }
         put(b, ",worker_pid=\"%d\",state=\"%s\"} 1\n", (int)g->worker_pid, state_name(g->c.state));
     }
     GUEST_METRIC("apir_guest_uptime_seconds", "gauge", "Seconds since the guest connected.", "%.3f",
@@ -646,7 +780,7 @@ static void render_prometheus(struct strbuf *b, const struct apir_host_view *v)
                  since_s(v, c->last_command_ns ? c->last_command_ns : g->connected_ns));
     GUEST_METRIC("apir_guest_device", "gauge", "The guest's current device.", "%llu", (unsigned long long)c->device);
     GUEST_METRIC("apir_guest_buffers", "gauge", "The guest's live buffers.", "%llu", (unsigned long long)c->buffers);
-    GUEST_METRIC("apir_guest_bytes", "gauge", "Bytes in the guest's live buffers (weight copies included).", "%llu",
+    GUEST_METRIC("apir_guest_buffer_bytes", "gauge", "Bytes in the guest's live buffers (weight copies included).", "%llu",
                  (unsigned long long)c->bytes);
     GUEST_METRIC("apir_guest_blobs", "gauge", "The guest's shared-memory blobs.", "%llu", (unsigned long long)c->blobs);
     GUEST_METRIC("apir_guest_blob_bytes", "gauge", "Bytes of the guest's shared-memory blobs.", "%llu",
@@ -661,6 +795,7 @@ static void render_prometheus(struct strbuf *b, const struct apir_host_view *v)
                  (unsigned long long)c->recomputes);
     GUEST_METRIC("apir_guest_compute_seconds_total", "counter", "Time spent checking and computing the guest's graphs.",
                  "%.6f", seconds(c->compute_ns));
+    render_process(b, v);
 }
 
 char *apir_stats_render(const struct apir_host_view *v, enum apir_stats_format f, size_t *len)
@@ -670,7 +805,8 @@ char *apir_stats_render(const struct apir_host_view *v, enum apir_stats_format f
     case APIR_STATS_TEXT: render_text(&b, v); break;
     case APIR_STATS_PS: render_ps(&b, v); break;
     case APIR_STATS_JSON: render_json(&b, v); break;
-    case APIR_STATS_PROMETHEUS: render_prometheus(&b, v); break;
+    case APIR_STATS_PROMETHEUS: render_prometheus(&b, v, true); break;
+    case APIR_STATS_PROMETHEUS_PUBLIC: render_prometheus(&b, v, false); break;
     }
     if (b.failed || !b.s) {
         free(b.s);

@@ -35,7 +35,7 @@ struct apir_session;
 #define APIR_STATS_PAGE_MAGIC   0x54535041u  /* "APST" */
 /* Bumped whenever the page's layout changes (daemon and workers are one
  * binary, but a page is checked before it is believed). */
-#define APIR_STATS_PAGE_VERSION 1u
+#define APIR_STATS_PAGE_VERSION 2u
 #define APIR_STATS_PAGE_SIZE    4096u
 
 /* A guest's state as its page says. */
@@ -61,6 +61,23 @@ enum apir_guest_state {
     X(recomputes)      /* keyed graphs recomputed by key */                                 \
     X(compute_ns)      /* time spent checking and computing graphs */
 
+/*
+ * Latency histograms (Prometheus histograms in the metrics): each counts
+ * observations in buckets by upper bound, not cumulated here (the metrics
+ * cumulate them), plus their number and sum.  The same bounds for both:
+ *  - a command's time on the host, from its arrival (the serving thread
+ *    woken, or its frame read) to its answer sent - the round trip less
+ *    the transport both ways;
+ *  - a graph's check and compute (a graph launched and not waited for
+ *    counts its launch).
+ */
+#define APIR_LATENCY_BUCKETS 16
+extern const uint64_t apir_latency_bounds_ns[APIR_LATENCY_BUCKETS];
+struct apir_latency_hist {
+    uint64_t count, sum_ns;
+    uint64_t bucket[APIR_LATENCY_BUCKETS];  /* observations <= that bound (and above the one before) */
+};
+
 struct apir_guest_counters {
 #define APIR_X_FIELD(name) uint64_t name;
     APIR_GUEST_COUNTERS(APIR_X_FIELD)
@@ -68,6 +85,7 @@ struct apir_guest_counters {
     uint64_t dev_buffers[APIR_HOST_MAX_DEVICES];  /* live buffers per device */
     uint64_t dev_bytes[APIR_HOST_MAX_DEVICES];    /* ... their bytes */
     uint64_t dev_graphs[APIR_HOST_MAX_DEVICES];   /* graphs computed per device */
+    struct apir_latency_hist command_latency, graph_latency;
 };
 
 /* The shared page.  The daemon writes the header before the worker runs;
@@ -83,6 +101,9 @@ struct apir_stats_page {
     _Atomic uint64_t dev_buffers[APIR_HOST_MAX_DEVICES];
     _Atomic uint64_t dev_bytes[APIR_HOST_MAX_DEVICES];
     _Atomic uint64_t dev_graphs[APIR_HOST_MAX_DEVICES];
+    /* count, sum_ns, then the buckets (struct apir_latency_hist's order) */
+    _Atomic uint64_t command_latency[2 + APIR_LATENCY_BUCKETS];
+    _Atomic uint64_t graph_latency[2 + APIR_LATENCY_BUCKETS];
 };
 _Static_assert(sizeof(struct apir_stats_page) <= APIR_STATS_PAGE_SIZE, "the stats page fits one page");
 
@@ -93,8 +114,10 @@ bool apir_stats_page_valid(const struct apir_stats_page *p);
 
 /*
  * The serving side, after each command: copies the session's counters into
- * the page.  Memory only (relaxed atomic stores under the seqlock); the
- * per-device buffer split is recounted only when the buffers changed.
+ * the page, and counts the command's time (since last_command_ns, when it
+ * began; 0: no command) and its graphs' in the histograms.  Memory only
+ * (relaxed atomic stores under the seqlock, one clock read); the per-device
+ * buffer split is recounted only when the buffers changed.
  */
 void apir_stats_publish(struct apir_stats_page *p, const struct apir_session *s, enum apir_guest_state state,
                         uint64_t last_command_ns, int32_t says_pid);
@@ -103,8 +126,8 @@ void apir_stats_publish(struct apir_stats_page *p, const struct apir_session *s,
  * tries, or a bad header) with whatever was read. */
 bool apir_stats_read(const struct apir_stats_page *p, struct apir_guest_counters *out);
 
-/* Adds a departed guest's counters (not its gauges: buffers, blobs...) to
- * the host's totals, which therefore never go down. */
+/* Adds a departed guest's counters and histograms (not its gauges:
+ * buffers, blobs...) to the host's totals, which therefore never go down. */
 void apir_stats_retire(struct apir_guest_counters *retired, const struct apir_guest_counters *c);
 
 /* ---- documents ------------------------------------------------------------- */
@@ -144,6 +167,7 @@ enum apir_stats_format {
     APIR_STATS_PS,          /* apir ps: one line per guest */
     APIR_STATS_JSON,        /* apir stat --json, apir ps --json */
     APIR_STATS_PROMETHEUS,  /* the metrics file: Prometheus text exposition format */
+    APIR_STATS_PROMETHEUS_PUBLIC,  /* the same without what guests chose (process names): HTTP */
 };
 
 /* The version of the JSON document's layout ("format" in it). */

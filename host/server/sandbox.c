@@ -3,7 +3,7 @@
  * a worker - its namespaces and uid - is workers.c): the render-server
  * model of virglrenderer and browsers' GPU processes.  The daemon only
  * accepts connections and starts workers: it never parses a guest's bytes
- * (shm_server.c accept_new: SO_PEERCRED, then a worker).  Each worker
+ * (server.c accept_new: SO_PEERCRED, then a worker).  Each worker
  * starts in PID, IPC and mount namespaces of its own (a /proc showing only
  * itself) where the kernel allows them, loads its backend with the
  * daemon's rights - the backend libraries, a GPU's device nodes and the TLS

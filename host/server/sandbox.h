@@ -47,6 +47,32 @@ void apir_sandbox_config_default(struct apir_sandbox_config *cfg);
  */
 bool apir_workers_sandbox(const struct apir_sandbox_config *cfg, uint32_t max_clients, char *err, size_t err_len);
 
+/* A uid of the pool for a worker about to start (no other live worker has
+ * it), or -1 when workers keep their starter's uid; given back once the
+ * worker has ended.  Thread-safe. */
+int64_t apir_worker_uid_take(void);
+void apir_worker_uid_release(int64_t uid);
+
+/* A worker to start: a fresh process image, so nothing of its starter's
+ * memory is in it (apir-host's worker mode, --serve-fd). */
+struct apir_worker_exec {
+    const char *program;     /* the executable; NULL: this program (/proc/self/exe) */
+    char *const *argv;
+    char *const *envp;       /* NULL: this process's environment */
+    const int *keep;         /* the descriptors it inherits besides 0-2 (every other one closes) */
+    unsigned n_keep;
+    int stdin_fd;            /* its standard input, or -1: this process's */
+    int64_t uid;             /* from apir_worker_uid_take (its --worker-uid), or -1 */
+};
+
+/*
+ * Starts a worker in the namespaces apir_workers_sandbox chose (a plain
+ * fork without that call, or with the sandbox off), killed when the
+ * calling thread ends (PR_SET_PDEATHSIG).  Its pid, or -1 with errno; the
+ * caller reaps it.  The worker enters its sandbox itself (sandbox_enter).
+ */
+pid_t apir_worker_exec(const struct apir_worker_exec *w);
+
 /* ---- the worker ------------------------------------------------------- */
 
 /*

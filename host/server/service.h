@@ -30,7 +30,7 @@ void apir_service_init(void);
  * (close-on-exec from now on: workers do not inherit it), -1 when none was
  * passed, -2 with a message in err when the passed set is unusable (more
  * than one descriptor).  The socket's type is checked by
- * apir_shm_server_adopt.  The first call takes the fd; later calls return -1.
+ * apir_server_adopt.  The first call takes the fd; later calls return -1.
  */
 int apir_service_listen_fd(char *err, size_t err_len);
 
@@ -48,7 +48,7 @@ void apir_service_status(const char *fmt, ...) __attribute__((format(printf, 1, 
 
 /* The process connected on fd (SO_PEERCRED: the kernel's word, not the
  * peer's); false, with uid and gid (uid_t)-1 and pid 0, when the kernel
- * cannot say.  Guests (shm_server.c) and control clients (control.c). */
+ * cannot say.  Guests (server.c) and control clients (control.c). */
 struct ucred;
 bool apir_peer_cred(int fd, struct ucred *out);
 

@@ -1,47 +1,65 @@
 /*
  * libapir-virgl.so: the apir host as a virglrenderer API-remoting library
- * (APIR 0.1 section 6).  virglrenderer loads it in the hypervisor process and
- * calls three entry points, per virtio-gpu context (ctx_id):
+ * (APIR 0.1 section 6).  virglrenderer loads it in the hypervisor process
+ * (or in its render server's per-context worker) and calls three entry
+ * points, per virtio-gpu context (ctx_id):
  *
  *   apir_backend_initialize(ctx_id, cbs)  on the guest's LOADLIBRARY
  *   apir_backend_dispatcher(ctx_id, cbs, cmd, request, reply...)  per FORWARD
  *   apir_backend_deinit(ctx_id)           when the context is destroyed
  *
- * Each context gets its own struct apir_session (host/core/session.h): its own
- * handle table, buffers, backend streams and scratch, exactly as a guest of
- * the apir-host daemon does.  So several VMs (or several guest processes,
- * or one process's several devices) are isolated from each other, and every
- * guarantee of the dispatcher holds here too: the guest sees handles, not
- * pointers; tensors, graphs and shared-memory ranges are bounds-checked; ops
- * the device does not support are refused before they reach the backend.
+ * Nothing of a guest's is computed in this process.  Each context is served
+ * by a worker process of its own (worker_link.h): apir-host in its worker
+ * mode, executed afresh - no memory of the hypervisor's, none of another
+ * VM's, is in it - and sandboxed exactly as the daemon's workers are
+ * (host/server/sandbox.c: its own PID, IPC, mount and, where needed, user
+ * namespaces; a uid of its own when this process may give one; no new
+ * privileges, not dumpable, limits, seccomp with argument filters).  The
+ * worker loads the ggml backend library, holds the context's session
+ * (handles, buffers, streams) and runs every check and kernel; a guest that
+ * takes control of it through a kernel bug reaches that worker and the
+ * blobs of its own context, nothing else.  What stays here: reading the
+ * configuration, finding each blob's file and passing its descriptor, and
+ * copying commands and replies through shared memory (bounded both ways).
+ * A worker that dies fails its context's calls; the hypervisor and the
+ * other contexts go on.
  *
  * Configuration (virglrenderer's get_config, per context):
  *   ggml.library.path  the ggml *backend* library to serve, e.g.
- *                      /usr/lib/ggml/libggml-cuda.so or .../libggml-cpu.so.
- *                      It is loaded once per process (ggml_backend_load, so
- *                      ggml's own score and API-version checks apply) and
- *                      every one of its devices is offered to the guest.  It
- *                      must be built from the same ggml as this library.
+ *                      /usr/lib/ggml/libggml-cuda.so or .../libggml-cpu.so,
+ *                      loaded by the worker (ggml_backend_load, so ggml's
+ *                      own score and API-version checks apply); every one of
+ *                      its devices is offered to the guest.  It must be
+ *                      built from the same ggml as apir-host.
  *   ggml.library.reg   its registration function; default ggml_backend_init
  *                      (what every GGML_BACKEND_DL library exports).  Another
  *                      name (e.g. ggml_backend_cuda_reg of a non-DL build) is
  *                      called directly and its API version checked.
- *   apir.n_threads     (apir) CPU backend threads; default ggml's.
+ *   apir.n_threads     (apir) CPU backend threads; default the worker's.
  *   apir.device        (apir) serve only this device index of the library.
  *   apir.callbacks.get_shmem_size  (apir) "1" when cbs points at the larger
  *                      struct apir_virgl_callbacks below (blob sizes known).
+ *   apir.worker.path   (apir) the apir-host executable the workers run;
+ *                      default $APIR_VIRGL_WORKER, else apir-host beside this
+ *                      library as installed (LIBDIR/../bin) or built (the
+ *                      build folder).
+ *   apir.worker.timeout_ms  (apir) how long a command may go unanswered
+ *                      before its worker is ended (default 120000, twice the
+ *                      worker's own graph budget; 0: no limit).
+ * A worker gets the APIR_*, GGML_* and GPU runtime variables of this
+ * process's environment, nothing else of it (worker_link.c, env_passed).
  *
  * initialize's return codes (the reference's, which virglrenderer offsets by
  * 6 once more before the guest sees them):
  *   3 ggml.library.path missing, 4 it cannot be opened, 5 its registration
- *   symbol is missing; 6 + code otherwise: 0 success, 5 bad callbacks or no
- *   memory, 6 registration failed (NULL, wrong API version, score 0),
- *   7 this ctx_id is already initialized, 8 no usable device, 9 the first
- *   backend stream could not be started.
+ *   symbol is missing; 6 + code otherwise: 0 success, 5 bad callbacks, no
+ *   memory, or the worker could not be started (logged with the reason),
+ *   6 registration failed (NULL, wrong API version), 7 this ctx_id is
+ *   already initialized, 8 no usable device.
  *
- * Why the session's protocol minor is APIR_VERSION_MINOR: virglrenderer
- * answers HANDSHAKE itself and never tells the library what it negotiated.
- * Our guest transport asks the library's version (HOST_GET_VERSION,
+ * Why the worker's session speaks APIR_VERSION_MINOR: virglrenderer answers
+ * HANDSHAKE itself and never tells the library what it negotiated.  Our
+ * guest transport asks the library's version (HOST_GET_VERSION,
  * transport/virtgpu.c) and sends only the commands it has; a reference
  * guest never sends commands beyond 0.1.  Accepting them costs nothing:
  * each runs the same checks as in the daemon.
@@ -51,21 +69,22 @@
  */
 #include "apir_codec.h"
 #include "apir_commands.h"
-#include "apir_messages.h"
 #include "apir_log.h"
+#include "apir_messages.h"
 #include "apir_proto.h"
-#include "ggml-backend-impl.h"
-#include "ggml-backend.h"
-#include "host.h"
-#include "dispatcher.h"
+#include "blob_fd.h"
+#include "shm_proto.h"
+#include "worker_link.h"
 
 #include <dlfcn.h>
+#include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define APIR_VIRGL_EXPORT __attribute__((visibility("default")))
 
@@ -90,15 +109,18 @@ struct apir_virgl_callbacks {
 #define CFG_LIBRARY_REG  "ggml.library.reg"
 #define CFG_N_THREADS    "apir.n_threads"
 #define CFG_DEVICE       "apir.device"
+#define CFG_WORKER_PATH  "apir.worker.path"
+#define CFG_WORKER_TIMEOUT "apir.worker.timeout_ms"
 #define APIR_CFG_SHMEM_SIZE "apir.callbacks.get_shmem_size"
-#define DEFAULT_REG      "ggml_backend_init"
+#define ENV_WORKER       "APIR_VIRGL_WORKER"
+#define WORKER_TIMEOUT_MS_DEFAULT 120000
 
 /* Contexts are the hypervisor's to create; this bounds our table. */
 #define MAX_CONTEXTS 1024
 /* Blobs one command can name (the table's largest is one). */
 #define MAX_CMD_BLOBS 4
-/* Sizes of blobs learned from the process's mappings (see mapping_bound). */
-#define BOUND_CACHE 16
+/* Blobs a context's worker holds at once (see bind_blobs). */
+#define MAX_CTX_BLOBS 64
 
 APIR_VIRGL_EXPORT uint32_t apir_backend_initialize(uint32_t ctx_id, struct virgl_apir_callbacks *cbs);
 APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl_apir_callbacks *cbs, uint32_t cmd,
@@ -106,108 +128,32 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
                                                    const char *reply_end, char **reply_cur_after);
 APIR_VIRGL_EXPORT void apir_backend_deinit(uint32_t ctx_id);
 
-/* ---- ggml backend libraries ------------------------------------------------ */
-
-/*
- * One entry per (path, registration symbol) ever loaded in this process.
- * Entries are never unloaded: a VM that restarts gets its backend back
- * without re-initializing a GPU runtime, and a backend library that started
- * threads or registered handlers (OpenMP, CUDA) is never pulled out from
- * under them.  The handle we keep also pins the library while ggml's own
- * registry holds another.
- */
-struct ggml_lib {
-    char *path;
-    char *reg_sym;
-    void *handle;
-    ggml_backend_reg_t reg;
-    struct ggml_lib *next;
-};
-
-static pthread_mutex_t libs_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct ggml_lib *libs;
-
-/* Returns 0 with *reg set, or an initialize return code. */
-static uint32_t ggml_lib_load(const char *path, const char *sym, ggml_backend_reg_t *reg)
-{
-    pthread_mutex_lock(&libs_lock);
-    for (struct ggml_lib *l = libs; l; l = l->next) {
-        if (strcmp(l->path, path) == 0 && strcmp(l->reg_sym, sym) == 0) {
-            *reg = l->reg;
-            pthread_mutex_unlock(&libs_lock);
-            return 0;
-        }
-    }
-    uint32_t code = 0;
-    ggml_backend_reg_t r = NULL;
-    /* Our own dlopen first, to tell "cannot open" from "no symbol". */
-    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    void *fn = handle ? dlsym(handle, sym) : NULL;
-    if (!handle) {
-        APIR_ERROR("virgl", "cannot open the ggml backend library %s: %s", path, dlerror());
-        code = APIR_LOAD_CANNOT_OPEN;
-    } else if (!fn) {
-        APIR_ERROR("virgl", "%s has no registration function %s", path, sym);
-        code = APIR_LOAD_SYMBOL_MISSING;
-    } else if (strcmp(sym, DEFAULT_REG) == 0) {
-        r = ggml_backend_load(path);  /* score check, API version, ggml's registry */
-    } else {
-        ggml_backend_reg_t (*reg_fn)(void) = (ggml_backend_reg_t(*)(void))fn;
-        r = reg_fn();
-        if (r && r->api_version != GGML_BACKEND_API_VERSION) {
-            APIR_ERROR("virgl", "%s: backend API version %d, this library needs %d", path, r->api_version,
-                       GGML_BACKEND_API_VERSION);
-            r = NULL;
-        }
-    }
-    if (!code && !r) {
-        APIR_ERROR("virgl", "%s: %s() registered no backend", path, sym);
-        code = APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_REG_FAILED;
-    }
-    struct ggml_lib *l = code ? NULL : calloc(1, sizeof(*l));
-    if (!code && (!l || !(l->path = strdup(path)) || !(l->reg_sym = strdup(sym)))) {
-        if (l) {
-            free(l->path);
-            free(l);
-        }
-        code = APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED;
-    }
-    if (code) {
-        if (handle)
-            dlclose(handle);
-        pthread_mutex_unlock(&libs_lock);
-        return code;
-    }
-    l->handle = handle;
-    l->reg = r;
-    l->next = libs;
-    libs = l;
-    pthread_mutex_unlock(&libs_lock);
-    APIR_INFO("virgl", "loaded %s: backend %s, %zu device(s)", path, ggml_backend_reg_name(r), ggml_backend_reg_dev_count(r));
-    *reg = r;
-    return 0;
-}
-
 /* ---- contexts ------------------------------------------------------------------ */
 
-struct blob_bound {
+/* A blob the worker holds: the hypervisor's res_id, where and what it was
+ * when given (a res_id may be destroyed and reused at any time), and the
+ * worker's own id for it. */
+struct worker_blob {
     uint32_t res_id;
+    uint32_t worker_id;      /* 0: an empty entry */
     const void *ptr;
-    size_t size;
-    uint64_t used;           /* LRU tick; 0: empty */
+    uint64_t size;
+    dev_t dev;
+    ino_t ino;
+    uint64_t used;           /* LRU tick */
 };
 
 struct vctx {
     uint32_t ctx_id;
     atomic_uint refs;        /* the table's + one per dispatch in flight */
     pthread_mutex_t lock;    /* one command at a time per context */
-    struct apir_host host;   /* this context's devices, limits and threads */
-    struct apir_session *session;
+    struct apir_worker_link *link;
     const struct virgl_apir_callbacks *cbs;
     bool has_size_cb;
-    bool warned_no_size;
-    struct blob_bound bounds[BOUND_CACHE];
+    struct worker_blob blobs[MAX_CTX_BLOBS];
+    uint32_t next_worker_id;
     uint64_t tick;
+    uint64_t n_commands, n_refused;
 };
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -216,12 +162,10 @@ static uint32_t n_table;
 
 static void ctx_free(struct vctx *c)
 {
-    struct apir_session *s = c->session;
-    if (s)
-        APIR_INFO("virgl", "ctx %u: closed after %llu commands (%llu graphs, %llu refused); freeing %u buffers",
-                  c->ctx_id, (unsigned long long)s->stats.n_commands, (unsigned long long)s->stats.n_graphs,
-                  (unsigned long long)s->stats.n_refused, s->n_buffers);
-    apir_session_free(s);
+    if (c->link)
+        APIR_INFO("virgl", "ctx %u: closed after %llu commands (%llu refused here or by its worker)", c->ctx_id,
+                  (unsigned long long)c->n_commands, (unsigned long long)c->n_refused);
+    apir_worker_link_close(c->link);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -286,7 +230,7 @@ static bool ctx_known(uint32_t ctx_id)
     return c != NULL;
 }
 
-/* A small non-negative integer from the configuration, or dflt. */
+/* A non-negative integer from the configuration, or dflt. */
 static long config_int(const struct virgl_apir_callbacks *cbs, uint32_t ctx_id, const char *key, long dflt, long max)
 {
     const char *s = cbs->get_config(ctx_id, key);
@@ -301,40 +245,44 @@ static long config_int(const struct virgl_apir_callbacks *cbs, uint32_t ctx_id, 
     return v;
 }
 
-/* Our own frontend (a loop) and ggml-rpc (someone else's remote) are never
- * served, as in the daemon. */
-static bool reg_is_servable(ggml_backend_reg_t reg)
+/* A configuration string copied into buf (the hypervisor's strings are its
+ * own); false: too long. */
+static bool config_copy(const char *s, char *buf, size_t len)
 {
-    const char *name = ggml_backend_reg_name(reg);
-    return strcmp(name, "APIR") != 0 && strcmp(name, "RPC") != 0 && ggml_backend_reg_dev_count(reg) > 0;
+    if (strlen(s) >= len)
+        return false;
+    memcpy(buf, s, strlen(s) + 1);
+    return true;
 }
 
-static uint32_t setup_host(struct vctx *c, const struct virgl_apir_callbacks *cbs, ggml_backend_reg_t reg)
+static bool executable(const char *path)
 {
-    struct apir_host *h = &c->host;
-    memset(h, 0, sizeof(*h));
-    apir_host_config_default(&h->cfg);
-    h->cfg.device = (int)config_int(cbs, c->ctx_id, CFG_DEVICE, -1, APIR_HOST_MAX_DEVICES - 1);
-    h->cfg.n_threads = (int)config_int(cbs, c->ctx_id, CFG_N_THREADS, h->cfg.n_threads, 1024);
-    h->reg = reg;
-    if (!reg_is_servable(reg)) {
-        APIR_ERROR("virgl", "ctx %u: backend %s cannot be served (no device, or a remoting backend)", c->ctx_id,
-                   ggml_backend_reg_name(reg));
-        return APIR_LOAD_HOST_BASE + APIR_INIT_NO_DEVICE;
+    return path[0] == '/' && access(path, X_OK) == 0;
+}
+
+/* The worker program: the configuration's, the environment's, else
+ * apir-host beside this library - LIBDIR/../bin/apir-host as installed,
+ * the build folder's own when run from there.  false with buf "" or the
+ * path that is not an executable. */
+static bool worker_program(const struct virgl_apir_callbacks *cbs, uint32_t ctx_id, char *buf, size_t len)
+{
+    const char *given = cbs->get_config(ctx_id, CFG_WORKER_PATH);
+    if (!given || !*given)
+        given = getenv(ENV_WORKER);
+    if (given && *given) {
+        if (!config_copy(given, buf, len))
+            buf[0] = '\0';
+        return buf[0] && executable(buf);
     }
-    size_t n = ggml_backend_reg_dev_count(reg);
-    if (h->cfg.device >= 0) {
-        if ((size_t)h->cfg.device >= n) {
-            APIR_ERROR("virgl", "ctx %u: %s=%d but %s has %zu device(s)", c->ctx_id, CFG_DEVICE, h->cfg.device,
-                       ggml_backend_reg_name(reg), n);
-            return APIR_LOAD_HOST_BASE + APIR_INIT_NO_DEVICE;
-        }
-        h->devices[h->n_devices++] = ggml_backend_reg_dev_get(reg, (size_t)h->cfg.device);
-    } else {
-        for (size_t i = 0; i < n && i < APIR_HOST_MAX_DEVICES; i++)
-            h->devices[h->n_devices++] = ggml_backend_reg_dev_get(reg, i);
-    }
-    return 0;
+    Dl_info info;
+    char dir[PATH_MAX];
+    buf[0] = '\0';
+    if (!dladdr((void *)apir_backend_initialize, &info) || !info.dli_fname || !realpath(info.dli_fname, dir))
+        return false;
+    dirname(dir);
+    if (snprintf(buf, len, "%s/../bin/apir-host", dir) < (int)len && executable(buf))
+        return true;
+    return snprintf(buf, len, "%s/apir-host", dir) < (int)len && executable(buf);
 }
 
 APIR_VIRGL_EXPORT uint32_t apir_backend_initialize(uint32_t ctx_id, struct virgl_apir_callbacks *cbs)
@@ -348,28 +296,25 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_initialize(uint32_t ctx_id, struct virgl
         APIR_WARN("virgl", "ctx %u: already initialized", ctx_id);
         return APIR_LOAD_HOST_BASE + APIR_INIT_ALREADY_INITIALIZED;
     }
-    /* The configuration strings are the hypervisor's: copy them. */
     const char *path = cbs->get_config(ctx_id, CFG_LIBRARY_PATH);
     const char *sym = cbs->get_config(ctx_id, CFG_LIBRARY_REG);
-    if (!path || !*path || strlen(path) >= PATH_MAX) {
+    char path_copy[PATH_MAX], sym_copy[128], program[PATH_MAX];
+    if (!path || !*path || !config_copy(path, path_copy, sizeof(path_copy))) {
         APIR_ERROR("virgl", "ctx %u: no usable %s in the configuration", ctx_id, CFG_LIBRARY_PATH);
         return APIR_LOAD_CONFIG_MISSING;
     }
-    char path_copy[PATH_MAX], sym_copy[128];
-    snprintf(path_copy, sizeof(path_copy), "%s", path);
     if (!sym || !*sym)
-        sym = DEFAULT_REG;
-    if (strlen(sym) >= sizeof(sym_copy)) {
+        sym = "ggml_backend_init";
+    if (!config_copy(sym, sym_copy, sizeof(sym_copy))) {
         APIR_ERROR("virgl", "ctx %u: %s too long", ctx_id, CFG_LIBRARY_REG);
         return APIR_LOAD_CONFIG_MISSING;
     }
-    snprintf(sym_copy, sizeof(sym_copy), "%s", sym);
-
-    ggml_backend_reg_t reg = NULL;
-    uint32_t code = ggml_lib_load(path_copy, sym_copy, &reg);
-    if (code)
-        return code;
-
+    if (!worker_program(cbs, ctx_id, program, sizeof(program))) {
+        APIR_ERROR("virgl", "ctx %u: no worker program: %s%s (set %s or $%s to apir-host's path)", ctx_id,
+                   program[0] ? program : "apir-host is not beside this library",
+                   program[0] ? " is not an executable (absolute path)" : "", CFG_WORKER_PATH, ENV_WORKER);
+        return APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED;
+    }
     struct vctx *c = calloc(1, sizeof(*c));
     if (!c)
         return APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED;
@@ -377,29 +322,24 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_initialize(uint32_t ctx_id, struct virgl
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->lock, NULL);
     c->cbs = cbs;
+    c->next_worker_id = APIR_SHM_FIRST_RES_ID;
     const char *ext = cbs->get_config(ctx_id, APIR_CFG_SHMEM_SIZE);
     c->has_size_cb = ext && strcmp(ext, "1") == 0 && ((const struct apir_virgl_callbacks *)cbs)->get_shmem_size;
-    code = setup_host(c, cbs, reg);
-    if (!code) {
-        char name[48];
-        snprintf(name, sizeof(name), "virgl-ctx%u", ctx_id);
-        c->session = apir_session_new(&c->host, name);
-        if (!c->session)
-            code = APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED;
-    }
-    if (!code) {
-        c->session->minor = APIR_VERSION_MINOR;  /* see the top of the file */
-        if (!apir_session_backend(c->session, 0))
-            code = APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_INIT_FAILED;
-    }
+    const struct apir_worker_spec spec = {
+        .program = program, .library = path_copy, .reg = sym_copy, .ctx_id = ctx_id,
+        .device = (int)config_int(cbs, ctx_id, CFG_DEVICE, -1, 15),
+        .n_threads = (int)config_int(cbs, ctx_id, CFG_N_THREADS, -1, 1024),
+        .timeout_ms = (uint32_t)config_int(cbs, ctx_id, CFG_WORKER_TIMEOUT, WORKER_TIMEOUT_MS_DEFAULT, 86400000),
+    };
+    uint32_t code = apir_worker_link_open(&spec, &c->link);
     if (!code)
         code = ctx_insert(c);
     if (code) {
         ctx_free(c);
         return code;
     }
-    APIR_INFO("virgl", "ctx %u: serving %u device(s) of %s; blob sizes %s", ctx_id, c->host.n_devices,
-              ggml_backend_reg_name(reg), c->has_size_cb ? "from the hypervisor" : "from the process's mappings");
+    APIR_INFO("virgl", "ctx %u: serving %s; blob sizes %s", ctx_id, path_copy,
+              c->has_size_cb ? "from the hypervisor" : "from the process's mappings");
     return APIR_LOAD_HOST_BASE + APIR_INIT_SUCCESS;
 }
 
@@ -416,9 +356,8 @@ APIR_VIRGL_EXPORT void apir_backend_deinit(uint32_t ctx_id)
 
 /*
  * virglrenderer dlcloses this library when its last context is gone (it
- * calls deinit for each first).  Free what would otherwise be unreachable
- * then: a context the hypervisor forgot, and the library table.  The ggml
- * backend libraries themselves stay loaded (see struct ggml_lib).
+ * calls deinit for each first).  A context the hypervisor forgot is closed
+ * then: its worker ends.
  */
 __attribute__((destructor)) static void virgl_unload(void)
 {
@@ -429,97 +368,35 @@ __attribute__((destructor)) static void virgl_unload(void)
         ctx_put(c);
     }
     pthread_mutex_unlock(&table_lock);
-    pthread_mutex_lock(&libs_lock);
-    while (libs) {
-        struct ggml_lib *l = libs;
-        libs = l->next;
-        free(l->path);
-        free(l->reg_sym);
-        free(l);
-    }
-    pthread_mutex_unlock(&libs_lock);
 }
 
 /* ---- shared memory ---------------------------------------------------------------- */
 
 /*
- * The length of the shared read-write mapping that holds p, counted from p;
- * 0 if p is in no such mapping.  Read from /proc/self/maps.
- *
- * virglrenderer maps each blob resource on its own (one memfd, one mmap), and
- * the kernel never merges mappings of different files, so the mapping's end
- * is the blob's end.  The result is cached per (res_id, address) by the
- * caller: the file costs tens of microseconds to read in a big VMM.
+ * The res_id items of a request, found by walking its signature: their
+ * byte offsets in the request.  -1: the walk did not reach the end of the
+ * signature (a short or odd request: refused here, as the worker's decoder
+ * would refuse it).  Stops at an inline tensor ('T', variable layout): no
+ * res_id follows one in the command table.
  */
-static size_t mapping_bound(const void *p)
-{
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f)
-        return 0;
-    uintptr_t a = (uintptr_t)p;
-    size_t bound = 0;
-    char line[512];
-    bool at_line_start = true;
-    while (fgets(line, sizeof(line), f)) {
-        bool complete = strchr(line, '\n') != NULL;
-        if (at_line_start) {
-            unsigned long start, end;
-            char perms[8];
-            if (sscanf(line, "%lx-%lx %7s", &start, &end, perms) == 3) {
-                if (start > a)
-                    break;
-                if (a < end) {
-                    if (strlen(perms) >= 4 && perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's')
-                        bound = end - a;
-                    break;
-                }
-            }
-        }
-        at_line_start = complete;
-    }
-    fclose(f);
-    return bound;
-}
-
-static size_t cached_bound(struct vctx *c, uint32_t res_id, const void *ptr)
-{
-    struct blob_bound *victim = &c->bounds[0];
-    c->tick++;
-    for (int i = 0; i < BOUND_CACHE; i++) {
-        struct blob_bound *b = &c->bounds[i];
-        if (b->used && b->res_id == res_id && b->ptr == ptr) {
-            b->used = c->tick;
-            return b->size;
-        }
-        if (b->used < victim->used)
-            victim = b;
-    }
-    size_t size = mapping_bound(ptr);
-    if (size)
-        *victim = (struct blob_bound){ .res_id = res_id, .ptr = ptr, .size = size, .used = c->tick };
-    return size;
-}
-
-/* The res_ids a request names, found by walking its signature.  Stops at
- * an inline tensor ('T', variable layout): no res_id follows one in the
- * command table.  A short or odd request yields what was found so far; the
- * handler then meets the same bytes and refuses them. */
-static uint32_t request_res_ids(uint32_t cmd, const char *req, size_t len, uint32_t *ids)
+static int request_res_ids(uint32_t cmd, const char *req, size_t len, size_t *at)
 {
     if (cmd >= APIR_CMD_COUNT || !apir_command_table[cmd].name)
-        return 0;
+        return 0;  /* the worker answers an unknown command */
     struct apir_decoder d;
     apir_decoder_init(&d, req, len);
-    uint32_t n = 0;
+    int n = 0;
     for (const char *sig = apir_command_table[cmd].request; *sig && !d.fatal; sig++) {
         switch (*sig) {
         case 'u': case 'e': case 'i': case 'b': case 'c':
             apir_decode_u32(&d);
             break;
         case 'r': {
-            uint32_t id = apir_decode_u32(&d);
-            if (!d.fatal && n < MAX_CMD_BLOBS)
-                ids[n++] = id;
+            const size_t off = (size_t)(d.cur - d.start);
+            apir_decode_u32(&d);
+            if (n == MAX_CMD_BLOBS)
+                return -1;
+            at[n++] = off;
             break;
         }
         case 'q': case 'h':
@@ -528,7 +405,7 @@ static uint32_t request_res_ids(uint32_t cmd, const char *req, size_t len, uint3
         case 's': {
             uint64_t l = apir_decode_u64(&d);
             if (l > APIR_MAX_STRING)
-                return n;
+                return -1;
             apir_decode_inplace(&d, (size_t)l);
             break;
         }
@@ -541,71 +418,169 @@ static uint32_t request_res_ids(uint32_t cmd, const char *req, size_t len, uint3
         case 'L': {
             uint32_t k = apir_decode_u32(&d);
             if (k > 64)
-                return n;
+                return -1;
             apir_decode_inplace(&d, (size_t)k * APIR_TENSOR_REC_SIZE);
             break;
         }
+        case 'T':
+            return d.fatal ? -1 : n;
         default:
-            return n;
+            return -1;
         }
     }
-    return n;
+    return d.fatal ? -1 : n;
+}
+
+static void blob_drop(struct vctx *c, struct worker_blob *b)
+{
+    apir_worker_link_blob_remove(c->link, b->worker_id);
+    b->worker_id = 0;
+}
+
+/* Whether the worker's copy of b is still what the hypervisor has at b's
+ * address: the same file there. */
+static bool blob_current(const struct worker_blob *b, const void *ptr, const struct apir_mapping *m, uint64_t size)
+{
+    return b->ptr == ptr && b->dev == m->dev && b->ino == m->ino && b->size == size;
+}
+
+/* An entry for a new blob: a free one, else one whose blob the hypervisor
+ * no longer has (dropped), else the least recently used (dropped). */
+static struct worker_blob *blob_slot(struct vctx *c)
+{
+    struct worker_blob *lru = &c->blobs[0];
+    for (int i = 0; i < MAX_CTX_BLOBS; i++) {
+        struct worker_blob *b = &c->blobs[i];
+        struct apir_mapping m;
+        if (!b->worker_id)
+            return b;
+        if (!apir_virgl_mapping_at(b->ptr, &m) || m.dev != b->dev || m.ino != b->ino) {
+            blob_drop(c, b);
+            return b;
+        }
+        if (b->used < lru->used)
+            lru = b;
+    }
+    blob_drop(c, lru);
+    return lru;
 }
 
 /*
- * Makes the blobs a command names known to the session, with their sizes,
- * for this one command (unbind_blobs drops them after it).
+ * The worker's id for blob res_id, given to the worker now if it does not
+ * hold it yet; 0: refused (logged).
  *
- * virglrenderer's get_shmem_ptr gives an address and no size.  Trusting the
- * guest's idea of a blob's size would let it make the host read or write
- * past the blob, in the hypervisor's own memory.  So the size comes from:
- *  1. the hypervisor, when it offers get_shmem_size (the apir extension);
- *  2. otherwise, the host mapping that holds the blob (mapping_bound): the
- *     range is then at worst a different part of the same shared memory
- *     object, never unrelated hypervisor memory.  Residual risk: a hypervisor
- *     that sub-allocates many blobs inside one shared mapping (virglrenderer
- *     does not) would let a guest reach its neighbours' blobs; and a cached
- *     bound is reused only for the same res_id at the same address, so a
- *     resource id recycled at the very same address with a smaller mapping
- *     before the next lookup would keep the old, larger bound.
- *  3. neither: the blob is refused (so is the command).
- * The bound is re-established on every command: the guest can destroy a
- * blob and reuse its res_id at any time.
+ * virglrenderer's get_shmem_ptr gives an address and no size.  The blob is
+ * the shared mapping that address starts (apir_virgl_mapping_at), its size
+ * the hypervisor's (get_shmem_size, the apir extension) or else the
+ * mapping's, never more than the mapping: the worker maps that file, from
+ * its start, that many bytes - nothing of the hypervisor's but the blob.
+ * The worker keeps it across commands (a blob given per command would cost
+ * a descriptor and a mapping each time); every command checks that the
+ * address still holds the same file, since the guest can destroy a blob
+ * and reuse its res_id at any time, and a stale entry is replaced.
  */
-static bool bind_blobs(struct vctx *c, const uint32_t *ids, uint32_t n, uint32_t *added, uint32_t *n_added)
+static uint32_t blob_bind(struct vctx *c, uint32_t res_id)
 {
-    *n_added = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t id = ids[i];
-        if (apir_session_blob_find(c->session, id))
-            continue;  /* named twice */
-        void *p = c->cbs->get_shmem_ptr(c->ctx_id, id);
-        if (!p) {
-            APIR_WARN("virgl", "ctx %u: blob %u is not a shared-memory resource of this context", c->ctx_id, id);
-            return false;
-        }
-        size_t size;
+    void *p = c->cbs->get_shmem_ptr(c->ctx_id, res_id);
+    struct apir_mapping m;
+    const char *why = NULL;
+    uint64_t size = 0;
+    if (!p)
+        why = "not a shared-memory resource of this context";
+    else if (!apir_virgl_mapping_at(p, &m) || (uintptr_t)p != m.start || m.offset != 0)
+        why = "not the start of a mapping of its own";
+    else {
+        size = m.end - m.start;
         if (c->has_size_cb) {
-            size = ((const struct apir_virgl_callbacks *)c->cbs)->get_shmem_size(c->ctx_id, id);
-        } else {
-            size = cached_bound(c, id, p);
-            if (!size && !c->warned_no_size) {
-                c->warned_no_size = true;
-                APIR_ERROR("virgl", "ctx %u: the size of blob %u cannot be established (not in a shared mapping, "
-                           "or /proc unreadable); commands naming it are refused", c->ctx_id, id);
-            }
+            const uint64_t s = ((const struct apir_virgl_callbacks *)c->cbs)->get_shmem_size(c->ctx_id, res_id);
+            size = s < size ? s : size;
         }
-        if (!size || !apir_session_blob_add(c->session, id, p, size, NULL, NULL))
+        if (!size)
+            why = "of size 0";
+    }
+    struct worker_blob *b = NULL;
+    for (int i = 0; !why && i < MAX_CTX_BLOBS && !b; i++)
+        if (c->blobs[i].worker_id && c->blobs[i].res_id == res_id)
+            b = &c->blobs[i];
+    if (b && blob_current(b, p, &m, size)) {
+        b->used = ++c->tick;
+        return b->worker_id;
+    }
+    if (b)
+        blob_drop(c, b);
+    const int fd = why ? -1 : apir_virgl_mapping_fd(&m, size, &why);
+    if (fd >= 0) {
+        b = b ? b : blob_slot(c);
+        const uint32_t id = c->next_worker_id++;
+        if (c->next_worker_id < APIR_SHM_FIRST_RES_ID)
+            c->next_worker_id = APIR_SHM_FIRST_RES_ID;
+        if (apir_worker_link_blob_add(c->link, fd, id, size))
+            *b = (struct worker_blob){ .res_id = res_id, .worker_id = id, .ptr = p, .size = size, .dev = m.dev,
+                                       .ino = m.ino, .used = ++c->tick };
+        else
+            why = "refused by the worker";
+        close(fd);
+    }
+    if (why) {
+        APIR_WARN("virgl", "ctx %u: blob %u refused: %s", c->ctx_id, res_id, why);
+        return 0;
+    }
+    return b->worker_id;
+}
+
+/* Copies the request into the worker's command area with each res_id item
+ * replaced by the worker's id for that blob; false: refused.  The blobs
+ * first: giving one uses the command area too. */
+static bool request_to_worker(struct vctx *c, uint32_t cmd, const char *req, size_t len)
+{
+    size_t at[MAX_CMD_BLOBS];
+    uint32_t ids[MAX_CMD_BLOBS];
+    const int n = request_res_ids(cmd, req, len, at);
+    if (n < 0 || len > APIR_MAX_COMMAND_SIZE - APIR_CMD_HEADER_SIZE) {
+        APIR_WARN("virgl", "ctx %u: %s: malformed or too long request (%zu bytes)", c->ctx_id, apir_command_name(cmd),
+                  len);
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t res_id;
+        memcpy(&res_id, req + at[i], sizeof(res_id));
+        if (!(ids[i] = blob_bind(c, res_id)))
             return false;
-        added[(*n_added)++] = id;
+    }
+    uint8_t *dst = apir_worker_link_begin(c->link, len);
+    if (!dst)
+        return false;
+    if (len)
+        memcpy(dst, req, len);
+    for (int i = 0; i < n; i++) {
+        /* Wire order, as the decoder reads it. */
+        struct apir_encoder patch;
+        apir_encoder_init(&patch, dst + at[i], sizeof(ids[i]));
+        apir_encode_u32(&patch, ids[i]);
     }
     return true;
 }
 
-static void unbind_blobs(struct vctx *c, const uint32_t *ids, uint32_t n)
+/* ---- commands ---------------------------------------------------------------------- */
+
+/* One command through the context's worker: its reply items copied into
+ * [reply_cur, reply_end), bounded by both. */
+static uint32_t forward(struct vctx *c, uint32_t cmd, const char *req, size_t len, char *reply_cur,
+                        const char *reply_end, char **reply_cur_after)
 {
-    for (uint32_t i = 0; i < n; i++)
-        apir_session_blob_remove(c->session, ids[i]);
+    if (!request_to_worker(c, cmd, req, len))
+        return APIR_HANDLER_BAD_REQUEST;
+    uint32_t ret;
+    if (!apir_worker_link_submit(c->link, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, &ret))
+        return APIR_HANDLER_FAILED;
+    if (ret < APIR_FORWARD_BASE)
+        return APIR_HANDLER_FAILED;
+    size_t n;
+    const uint8_t *items = apir_worker_link_reply(c->link, &n);
+    const size_t cap = (size_t)(reply_end - reply_cur);
+    memcpy(reply_cur, items, n < cap ? n : cap);
+    *reply_cur_after = reply_cur + (n < cap ? n : cap);
+    return n > cap ? APIR_HANDLER_REPLY_FULL : ret - APIR_FORWARD_BASE;
 }
 
 APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl_apir_callbacks *cbs, uint32_t cmd,
@@ -626,18 +601,15 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
         return APIR_HANDLER_FAILED;
     }
     pthread_mutex_lock(&c->lock);
-    /* What this command makes us log is the guest's doing (its share: apir_log.h). */
-    struct apir_log_budget *log_before = apir_log_budget_enter(&c->session->log);
     if (cbs && cbs->get_shmem_ptr)
         c->cbs = cbs;
-    size_t req_len = req_cur ? (size_t)(req_end - req_cur) : 0;
-    uint32_t result = APIR_HANDLER_BAD_REQUEST;
-    uint32_t ids[MAX_CMD_BLOBS], bound[MAX_CMD_BLOBS], n_bound = 0;
+    const size_t req_len = req_cur ? (size_t)(req_end - req_cur) : 0;
+    uint32_t result;
     if (cmd == APIR_CMD_DEVICE_BUFFER_FROM_PTR) {
         /* A buffer wrapping a blob would outlive it: the hypervisor frees
          * blob memory when the guest drops the resource, without asking. */
         APIR_WARN("virgl", "ctx %u: DEVICE_BUFFER_FROM_PTR refused: blob lifetimes are the hypervisor's", ctx_id);
-        c->session->stats.n_refused++;
+        result = APIR_HANDLER_BAD_REQUEST;
     } else if (cmd == APIR_CMD_DEVICE_GET_PROPS) {
         /* So none is offered: the reference guest allocates every buffer
          * with DEVICE_BUFFER_FROM_PTR when the host says it could.  Host
@@ -649,18 +621,12 @@ APIR_VIRGL_EXPORT uint32_t apir_backend_dispatcher(uint32_t ctx_id, struct virgl
         apir_encode_reply_DEVICE_GET_PROPS(&reply, &props);
         result = reply.fatal ? APIR_HANDLER_REPLY_FULL : APIR_HANDLER_OK;
         *reply_cur_after = reply_cur + apir_encoder_used(&reply);
-    } else if (!bind_blobs(c, ids, request_res_ids(cmd, req_cur, req_len, ids), bound, &n_bound)) {
-        c->session->stats.n_refused++;
     } else {
-        struct apir_decoder req;
-        struct apir_encoder reply;
-        apir_decoder_init(&req, req_cur, req_len);
-        apir_encoder_init(&reply, reply_cur, (size_t)(reply_end - reply_cur));
-        result = apir_session_forward(c->session, cmd, &req, &reply);
-        *reply_cur_after = reply_cur + apir_encoder_used(&reply);
+        result = forward(c, cmd, req_cur, req_len, reply_cur, reply_end, reply_cur_after);
     }
-    unbind_blobs(c, bound, n_bound);
-    apir_log_budget_leave(log_before);
+    c->n_commands++;
+    if (result != APIR_HANDLER_OK)
+        c->n_refused++;
     pthread_mutex_unlock(&c->lock);
     ctx_put(c);
     return result;

@@ -10,32 +10,31 @@
  *     context keeps working afterwards;
  *   - blob bounds, with the hypervisor's get_shmem_size and without it;
  *   - an unknown ctx_id is answered, never followed;
- *   - deinit frees what the context held (its buffers' memory comes back).
+ *   - each context is served by a worker process of its own (the
+ *     hypervisor's memory does not grow with a guest's buffers); a worker
+ *     that dies fails its context's calls, the others go on; deinit ends
+ *     the worker;
+ *   - blobs reach a worker only as their memfd: anonymous shared memory and
+ *     heap are refused; a res_id reused at the same address with another
+ *     file is followed to the new file.
  *
  * usage: test_virgl_abi LIBAPIR_VIRGL FAKE_BACKEND_LIB GGML_CPU_LIB
  */
-#include "apir_codec.h"
-#include "apir_commands.h"
-#include "apir_messages.h"
 #include "apir_proto.h"
 #include "ggml.h"
 #include "test_records.h"
 #include "test_util.h"
+#include "virgl_lib.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-struct callbacks {
-    const char *(*get_config)(uint32_t ctx_id, const char *key);
-    void *(*get_shmem_ptr)(uint32_t ctx_id, uint32_t res_id);
-    size_t (*get_shmem_size)(uint32_t ctx_id, uint32_t res_id);
-};
-typedef uint32_t (*init_fn)(uint32_t, struct callbacks *);
-typedef uint32_t (*dispatch_fn)(uint32_t, struct callbacks *, uint32_t, char *, const char *, char *, const char *, char **);
-typedef void (*deinit_fn)(uint32_t);
 
 static init_fn lib_init;
 static dispatch_fn lib_dispatch;
@@ -50,9 +49,10 @@ struct blob {
     uint32_t res_id;
     uint8_t *ptr;
     size_t size;
+    int fd;                  /* the memfd behind it, kept open as virglrenderer does */
 };
 static struct {
-    const char *path, *reg, *device, *size_ext;
+    const char *path, *reg, *device, *size_ext, *worker;
     struct blob blobs[MAX_BLOBS];
 } hv[MAX_CTX];
 
@@ -70,6 +70,8 @@ static const char *get_config(uint32_t ctx, const char *key)
         return "2";
     if (strcmp(key, "apir.callbacks.get_shmem_size") == 0)
         return hv[ctx].size_ext;
+    if (strcmp(key, "apir.worker.path") == 0)
+        return hv[ctx].worker;
     return NULL;
 }
 
@@ -97,19 +99,82 @@ static size_t get_shmem_size(uint32_t ctx, uint32_t res)
 
 static struct callbacks cbs = { get_config, get_shmem_ptr, get_shmem_size };
 
-/* A blob as virglrenderer makes one: its own shared mapping. */
+/* A memfd of size bytes mapped at fixed (NULL: anywhere), as virglrenderer
+ * makes a blob (src/apir/apir-resource.c: a memfd that allows sealing,
+ * mapped whole and kept open). */
+static uint8_t *memfd_blob(size_t size, void *fixed, int *fd)
+{
+    *fd = memfd_create("apir-shmem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    void *p = MAP_FAILED;
+    if (*fd >= 0 && ftruncate(*fd, (off_t)size) == 0)
+        p = mmap(fixed, size, PROT_READ | PROT_WRITE, MAP_SHARED | (fixed ? MAP_FIXED : 0), *fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 static uint8_t *add_blob(uint32_t ctx, uint32_t res, size_t size)
 {
     for (int i = 0; i < MAX_BLOBS; i++) {
         if (!hv[ctx].blobs[i].ptr) {
-            void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-            if (p == MAP_FAILED)
-                return NULL;
-            hv[ctx].blobs[i] = (struct blob){ res, p, size };
+            int fd;
+            uint8_t *p = memfd_blob(size, NULL, &fd);
+            if (p)
+                hv[ctx].blobs[i] = (struct blob){ res, p, size, fd };
             return p;
         }
     }
     return NULL;
+}
+
+/* The worker processes of this process (its children), at most max. */
+static int children(pid_t *out, int max)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[300];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/children", e->d_name);
+        FILE *f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
+        int pid;
+        while (f && n < max && fscanf(f, "%d", &pid) == 1)
+            out[n++] = pid;
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The worker that initialize(ctx) starts: the child that was not there. */
+static pid_t worker_of(uint32_t ctx, uint32_t *code)
+{
+    pid_t before[64], after[64];
+    const int nb = children(before, 64);
+    *code = lib_init(ctx, &cbs);
+    const int na = children(after, 64);
+    for (int i = 0; i < na; i++) {
+        bool old = false;
+        for (int j = 0; j < nb; j++)
+            old = old || after[i] == before[j];
+        if (!old)
+            return after[i];
+    }
+    return 0;
+}
+
+static long rss_kib_of(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/statm", (int)pid);
+    FILE *f = fopen(path, "r");
+    long pages = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return rss * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
 /* ---- commands ---------------------------------------------------------------- */
@@ -118,33 +183,6 @@ static uint8_t reply_buf[16384], request_buf[8192];
 /* Whether the last typed call's reply decoded whole (its items were there). */
 static bool reply_ok;
 
-/*
- * Typed calls, one per command of the table:
- *
- *   uint32_t call_<NAME>(ctx, <request items>, <pointers for the reply items>)
- *
- * encodes the request (apir_encode_request_<NAME>), dispatches it, and
- * decodes the reply (apir_decode_reply_<NAME>) whatever the result: the
- * outputs are zero when the handler answered nothing.  reply_ok says
- * whether the reply held its items.  Not for the worker threads (one
- * request and reply buffer).
- */
-#define VIRGL_X_CALL(num, NAME, since, classes)                                                                 \
-    static inline uint32_t call_##NAME(uint32_t ctx APIR_REQ_##NAME(APIR_ITEM_PARAM_IN)                         \
-                                           APIR_REP_##NAME(APIR_ITEM_PARAM_OUT))                                \
-    {                                                                                                           \
-        struct apir_encoder enc;                                                                                \
-        apir_encoder_init(&enc, request_buf, sizeof(request_buf));                                              \
-        apir_encode_request_##NAME(&enc APIR_REQ_##NAME(APIR_ITEM_ARG));                                        \
-        char *after = NULL;                                                                                     \
-        uint32_t r = lib_dispatch(ctx, &cbs, APIR_CMD_##NAME, (char *)request_buf,                              \
-                                  (const char *)request_buf + apir_encoder_used(&enc), (char *)reply_buf,       \
-                                  (const char *)reply_buf + sizeof(reply_buf), &after);                         \
-        struct apir_decoder reply;                                                                              \
-        apir_decoder_init(&reply, reply_buf, after ? (size_t)(after - (char *)reply_buf) : 0);                  \
-        reply_ok = apir_decode_reply_##NAME(&reply APIR_REP_##NAME(APIR_ITEM_ARG));                             \
-        return r;                                                                                               \
-    }
 APIR_COMMAND_LIST(VIRGL_X_CALL)
 #undef VIRGL_X_CALL
 
@@ -172,17 +210,6 @@ static uint64_t alloc_buffer(uint32_t ctx, uint64_t size)
     return buf;
 }
 
-static long rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long pages = 0, rss = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
-            rss = 0;
-        fclose(f);
-    }
-    return rss * (sysconf(_SC_PAGESIZE) / 1024);
-}
 
 /* ---- tests ---------------------------------------------------------------------- */
 
@@ -215,6 +242,14 @@ static void test_init_codes(void)
     hv[1].device = "7";
     CHECK(lib_init(1, &cbs) == APIR_LOAD_HOST_BASE + APIR_INIT_NO_DEVICE);
     hv[1].device = NULL;
+    /* No worker program: refused, never served in this process. */
+    hv[1].worker = "/nonexistent/apir-host";
+    CHECK(lib_init(1, &cbs) == APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED);
+    hv[1].worker = "relative/apir-host";
+    CHECK(lib_init(1, &cbs) == APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED);
+    hv[1].worker = "/bin/false";  /* starts, but is no worker */
+    CHECK(lib_init(1, &cbs) == APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED);
+    hv[1].worker = NULL;
 
     /* None of the failures left a context behind. */
     int32_t count = 0;
@@ -423,17 +458,61 @@ static void test_bounds_without_size_callback(void)
     CHECK(call_BUFFER_GET_TENSOR_AT(4, h, &t, 40, 16000, 0, 1024) == APIR_HANDLER_BAD_REQUEST);
     /* Memory that is not a shared mapping (heap) is never a blob. */
     static uint8_t heap_blob[16384] __attribute__((aligned(4096)));
-    hv[4].blobs[1] = (struct blob){ 41, heap_blob, sizeof(heap_blob) };
+    hv[4].blobs[1] = (struct blob){ 41, heap_blob, sizeof(heap_blob), -1 };
     CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 41, 0, 16) == APIR_HANDLER_BAD_REQUEST);
+    /* Anonymous shared memory has no descriptor to give: never a blob. */
+    uint8_t *anon = mmap(NULL, 16384, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    hv[4].blobs[1] = (struct blob){ 41, anon, 16384, -1 };
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 41, 0, 16) == APIR_HANDLER_BAD_REQUEST);
+    hv[4].blobs[1] = (struct blob){ 0 };
+    munmap(anon, 16384);
+    /* A memfd whose descriptor was closed once mapped - what virglrenderer's
+     * render worker does after sending a blob's memfd to the hypervisor -
+     * is found through /proc/self/map_files where the kernel lets this
+     * process open it (CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), refused
+     * otherwise; the data reaches it either way it is served. */
+    int closed_fd;
+    uint8_t *closed = memfd_blob(16384, NULL, &closed_fd);
+    CHECK(closed != NULL);
+    char mf[80];
+    snprintf(mf, sizeof(mf), "/proc/self/map_files/%lx-%lx", (unsigned long)(uintptr_t)closed,
+             (unsigned long)(uintptr_t)closed + 16384);
+    const int probe = open(mf, O_RDWR | O_CLOEXEC);
+    const bool map_files = probe >= 0;
+    if (probe >= 0)
+        close(probe);
+    close(closed_fd);
+    hv[4].blobs[1] = (struct blob){ 42, closed, 16384, -1 };
+    for (int i = 0; i < 16384; i++)
+        closed[i] = (uint8_t)(i * 3);
+    CHECK(call_BUFFER_SET_TENSOR(4, h, &t, 42, 0, 16384) == (map_files ? APIR_HANDLER_OK : APIR_HANDLER_BAD_REQUEST));
+    memset(closed, 0, 16384);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 42, 0, 16384) == (map_files ? APIR_HANDLER_OK : APIR_HANDLER_BAD_REQUEST));
+    CHECK(!map_files || (closed[7] == 21 && closed[16383] == (uint8_t)(16383 * 3)));
+    printf("  a blob whose descriptor is closed: %s\n", map_files ? "served through /proc/self/map_files" : "refused");
+    hv[4].blobs[1] = (struct blob){ 0 };
+    munmap(closed, 16384);
     /* A blob that moved (res_id reused): the new mapping's bound applies. */
-    uint8_t *moved = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    int moved_fd;
+    uint8_t *moved = memfd_blob(8192, NULL, &moved_fd);
     struct blob old = hv[4].blobs[0];
-    hv[4].blobs[0].ptr = moved;
-    hv[4].blobs[0].size = 8192;
+    hv[4].blobs[0] = (struct blob){ 40, moved, 8192, moved_fd };
     CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 16384) == APIR_HANDLER_BAD_REQUEST);
     CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 8192) == APIR_HANDLER_OK);
-    hv[4].blobs[0] = old;
+    /* The res_id reused at the very same address, another file behind it:
+     * the data goes to the new file, not to the worker's old copy. */
+    for (int i = 0; i < 8192; i++)
+        moved[i] = (uint8_t)(i * 7);
+    CHECK(call_BUFFER_SET_TENSOR(4, h, &t, 40, 0, 8192) == APIR_HANDLER_OK);
+    int again_fd;
+    CHECK(memfd_blob(8192, moved, &again_fd) == moved);
+    CHECK(moved[5] == 0);
+    CHECK(call_BUFFER_GET_TENSOR(4, h, &t, 40, 0, 8192) == APIR_HANDLER_OK);
+    CHECK(moved[5] == 35 && moved[8191] == (uint8_t)(8191 * 7));
+    close(moved_fd);
+    close(again_fd);
     munmap(moved, 8192);
+    hv[4].blobs[0] = old;
     lib_deinit(4);
 }
 
@@ -449,16 +528,22 @@ static void test_unknown_ctx(void)
 
 static void test_deinit_frees(void)
 {
-    CHECK(OK(init_cpu(5, true)));
-    long before = rss_kib();
+    hv[5].path = cpu_lib;
+    hv[5].size_ext = "1";
+    uint32_t code;
+    const pid_t worker = worker_of(5, &code);
+    CHECK(OK(code) && worker > 0);
+    long before = rss_kib_of(getpid()), worker_before = rss_kib_of(worker);
     uint64_t h = alloc_buffer(5, 256ull << 20), base = 0;
     CHECK(h != 0);
     CHECK(call_BUFFER_CLEAR(5, h, 1) == APIR_HANDLER_OK);  /* touch every page */
-    long during = rss_kib();
-    CHECK_MSG(during - before > 200 * 1024, "RSS %ld -> %ld KiB", before, during);
+    /* The guest's buffers are the worker's memory, not the hypervisor's. */
+    long during = rss_kib_of(getpid()), worker_during = rss_kib_of(worker);
+    CHECK_MSG(worker_during - worker_before > 200 * 1024, "worker RSS %ld -> %ld KiB", worker_before, worker_during);
+    CHECK_MSG(during - before < 16 * 1024, "hypervisor RSS %ld -> %ld KiB", before, during);
     lib_deinit(5);
-    long after = rss_kib();
-    CHECK_MSG(after - before < 64 * 1024, "RSS %ld -> %ld -> %ld KiB after deinit", before, during, after);
+    /* Its worker has ended (and was reaped). */
+    CHECK(kill(worker, 0) != 0);
     /* The context and its handles are gone; the ctx_id can start afresh. */
     CHECK(call_BUFFER_GET_BASE(5, h, &base) == APIR_HANDLER_FAILED);
     CHECK(OK(init_cpu(5, true)));
@@ -468,8 +553,32 @@ static void test_deinit_frees(void)
     lib_deinit(3);
 }
 
+/* A worker that dies takes its context's calls with it; the others go on,
+ * and the ctx_id can start afresh. */
+static void test_worker_dies(void)
+{
+    hv[6].path = cpu_lib;
+    hv[6].size_ext = "1";
+    uint32_t code;
+    const pid_t worker = worker_of(6, &code);
+    CHECK(OK(code) && worker > 0);
+    CHECK(OK(init_cpu(7, true)));
+    int32_t count = 0;
+    CHECK(call_DEVICE_GET_COUNT(6, &count) == APIR_HANDLER_OK);
+    CHECK(kill(worker, SIGKILL) == 0);
+    CHECK(call_DEVICE_GET_COUNT(6, &count) == APIR_HANDLER_FAILED);
+    CHECK(call_DEVICE_GET_COUNT(6, &count) == APIR_HANDLER_FAILED);
+    CHECK(call_DEVICE_GET_COUNT(7, &count) == APIR_HANDLER_OK && count >= 1);
+    lib_deinit(6);
+    CHECK(OK(init_cpu(6, true)));
+    CHECK(call_DEVICE_GET_COUNT(6, &count) == APIR_HANDLER_OK && count >= 1);
+    lib_deinit(6);
+    lib_deinit(7);
+}
+
 static const struct test_case cases[] = {
     TEST(test_init_codes),
+    TEST(test_worker_dies),
     TEST(test_isolation),
     TEST(test_concurrent_contexts),
     TEST(test_malformed),

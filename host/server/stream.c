@@ -2,7 +2,7 @@
  * apir-host's stream endpoints (tcp:HOST:PORT, vsock:CID:PORT): guests on
  * other machines, or in VMs without virtio-gpu.  transport/stream_proto.h
  * has the wire rules; the accept loop, limits, workers and stats are the
- * Unix socket's (shm_server.c, workers.c), so a stream guest is served,
+ * Unix socket's (server.c, admission.c, workers.c), so a stream guest is served,
  * counted, sandboxed and shown exactly like a local one.
  *
  * Who may connect: a listener on a loopback address (or vsock's local CID)
@@ -24,7 +24,7 @@
  * daemon passes it with --serve-stream-fd) or a thread here.  tls: - the
  * handshake runs in the sandboxed worker (or thread) at once, so that a
  * TLS library fault is contained; its address's buckets and connection
- * count (admission: shm_server.c) and the handshake deadline bound what an
+ * count (admission.c) and the handshake deadline bound what an
  * unauthenticated peer costs, and it costs no other address anything.
  *
  * Serving: one frame at a time, in order.  The frame's "in" ranges are
@@ -36,7 +36,7 @@
  * without progress; between frames it may idle (a dead peer is noticed by
  * TCP keepalive: transport/net.c).
  */
-#include "shm_server_impl.h"
+#include "server_impl.h"
 
 #include "apir_codec.h"
 #include "apir_log.h"
@@ -61,7 +61,7 @@
 /* The longest a guest may leave a frame half sent or a reply unread. */
 #define FRAME_IDLE_MS 30000
 
-bool apir_shm_server_set_token(struct apir_shm_server *srv, const char *token, char *err, size_t err_len)
+bool apir_server_set_token(struct apir_server *srv, const char *token, char *err, size_t err_len)
 {
     size_t n = token ? strlen(token) : 0;
     if (n == 0 || n > APIR_STREAM_TOKEN_MAX) {
@@ -73,14 +73,14 @@ bool apir_shm_server_set_token(struct apir_shm_server *srv, const char *token, c
     return true;
 }
 
-bool apir_shm_server_set_tls_keys(struct apir_shm_server *srv, struct apir_tls_keys *keys)
+bool apir_server_set_tls_keys(struct apir_server *srv, struct apir_tls_keys *keys)
 {
     apir_tls_keys_free(srv->tls_keys);
     srv->tls_keys = keys;
     return keys != NULL;
 }
 
-bool apir_shm_server_listen_stream(struct apir_shm_server *srv, const char *endpoint, char *err, size_t err_len)
+bool apir_server_listen_stream(struct apir_server *srv, const char *endpoint, char *err, size_t err_len)
 {
     if (srv->n_net == APIR_MAX_NET_LISTENERS) {
         snprintf(err, err_len, "more than %u stream endpoints", APIR_MAX_NET_LISTENERS);
@@ -135,7 +135,7 @@ bool apir_shm_server_listen_stream(struct apir_shm_server *srv, const char *endp
     return true;
 }
 
-void apir_stream_refuse(struct apir_shm_server *srv, int fd, const char *peer_name, bool tls, const char *message)
+void apir_stream_refuse(struct apir_server *srv, int fd, const char *peer_name, bool tls, const char *message)
 {
     if (tls) {
         /* Before its handshake a TLS guest could not read a plain refusal. */
@@ -229,7 +229,7 @@ uint64_t apir_tenant_net_key(int fd, char *name, size_t len)
     return (uint64_t)TENANT_NET_UNKNOWN << 56;
 }
 
-void apir_stream_accept(struct apir_shm_server *srv, uint32_t listener)
+void apir_stream_accept(struct apir_server *srv, uint32_t listener)
 {
     int fd = accept4(srv->net[listener].fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
@@ -266,7 +266,7 @@ void apir_stream_accept(struct apir_shm_server *srv, uint32_t listener)
 
 /* Constant time in the token's length: a guest learns nothing from how
  * long a wrong token took to refuse. */
-static bool token_matches(const struct apir_shm_server *srv, const struct apir_stream_hello *h)
+static bool token_matches(const struct apir_server *srv, const struct apir_stream_hello *h)
 {
     if (!srv->token_len)
         return true;
@@ -276,7 +276,7 @@ static bool token_matches(const struct apir_shm_server *srv, const struct apir_s
     return diff == 0;
 }
 
-bool apir_stream_pending(struct apir_shm_server *srv, struct pending_conn *p, short revents, uint64_t now)
+bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short revents, uint64_t now)
 {
     char name[64];
     apir_net_peer_name(p->fd, name, sizeof(name));
@@ -334,16 +334,10 @@ bool apir_stream_pending(struct apir_shm_server *srv, struct pending_conn *p, sh
 
 /* ---- serving ------------------------------------------------------------ */
 
-static void unmap_release(void *ptr, size_t size, void *user)
-{
-    (void)user;
-    munmap(ptr, size);
-}
-
 /* The host's copy of a guest blob: anonymous memory, counted against the
  * session's blob quota (apir_session_blob_add); untouched pages cost
  * nothing until the guest's bytes arrive. */
-static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
+static uint32_t blob_create(struct apir_client *c, struct apir_decoder *req)
 {
     uint32_t res_id = apir_decode_u32(req);
     uint64_t size = apir_decode_u64(req);
@@ -363,7 +357,7 @@ static uint32_t blob_create(struct shm_client *c, struct apir_decoder *req)
                   strerror(errno));
         return 1;
     }
-    if (!apir_session_blob_add(c->session, res_id, p, (size_t)size, unmap_release, NULL)) {
+    if (!apir_session_blob_add(c->session, res_id, p, (size_t)size, apir_client_unmap_release, NULL)) {
         munmap(p, (size_t)size);
         return 1;
     }
@@ -379,7 +373,7 @@ struct stream_io {
 /* Serves one frame whose header was read; false: hang up.  *began: when
  * its command began (after its bytes were in: a slow link's upload time is
  * not the command's, which --graph-timeout-ms bounds), 0 if it never ran. */
-static bool serve_frame(struct shm_client *c, struct stream_io *io, const struct apir_stream_frame *f,
+static bool serve_frame(struct apir_client *c, struct stream_io *io, const struct apir_stream_frame *f,
                         uint64_t *began)
 {
     struct apir_session *s = c->session;
@@ -466,7 +460,7 @@ static bool serve_frame(struct shm_client *c, struct stream_io *io, const struct
  * A tls: guest, first: the handshake (its key or certificate names it), then its hello
  * inside TLS, answered.  Under the handshake deadline, like any hello.
  */
-static bool tls_welcome(struct shm_client *c, struct stream_io *io)
+static bool tls_welcome(struct apir_client *c, struct stream_io *io)
 {
     const int timeout_ms = (int)c->srv->host->cfg.limits.handshake_timeout_ms;
     char err[1024];
@@ -493,7 +487,7 @@ static bool tls_welcome(struct shm_client *c, struct stream_io *io)
 
 static void *stream_client_worker(void *arg)
 {
-    struct shm_client *c = arg;
+    struct apir_client *c = arg;
     struct stream_io *io = malloc(sizeof(*io));
     if (io && !apir_net_reader_init(&io->rd, c->fd, 64 * 1024)) {
         free(io);
@@ -548,14 +542,14 @@ static void *stream_client_worker(void *arg)
     return NULL;
 }
 
-void apir_stream_start_client(struct apir_shm_server *srv, int fd, const char *peer_name, uint64_t tenant, bool tls)
+void apir_stream_start_client(struct apir_server *srv, int fd, const char *peer_name, uint64_t tenant, bool tls)
 {
     const struct ucred peer = { .pid = 0, .uid = peer_uid(fd), .gid = (gid_t)-1 };
     const unsigned long long id = apir_server_next_id(srv);
     char name[96];
     snprintf(name, sizeof(name), "guest#%llu(%s)", id, peer_name);
     const char *why = NULL;
-    struct shm_client *c = apir_client_new(srv, name, &peer, 0, &why);
+    struct apir_client *c = apir_client_new(srv, name, &peer, 0, &why);
     if (!c) {
         apir_stream_refuse(srv, fd, peer_name, tls, why);
         return;
