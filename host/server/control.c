@@ -50,11 +50,6 @@ struct apir_control {
 
 #define N_CONNS (APIR_CONTROL_MAX_CONNS + APIR_METRICS_HTTP_MAX_CONNS)
 
-const char *apir_control_path(const struct apir_control *ctl)
-{
-    return ctl && ctl->listen_fd >= 0 ? ctl->path : NULL;
-}
-
 /* Bound under a temporary name, given its mode and group, renamed once
  * listening (as the guest socket: server.c). */
 static bool bind_control(struct apir_control *ctl, const char *path, char *err, size_t err_len)

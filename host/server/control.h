@@ -59,7 +59,6 @@ typedef char *(*apir_control_render_fn)(void *user, enum apir_stats_format forma
 struct apir_control *apir_control_new(const struct apir_control_config *cfg, char *err, size_t err_len);
 /* Closes every connection, removes the socket files and the metrics file. */
 void apir_control_free(struct apir_control *ctl);
-const char *apir_control_path(const struct apir_control *ctl);
 
 /* The poll loop: fills at most APIR_CONTROL_MAX_POLL entries (returns how
  * many), then hands them back after poll. */

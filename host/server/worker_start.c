@@ -55,6 +55,15 @@ static struct {
  * starts one per virtio-gpu context, from the hypervisor's threads). */
 static pthread_mutex_t uid_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The pool's bitmap lives as long as the code that uses it: the daemon's
+ * whole life, or libapir-virgl.so's until the hypervisor unloads it. */
+__attribute__((destructor)) static void uid_pool_free(void)
+{
+    free(spawn.uid_held);
+    spawn.uid_held = NULL;
+    spawn.uid_count = 0;
+}
+
 #define NO_UID UINT32_MAX
 
 static int ns_flags(enum worker_ns ns)
