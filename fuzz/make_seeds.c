@@ -1029,6 +1029,22 @@ static void seeds_op(void)
         }
 }
 
+/* ---- fuzz_text: request heads of the metrics listener, strings to escape ---------- */
+
+static void seeds_text(void)
+{
+    static const char *const seeds[][2] = {
+        { "get", "\x00GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9464\r\nAccept: */*\r\n\r\n" },
+        { "head", "\x00HEAD /metrics?name[]=x HTTP/1.0\n\n" },
+        { "post", "\x00POST /metrics HTTP/1.1\r\n\r\n" },
+        { "partial", "\x00GET /metr" },
+        { "name", "\x01guest\nguest#99 connected \"key\" \\ \x1b[31m\x7f\xff" },
+        { "line", "\x02" "apir host: info: already escaped \\x0a \"q\"\t\r" },
+    };
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++)
+        write_seed("fuzz_text", seeds[i][0], (const uint8_t *)seeds[i][1], 1 + strlen(seeds[i][1] + 1));
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -1047,6 +1063,7 @@ int main(int argc, char **argv)
     seeds_shm();
     seeds_stream();
     seeds_op();
+    seeds_text();
     printf("make_seeds: %u seeds in %s\n", n_written, out_dir);
     return 0;
 }

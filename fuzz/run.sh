@@ -31,7 +31,7 @@
 #     from there next time.  Review and commit both.
 #
 # Environment:
-#   FUZZ_TARGETS   targets to run (default: all seven)
+#   FUZZ_TARGETS   targets to run (default: all eight)
 #   FUZZ_FLAGS     extra libFuzzer flags for the fuzzing runs (explore; the
 #                  gate's verdict holds for none)
 #   BUILD_DIR      build directory (default: build-fuzz)
@@ -61,7 +61,7 @@ case "$DURATION" in ''|*[!0-9]*) echo "fuzz/run.sh: SECONDS must be a number" >&
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD_DIR:-$ROOT/build-fuzz}
-TARGETS=${FUZZ_TARGETS:-"fuzz_codec fuzz_inline fuzz_graph fuzz_dispatch fuzz_shm_frame fuzz_stream_frame fuzz_op"}
+TARGETS=${FUZZ_TARGETS:-"fuzz_codec fuzz_inline fuzz_graph fuzz_dispatch fuzz_shm_frame fuzz_stream_frame fuzz_op fuzz_text"}
 FLAGS=${FUZZ_FLAGS:-}
 FINDINGS=${FUZZ_FINDINGS_DIR:-$ROOT/fuzz/findings}
 MINIMIZE_SECONDS=${FUZZ_MINIMIZE_SECONDS:-60}
@@ -106,6 +106,7 @@ max_len_of() {
         fuzz_shm_frame) echo 4096 ;;
         fuzz_stream_frame) echo 8192 ;;
         fuzz_op) echo 1024 ;;
+        fuzz_text) echo 4200 ;;
     esac
 }
 extra_of() {
@@ -129,6 +130,7 @@ gate_runs_of() {
         fuzz_shm_frame) echo 12000 ;;
         fuzz_stream_frame) echo 8000 ;;
         fuzz_op) echo 1000 ;;
+        fuzz_text) echo 200000 ;;
     esac
 }
 
