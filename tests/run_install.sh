@@ -86,11 +86,13 @@ TINY
     cat >"$T/tiny/CMakeLists.txt" <<'TINY'
 cmake_minimum_required(VERSION 3.16)
 project(tiny C)
-find_package(apir-guest 0.7 REQUIRED)
+find_package(apir-guest @VERSION@ REQUIRED)
 add_executable(tiny tiny.c)
 target_link_libraries(tiny PRIVATE apir::ggml-apir)
 file(WRITE "${CMAKE_BINARY_DIR}/backend_path.txt" "${APIR_GUEST_BACKEND_PATH}")
 TINY
+    # the version apir-host says it is: the package must answer to it
+    sed -i "s/@VERSION@/$(grep -oE '^apir-host [0-9]+\.[0-9]+' "$T/version.txt" | cut -d' ' -f2)/" "$T/tiny/CMakeLists.txt"
     (cmake -S "$T/tiny" -B "$T/tiny/b" -DCMAKE_PREFIX_PATH="$P" && cmake --build "$T/tiny/b") >"$T/tiny/cmake.log" 2>&1 \
       || bad "a CMake project with find_package(apir-guest): $(tail -5 "$T/tiny/cmake.log")"
     [ -x "$T/tiny/b/tiny" ] && { APIR_HOST="unix:$T/none.sock" "$T/tiny/b/tiny" 2>/dev/null | grep -q "^reg ok" || bad "the CMake program did not run"; }
