@@ -52,41 +52,6 @@ static char dir[64], sock_path[100], log_path[120];
 static char unix_ep[160], tcp_ep[64];
 static pid_t host_pid = -1;
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    if (f) {
-        char chunk[4096];
-        size_t n;
-        while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                buf = realloc(buf, cap);
-            }
-            memcpy(buf + len, chunk, n);
-            len += n;
-        }
-        fclose(f);
-    }
-    if (!buf)
-        buf = calloc(1, 1);
-    else
-        buf[len] = '\0';
-    return buf;
-}
-
-static int log_count(const char *needle)
-{
-    char *t = read_text(log_path);
-    int n = 0;
-    for (const char *p = t; (p = strstr(p, needle)); p++)
-        n++;
-    free(t);
-    return n;
-}
-
 static bool start_host(void)
 {
     unlink(sock_path);
@@ -100,7 +65,7 @@ static bool start_host(void)
     host_pid = host_spawn(argv, log_path);
     uint64_t t0 = apir_now_ns();
     while (ms_since(t0) < 20000 && !tcp_ep[0]) {
-        char *t = read_text(log_path);
+        char *t = text_read(log_path);
         const char *p = strstr(t, "serving tcp:127.0.0.1:");
         if (p)
             snprintf(tcp_ep, sizeof(tcp_ep), "tcp:127.0.0.1:%d", atoi(p + strlen("serving tcp:127.0.0.1:")));
@@ -257,14 +222,14 @@ static void destroy_recreate_free(const char *ep)
     const uint64_t b = from_ptr(&r, R);
     CHECK(b != 0);
     CHECK(buffer_count(&r, b, READ_SIZE, 0xA1) == (long)READ_SIZE);
-    const int refusals_before = log_count("still wrapped by 1 buffer");
+    const int refusals_before = file_count(log_path, "still wrapped by 1 buffer");
     CHECK_MSG(blob_destroy(&r, R) == 0, "%s: the destroy of a wrapped blob is taken", tr);
     /* The res_id is not free while the old blob lives on. */
     const bool recreated = blob_new(&r, R, 0xB2, &y) == 0;
     CHECK_MSG(!recreated, "%s: a new blob under a res_id still held was taken", tr);
     blob_free(&y);
     usleep(50000);
-    CHECK_MSG(log_count("still wrapped by 1 buffer") == refusals_before + 1, "%s: the refusal is not in the log", tr);
+    CHECK_MSG(file_count(log_path, "still wrapped by 1 buffer") == refusals_before + 1, "%s: the refusal is not in the log", tr);
     /* A command naming the destroyed blob is refused.  (Round 3's attack
      * went on: a buffer on the new blob under R, freed, unmapped the old
      * blob under the live buffer b.) */
@@ -423,8 +388,8 @@ static void test_two_guests(void) { on_both(two_guests); }
 static void test_host_survived(void)
 {
     CHECK(host_alive());
-    CHECK_MSG(log_count("died of signal") == 0, "a worker process died");
-    CHECK_MSG(log_count("error:") == 0, "the host logged an error");
+    CHECK_MSG(file_count(log_path, "died of signal") == 0, "a worker process died");
+    CHECK_MSG(file_count(log_path, "error:") == 0, "the host logged an error");
 }
 
 int main(int argc, char **argv)
@@ -443,7 +408,7 @@ int main(int argc, char **argv)
     snprintf(log_path, sizeof(log_path), "%s/host.log", dir);
     snprintf(unix_ep, sizeof(unix_ep), "unix:%s", sock_path);
     if (!start_host()) {
-        char *t = read_text(log_path);
+        char *t = text_read(log_path);
         fprintf(stderr, "host did not start; its log:\n%s\n", t);
         free(t);
         host_reap(host_pid, SIGKILL);
@@ -455,7 +420,7 @@ int main(int argc, char **argv)
     };
     int rc = test_run("blob_lifetime", cases, (int)(sizeof(cases) / sizeof(cases[0])));
     if (rc && getenv("BLOB_LIFETIME_SHOW_LOG")) {
-        char *t = read_text(log_path);
+        char *t = text_read(log_path);
         fputs(t, stderr);
         free(t);
     }

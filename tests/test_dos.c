@@ -67,43 +67,10 @@ static const char *host_bin;
 static char dir[64], sock_path[100], log_path[120], unix_ep[160], stream_ep[80];
 static pid_t host_pid = -1;
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    if (f) {
-        char chunk[65536];
-        size_t n;
-        while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                buf = realloc(buf, cap);
-            }
-            memcpy(buf + len, chunk, n);
-            len += n;
-        }
-        fclose(f);
-    }
-    if (!buf)
-        buf = calloc(1, 1);
-    else
-        buf[len] = '\0';
-    return buf;
-}
-
-static long count_in(const char *text, const char *needle)
-{
-    long n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p++)
-        n++;
-    return n;
-}
-
 /* Lines of the host's log that name `who` (an attacker's uid or address). */
 static long log_lines_of(const char *who)
 {
-    char *t = read_text(log_path);
+    char *t = text_read(log_path);
     long n = 0;
     for (char *line = t, *eol; *line; line = eol + 1) {
         eol = strchr(line, '\n');
@@ -145,7 +112,7 @@ static bool start_host(const char *stream, const char *const *extra)
     stream_ep[0] = '\0';
     uint64_t t0 = apir_now_ns();
     while (stream && !stream_ep[0] && ms_since(t0) < 20000) {
-        char *t = read_text(log_path);
+        char *t = text_read(log_path);
         const char *p = strstr(t, "serving tcp:127.0.0.1:");
         if (!p)
             p = strstr(t, "serving tls:127.0.0.1:");
@@ -157,7 +124,7 @@ static bool start_host(const char *stream, const char *const *extra)
         usleep(10000);
     }
     if (!wait_for_path(sock_path, 10000) || (stream && !stream_ep[0])) {
-        char *t = read_text(log_path);
+        char *t = text_read(log_path);
         fprintf(stderr, "the host did not start; its log:\n%s\n", t);
         free(t);
         return false;
@@ -632,8 +599,8 @@ static void log_rate_case(const char *isolation)
     const double secs = ms_since(t0) / 1000;
     apir_remote_close(&r);
     usleep(300000);  /* the summary at the session's end */
-    char *t = read_text(log_path);
-    const long logged = count_in(t, "BUFFER_GET_BASE refused");
+    char *t = text_read(log_path);
+    const long logged = text_count(t, "BUFFER_GET_BASE refused");
     long summaries = 0;
     const long suppressed = suppressed_sum(t, &summaries);
     const bool own_line = strstr(t, "disconnected after") != NULL;
@@ -656,7 +623,7 @@ static void test_log_rate_thread(void) { log_rate_case("thread"); }
  * guest tried to forge. */
 static void check_log_clean(const char *forged, const char *what)
 {
-    char *t = read_text(log_path);
+    char *t = text_read(log_path);
     CHECK_MSG(strchr(t, '\x1b') == NULL, "%s: an escape byte reached the log", what);
     char at_start[128];
     snprintf(at_start, sizeof(at_start), "\n%s", forged);
@@ -679,7 +646,7 @@ static void test_log_escape(void)
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     usleep(200000);
-    char *t = read_text(log_path);
+    char *t = text_read(log_path);
     const char *at = strstr(t, "x\\x0aguest#9 \\x1b[2J");
     char shown[400] = "";
     if (at) {
@@ -727,7 +694,7 @@ static void test_log_escape(void)
     }
     waitpid(pid, &status, 0);
     usleep(300000);
-    t = read_text(log_path);
+    t = text_read(log_path);
     at = strstr(t, "mallory\\x0aguest#99");
     shown[0] = '\0';
     if (at) {
@@ -775,7 +742,7 @@ int main(int argc, char **argv)
     if (host_pid > 0)
         stop_host();
     if (rc && getenv("DOS_SHOW_LOG")) {
-        char *t = read_text(log_path);
+        char *t = text_read(log_path);
         fputs(t, stderr);
         free(t);
     }

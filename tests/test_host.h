@@ -29,6 +29,44 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* A whole text file (a host's log), NUL-terminated; "" when it cannot be
+ * read.  The caller frees it. */
+static inline char *text_read(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    size_t cap = 65536, len = 0, n;
+    char *buf = malloc(cap);
+    if (!buf)
+        abort();
+    while (f && (n = fread(buf + len, 1, cap - 1 - len, f)) > 0) {
+        len += n;
+        if (len + 1 == cap && !(buf = realloc(buf, cap *= 2)))
+            abort();
+    }
+    if (f)
+        fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Occurrences of needle in text, overlapping ones apart. */
+static inline long text_count(const char *text, const char *needle)
+{
+    long n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Occurrences of needle in the file at path (a host's log so far). */
+static inline long file_count(const char *path, const char *needle)
+{
+    char *t = text_read(path);
+    const long n = text_count(t, needle);
+    free(t);
+    return n;
+}
+
 static inline double ms_since(uint64_t t0)
 {
     return (double)(apir_now_ns() - t0) / 1e6;

@@ -14,6 +14,7 @@
 #include "op_shapes.h"
 #include "dispatcher.h"
 #include "test_records.h"
+#include "test_op_checks.h"
 #include "test_util.h"
 #include "test_session.h"
 
@@ -48,21 +49,6 @@ static struct ggml_tensor *as_param(struct ggml_tensor *t)
     ggml_set_param(t);
     return t;
 }
-
-static const char *check(const struct ggml_tensor *t) { return apir_op_shape_error(t, false); }
-
-#define ACCEPTED(t)                                                                          \
-    do {                                                                                     \
-        const char *why_ = check(t);                                                         \
-        CHECK_MSG(why_ == NULL, "%s refused: %s", ggml_op_desc(t), why_);                    \
-    } while (0)
-
-#define REFUSED(t, needle)                                                                   \
-    do {                                                                                     \
-        const char *why_ = check(t);                                                         \
-        CHECK_MSG(why_ != NULL && strstr(why_, needle), "%s: got %s", ggml_op_desc(t),       \
-                  why_ ? why_ : "(accepted)");                                               \
-    } while (0)
 
 /* Fresh contiguous strides for t's type and shape. */
 static void relayout(struct ggml_tensor *t, enum ggml_type type)

@@ -84,37 +84,10 @@ static void fill_random(uint8_t *p, size_t n)
 }
 
 /* A file's whole text (malloc'ed, "" when absent). */
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        abort();
-    size_t n;
-    while (f && (n = fread(buf + len, 1, cap - 1 - len, f)) > 0) {
-        len += n;
-        if (len + 1 == cap && !(buf = realloc(buf, cap *= 2)))
-            abort();
-    }
-    if (f)
-        fclose(f);
-    buf[len] = '\0';
-    return buf;
-}
-
-static int count_in(const char *text, const char *needle)
-{
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    return n;
-}
-
 static int log_count(const struct host *h, const char *needle)
 {
-    char *t = read_text(h->log);
-    int n = count_in(t, needle);
+    char *t = text_read(h->log);
+    int n = text_count(t, needle);
     free(t);
     return n;
 }
@@ -204,7 +177,7 @@ static bool start_host(struct host *h, const char *name, const char *tcp_listen,
     h->exit_status = -1;
     uint64_t t0 = apir_now_ns();
     while (ms_since(t0) < 20000) {
-        char *t = read_text(h->log);
+        char *t = text_read(h->log);
         const char *p = strstr(t, "serving tcp:");
         if (p) {
             const char *sp = strchr(p + 12, ' ');
@@ -226,7 +199,7 @@ static bool start_host(struct host *h, const char *name, const char *tcp_listen,
     }
     snprintf(h->endpoint, sizeof(h->endpoint), "tcp:127.0.0.1:%u", (unsigned)h->port);
     if (!h->port && h->exit_status != 1) {  /* 1: refused at start, which a case may expect */
-        char *t = read_text(h->log);
+        char *t = text_read(h->log);
         fprintf(stderr, "host %s did not start; its log:\n%s\n", name, t);
         free(t);
     }

@@ -30,6 +30,7 @@
 #include "op_shapes.h"
 #include "dispatcher.h"
 #include "test_records.h"
+#include "test_op_checks.h"
 #include "test_util.h"
 #include "test_session.h"
 
@@ -70,21 +71,6 @@ static struct ggml_tensor *f32(int64_t n0, int64_t n1, int64_t n2, int64_t n3)
 {
     return ggml_new_tensor_4d(ctx, GGML_TYPE_F32, n0, n1, n2, n3);
 }
-
-static const char *check(const struct ggml_tensor *t) { return apir_op_shape_error(t, false); }
-
-#define ACCEPTED(t)                                                                          \
-    do {                                                                                     \
-        const char *why_ = check(t);                                                         \
-        CHECK_MSG(why_ == NULL, "%s refused: %s", ggml_op_desc(t), why_);                    \
-    } while (0)
-
-#define REFUSED(t, needle)                                                                   \
-    do {                                                                                     \
-        const char *why_ = check(t);                                                         \
-        CHECK_MSG(why_ != NULL && strstr(why_, needle), "%s: got %s", ggml_op_desc(t),       \
-                  why_ ? why_ : "(accepted)");                                               \
-    } while (0)
 
 static void run_setup(void)
 {
