@@ -9,8 +9,10 @@
 # Everything is cached under ~/.cache/apir/vm-<key>/ (never in the checkout):
 #   root/         a Debian trixie root (debootstrap) with QEMU, Mesa, Xvfb and
 #                 the build tools for virglrenderer; QEMU runs chrooted in it
-#   root/opt/virgl  virglrenderer MR 1590 (-Dapir=true -Dvenus=true), built
-#                 inside the root against trixie's libraries
+#   root/opt/virgl-<key>  virglrenderer MR 1590 (-Dapir=true -Dvenus=true) with
+#                 scripts/patches/virglrenderer-*.patch, built inside the root against
+#                 trixie's libraries; one folder per key (sources, options, patches), so
+#                 that two trees' runs sharing the cache never replace each other's
 #   guest/        vmlinuz + initramfs (busybox, modules, our guest binaries)
 #   runs/<time>-<pid>/  console.log, qemu.log, virgl-apir.log, run.sh (the QEMU command)
 #
@@ -29,6 +31,12 @@
 #   APIR_VM_OPS     test-backend-ops op list (default ADD,MUL_MAT)
 #   APIR_VM_BIG_MODEL  apir-gguf-gen options of a second model for the greedy_big check
 #                   (e.g. "--layers 4 --embd 2048 --ff 5632 --heads 16 --kv-heads 4 --vocab 32000 --type q4_0")
+#   APIR_VM_VIRGL_PATCHES  0: virglrenderer as merge request 1590 has it (its render worker
+#                   then closes a blob's memfd, and libapir-virgl.so needs
+#                   CAP_CHECKPOINT_RESTORE to reach the blob: docs/VM.md); default: patched
+#   APIR_VM_QEMU_CAPS  none (default): QEMU and virglrenderer's processes run with no
+#                   capabilities at all (an empty bounding set: an unprivileged VMM, as
+#                   libvirt runs one), though as uid 0 inside the root; all: root's
 #   APIR_VM_SHELL=1 the serial console is this terminal (and still logged), and after the
 #                   checks the guest gives a shell instead of powering off (exit: power off)
 set -euo pipefail
@@ -64,7 +72,18 @@ ROOT_PKGS="qemu-system-x86 qemu-system-modules-opengl qemu-system-gui xvfb xauth
 # "Faults and interop").  APIR_VM_QEMU_SUITE=trixie keeps 10.0.
 QEMU_SUITE=${APIR_VM_QEMU_SUITE:-trixie-backports}
 QEMU_PKGS="qemu-system-x86 qemu-system-modules-opengl qemu-system-gui"
-VIRGL_OPTS="-Dapir=true -Dvenus=true -Dplatforms=egl,glx -Dbuildtype=release -Dprefix=/opt/virgl -Dlibdir=lib"
+VIRGL_OPTS="-Dapir=true -Dvenus=true -Dplatforms=egl,glx -Dbuildtype=release -Dlibdir=lib"
+# Our patches to that tree (a fix to send upstream, not product code): the render worker kept
+# the number of a blob's memfd after closing it (docs/VM.md).
+VIRGL_PATCHES=()
+if [ "${APIR_VM_VIRGL_PATCHES:-1}" != 0 ]; then
+  for p in "$REPO"/scripts/patches/virglrenderer-*.patch; do [ -f "$p" ] && VIRGL_PATCHES+=("$p"); done
+fi
+VIRGL_KEY=$( { sha256sum <"$VIRGL_TARBALL" | cut -c1-16; echo "$VIRGL_OPTS"
+               for p in ${VIRGL_PATCHES[@]+"${VIRGL_PATCHES[@]}"}; do sha256sum <"$p"; done; } | sha256sum | cut -c1-12)
+VIRGL_PREFIX=/opt/virgl-$VIRGL_KEY
+QEMU_CAPS=${APIR_VM_QEMU_CAPS:-none}
+case "$QEMU_CAPS" in none|all) ;; *) echo "APIR_VM_QEMU_CAPS=$QEMU_CAPS: none or all" >&2; exit 2 ;; esac
 
 t_stage=0
 log() { printf '[vm %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
@@ -132,17 +151,21 @@ stage_root() {
 
 # ---- stage virgl ------------------------------------------------------------
 stage_virgl() {
-  local vkey; vkey=$(printf '%s %s' "$(sha256sum <"$VIRGL_TARBALL" | cut -c1-16)" "$VIRGL_OPTS" | sha256sum | cut -c1-12)
-  if [ "$(cat "$VM/stamp-virgl" 2>/dev/null)" = "$vkey" ]; then
-    log "virglrenderer present (/opt/virgl in the root, key $vkey)"; return 0
+  if [ -f "$ROOT$VIRGL_PREFIX/stamp" ]; then
+    log "virglrenderer present ($VIRGL_PREFIX in the root, ${#VIRGL_PATCHES[@]} patch(es))"; return 0
   fi
-  stage "building virglrenderer (MR 1590) inside the root: $VIRGL_OPTS"
-  rm -rf "$ROOT/opt/virgl-src" "$ROOT/opt/virgl"
-  mkdir -p "$ROOT/opt/virgl-src"
-  tar -C "$ROOT/opt/virgl-src" -xzf "$VIRGL_TARBALL" --strip-components=1
-  in_root sh -c "cd /opt/virgl-src && meson setup build $VIRGL_OPTS && nice -n 10 ninja -C build -j2 && ninja -C build install" \
+  stage "building virglrenderer (MR 1590, ${#VIRGL_PATCHES[@]} patch(es)) inside the root: $VIRGL_OPTS"
+  local src=/opt/virgl-src-$VIRGL_KEY-$$
+  rm -rf "$ROOT$src" "$ROOT$VIRGL_PREFIX"
+  mkdir -p "$ROOT$src"
+  tar -C "$ROOT$src" -xzf "$VIRGL_TARBALL" --strip-components=1
+  for p in ${VIRGL_PATCHES[@]+"${VIRGL_PATCHES[@]}"}; do
+    (cd "$ROOT$src" && git apply -p1 "$p") || die "$p does not apply to $VIRGL_TARBALL"
+  done
+  in_root sh -c "cd $src && meson setup build $VIRGL_OPTS -Dprefix=$VIRGL_PREFIX && nice -n 10 ninja -C build -j2 && ninja -C build install" \
     >"$VM/virgl-build.log" 2>&1 || { tail -30 "$VM/virgl-build.log"; die "virglrenderer build failed (log: $VM/virgl-build.log)"; }
-  echo "$vkey" >"$VM/stamp-virgl"
+  rm -rf "$ROOT$src"
+  touch "$ROOT$VIRGL_PREFIX/stamp"
   stage_done
 }
 
@@ -601,6 +624,10 @@ stage_boot() {
   [ "${APIR_VM_SHELL:-0}" = 1 ] && append="$append apir.shell=1"
   local xd=$(( 100 + $$ % 800 ))   # the X display: one per boot
   local serial="-serial file:$rr/console.log"
+  # An unprivileged VMM: no capability in QEMU or in what it starts (virglrenderer's render
+  # server and workers, our workers): root's uid inside the root, but the bounding set empty.
+  local caps_drop=""
+  [ "$QEMU_CAPS" = none ] && caps_drop="setpriv --bounding-set=-all --inh-caps=-all"
   [ "${APIR_VM_SHELL:-0}" = 1 ] && serial="-chardev stdio,id=con,signal=off,logfile=$rr/console.log -serial chardev:con"
   cat >"$ROOT$rr/run.sh" <<EOF
 #!/bin/sh
@@ -611,8 +638,8 @@ export VIRGL_APIR_BACKEND_LIBRARY=$rr/host/$hostlib
 export APIR_LLAMA_CPP_GGML_LIBRARY_PATH=$rr/host/libggml-cpu.so
 export APIR_LLAMA_CPP_GGML_LIBRARY_REG=ggml_backend_cpu_reg
 export VIRGL_APIR_LOG_TO_FILE=$rr/virgl-apir.log
-export RENDER_SERVER_EXEC_PATH=/opt/virgl/libexec/virgl_render_server
-export LD_LIBRARY_PATH=/opt/virgl/lib:$rr/host
+export RENDER_SERVER_EXEC_PATH=$VIRGL_PREFIX/libexec/virgl_render_server
+export LD_LIBRARY_PATH=$VIRGL_PREFIX/lib:$rr/host
 export APIR_LOG_LEVEL=\${APIR_LOG_LEVEL:-info}
 export XDG_RUNTIME_DIR=/tmp
 if [ "$display" != egl-headless ]; then
@@ -622,8 +649,10 @@ if [ "$display" != egl-headless ]; then
   for i in \$(seq 1 50); do [ -e /tmp/.X11-unix/X$xd ] && break; sleep 0.1; done
 fi
 echo "qemu: \$(date -u +%s.%N)" >$rr/times
+# What QEMU and its children may do: the capability sets it starts with.
+$caps_drop grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status >$rr/caps
 set -x
-timeout ${APIR_VM_TIMEOUT:-3600} qemu-system-x86_64 -accel $accel_opt -cpu $cpu -smp 2 -m $mem -machine q35 \\
+timeout ${APIR_VM_TIMEOUT:-3600} $caps_drop qemu-system-x86_64 -accel $accel_opt -cpu $cpu -smp 2 -m $mem -machine q35 \\
   -nodefaults -no-user-config -no-reboot -vga none \\
   -device virtio-gpu-gl-pci,blob=true,hostmem=1G,venus=true \\
   $dispopt \\
@@ -650,7 +679,8 @@ EOF
   rm -rf "$ROOT$rr/host" "$ROOT$rr/vmlinuz" "$ROOT$rr/initramfs.cpio.gz"
   cp -a "$ROOT$rr/." "$run/" 2>/dev/null && rm -rf "$ROOT$rr"
   stage_done
-  log "qemu exit status $rc; qemu.log:"
+  log "qemu exit status $rc; its capabilities ($QEMU_CAPS): $(tr -s '\t\n' '  ' <"$run/caps" 2>/dev/null)"
+  log "qemu.log:"
   sed 's/^/   | /' "$run/qemu.log" | tail -40
   [ -f "$run/console.log" ] || die "no console output"
   log "guest results (from $run/console.log):"

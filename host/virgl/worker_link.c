@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -138,6 +139,32 @@ static void kill_worker(struct apir_worker_link *l)
         kill(l->pid, SIGKILL);
 }
 
+/*
+ * The descriptors a link keeps (its socket, its pidfd), moved above the low
+ * numbers.  Merge request 1590's virglrenderer keeps the number of a blob's
+ * memfd after its render worker closed it, and closes that number when the
+ * blob is destroyed: whatever reused it goes - the kernel hands out the
+ * lowest free number, so a link's socket opened after a blob was created is
+ * a likely victim (scripts/patches/ fixes that tree; an unpatched one stays
+ * in use).  Half the descriptor limit, at most 512: well above what the
+ * hypervisor's process holds open, and below the limit.  On failure the
+ * descriptor stays where it is.
+ */
+static int fd_above_low_numbers(int fd)
+{
+    struct rlimit r;
+    if (fd < 0 || getrlimit(RLIMIT_NOFILE, &r) != 0)
+        return fd;
+    const rlim_t floor = r.rlim_cur / 2 < 512 ? r.rlim_cur / 2 : 512;
+    if (floor <= (rlim_t)fd)
+        return fd;
+    const int high = fcntl(fd, F_DUPFD_CLOEXEC, (int)floor);
+    if (high < 0)
+        return fd;
+    close(fd);
+    return high;
+}
+
 static void link_free(struct apir_worker_link *l)
 {
     if (l->sock >= 0)
@@ -215,7 +242,7 @@ static bool spawn(struct apir_worker_link *l, const struct apir_worker_spec *spe
         APIR_ERROR("virgl", "ctx %u: cannot start its worker %s: %s", spec->ctx_id, spec->program, strerror(e));
         return false;
     }
-    l->pidfd = (int)syscall(SYS_pidfd_open, l->pid, 0);
+    l->pidfd = fd_above_low_numbers((int)syscall(SYS_pidfd_open, l->pid, 0));
     return true;
 }
 
@@ -309,7 +336,7 @@ uint32_t apir_worker_link_open(const struct apir_worker_spec *spec, struct apir_
         link_free(l);
         return APIR_LOAD_HOST_BASE + APIR_INIT_BACKEND_FAILED;
     }
-    l->sock = sv[0];
+    l->sock = fd_above_low_numbers(sv[0]);
     const bool started = spawn(l, spec, sv[1]);
     close(sv[1]);
     if (!started) {
