@@ -25,9 +25,9 @@
 #   bench/h200.sh server       llama-server, 16 concurrent greedy requests on -np 4, through APIR0 vs
 #                              natively (bench/server_compare.sh): host on CUDA vs native CUDA (1B F16),
 #                              then host on the CPU backend vs native CPU, 8 threads each (1B Q4_0)
-#   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP vs native CUDA vs ggml-rpc
-#                              (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP (null call,
-#                              upload/download), a reload of the 8B model against a weight cache
+#   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP and TLS (NET_TLS=0: not) vs native
+#                              CUDA vs ggml-rpc (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP
+#                              and TLS (null call, upload/download), a reload of the 8B model against a weight cache
 #   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
 #                              socket, download/native ratio: downloads in pieces that the guest copies out
 #                              while the host writes the next (the default), without pieces (APIR_GET_PIECE_KB=0,
@@ -316,12 +316,16 @@ net)
   # NET_PARTS picks the steps (a device call is 10 minutes; after a build, split them over two calls).
   parts=" ${NET_PARTS:-bench 1b-f16 8b-q4_0 wcache} "
   if [[ $parts == *" bench "* ]]; then
-  build/apir-host --listen unix:/tmp/apir-net.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info \
-    >"$OUT/host-net.log" 2>&1 &
+  (umask 077; echo "bench:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >/tmp/apir-net.psk)
+  build/apir-host --listen unix:/tmp/apir-net.sock --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 \
+    --tls-psk-file /tmp/apir-net.psk --backend CUDA --log-level info >"$OUT/host-net.log" 2>&1 &
   hp=$!; sleep 3
   ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-net.log" | head -1 | cut -d' ' -f2)
-  log "apir-bench over $ep (host CUDA), then over the Unix socket"
+  tls_ep=$(grep -o 'serving tls:127\.0\.0\.1:[0-9]*' "$OUT/host-net.log" | head -1 | cut -d' ' -f2)
+  log "apir-bench over $ep (host CUDA), over $tls_ep, then over the Unix socket"
   build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
+  APIR_TLS_PSK_FILE=/tmp/apir-net.psk build/apir-bench --endpoint "$tls_ep" --frontend build/libggml-apir.so --native CUDA0 \
+    --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
   build/apir-bench --endpoint unix:/tmp/apir-net.sock --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
   kill $hp; wait $hp 2>/dev/null
   fi
@@ -329,7 +333,8 @@ net)
     [[ $parts == *" $m "* ]] || continue
     log "llama-bench $m: native CUDA vs apir (unix) vs apir over TCP vs ggml-rpc (-ngl 99 -fa 1); $(left) s left"
     room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 240)" bash bench/llama_bench_compare.sh \
-      --model $M/$m.gguf --backend CUDA --fa 1 -p 2048 -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp 2>&1 | tee -a "$OUT/h200.log"
+      --model $M/$m.gguf --backend CUDA --fa 1 -p 2048 -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp \
+      $([ "${NET_TLS:-1}" = 1 ] && echo --tls) 2>&1 | tee -a "$OUT/h200.log"
   done
   [[ $parts == *" wcache "* ]] || { log "done, $(left) s left"; exit 0; }
   log "8B Q4_0 loaded twice over TCP against a host with --weight-cache (first: misses and stores; then hits); $(left) s left"

@@ -15,16 +15,18 @@
 #   --no-rpc          skip ggml-rpc
 #   --tcp             also through apir over loopback TCP (tcp:127.0.0.1, the
 #                     stream transport: no shared memory, as between machines)
+#   --tls             also through apir over loopback TLS 1.3 (tls:127.0.0.1, a
+#                     pre-shared key): the tls column, and tls/tcp with --tcp
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
-P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0
+P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=$2; shift;; --deps-bin) DEPS_BIN=$2; shift;; --model) MODEL=$2; shift;;
     --size) SIZE=$2; shift;; --type) TYPE=$2; shift;; --backend) BACKEND=$2; shift;;
     -p) P=$2; shift;; -n) N=$2; shift;; -r) R=$2; shift;; -t) T=$2; shift;;
-    --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;; --tcp) TCP=1;;
+    --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;; --tcp) TCP=1;; --tls) TLS=1;;
     *) echo "unknown option $1"; exit 2;;
   esac
   shift
@@ -41,6 +43,11 @@ trap cleanup EXIT
 
 stream=()
 [ "$TCP" = 1 ] && stream=(--listen tcp:127.0.0.1:0)
+if [ "$TLS" = 1 ]; then
+  # A random 32-byte key for this run (IDENTITY:HEXKEY, README's TLS section).
+  (umask 077; echo "bench:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >"$work/psk")
+  stream+=(--listen tls:127.0.0.1:0 --tls-psk-file "$work/psk")
+fi
 "$BUILD/apir-host" --listen "unix:$work/apir.sock" "${stream[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
   >"$work/host.log" 2>&1 &
 host_pid=$!
@@ -53,6 +60,8 @@ for _ in $(seq 1 300); do [ -S "$work/apir.sock" ] && break; sleep 0.02; done
 sleep 0.5
 tcp_ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/host.log" | head -1 | cut -d' ' -f2 || true)
 [ "$TCP" = 1 ] && [ -z "$tcp_ep" ] && { echo "apir-host did not listen on TCP:"; cat "$work/host.log"; exit 1; }
+tls_ep=$(grep -o 'serving tls:127\.0\.0\.1:[0-9]*' "$work/host.log" | head -1 | cut -d' ' -f2 || true)
+[ "$TLS" = 1 ] && [ -z "$tls_ep" ] && { echo "apir-host did not listen on TLS:"; cat "$work/host.log"; exit 1; }
 
 common=(-m "$MODEL" -p "$P" -n "$N" -r "$R" -t "$T" -fa "$FA" -o csv)
 run() { # name, extra args...; appends "name test ts" lines
@@ -73,6 +82,8 @@ for round in $(seq 1 "$ROUNDS"); do
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TCP" = 1 ] && run tcp env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcp_ep" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
+  [ "$TLS" = 1 ] && run tls env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tls_ep" \
+    APIR_TLS_PSK_FILE="$work/psk" ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$RPC" = 1 ] && run rpc env ${APIR_GUEST_ENV:-} ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
 done
 # Model load time (bench/model_load.c: median of 3 loads after a warm-up),
@@ -92,6 +103,7 @@ echo "llama-bench ${common[*]}; $ROUNDS round(s), the configurations interleaved
 # One table per comparison, with only the columns that were measured.
 cols="native apir"
 [ "$TCP" = 1 ] && cols="$cols tcp"
+[ "$TLS" = 1 ] && cols="$cols tls"
 [ "$RPC" = 1 ] && cols="$cols rpc"
 echo
 echo "throughput (tokens/s, higher is better; ratios against native):"
@@ -104,6 +116,7 @@ awk -v cols="$cols" '
     for (i = 2; i <= nc; i++) line = line sprintf(" %10s", c[i] "/native");
     if (cols ~ /tcp/ && cols ~ /rpc/) line = line sprintf(" %9s", "tcp/rpc");
     else if (cols ~ /rpc/) line = line sprintf(" %9s", "apir/rpc");
+    if (cols ~ /tcp/ && cols ~ /tls/) line = line sprintf(" %9s", "tls/tcp");
     print line;
     # pp rows first, then tg, each in the order measured
     for (pass = 1; pass <= 2; pass++) for (k = 1; k <= nt; k++) {
@@ -112,9 +125,11 @@ awk -v cols="$cols" '
       for (i = 1; i <= nc; i++) { key = c[i] " " t; v[i] = cnt[key] ? sum[key] / cnt[key] : 0;
                                   line = line (cnt[key] ? sprintf(" %11.2f", v[i]) : sprintf(" %11s", "-")) }
       for (i = 2; i <= nc; i++) line = line ((v[1] && v[i]) ? sprintf(" %10.3f", v[i] / v[1]) : sprintf(" %10s", "-"));
-      for (i = 1; i <= nc; i++) { if (c[i] == "rpc") r = v[i]; if (c[i] == "tcp") tc = v[i]; if (c[i] == "apir") ap = v[i] }
+      for (i = 1; i <= nc; i++) { if (c[i] == "rpc") r = v[i]; if (c[i] == "tcp") tc = v[i]; if (c[i] == "apir") ap = v[i];
+                                  if (c[i] == "tls") tl = v[i] }
       if (cols ~ /tcp/ && cols ~ /rpc/) line = line ((r && tc) ? sprintf(" %9.3f", tc / r) : sprintf(" %9s", "-"));
       else if (cols ~ /rpc/) line = line ((r && ap) ? sprintf(" %9.3f", ap / r) : sprintf(" %9s", "-"));
+      if (cols ~ /tcp/ && cols ~ /tls/) line = line ((tc && tl) ? sprintf(" %9.3f", tl / tc) : sprintf(" %9s", "-"));
       print line;
     }
   }' "$work/results"

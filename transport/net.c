@@ -385,11 +385,14 @@ bool apir_net_wait_readable(struct apir_net_reader *r, int timeout_ms)
 
 /* One recv into dst, waiting at most timeout_ms (< 0: no limit) for
  * bytes, spinning spin_ns first: how many were read, or -1 (errno; EPIPE
- * for a closed peer). */
+ * for a closed peer).  The spin is a budget for the call, not one spin:
+ * through TLS the socket turns readable with part of a record, which
+ * GnuTLS holds back until the rest is in - a sleep after the first such
+ * wake-up cost a token's logits over loopback TLS one wake-up a record. */
 static ssize_t recv_some(int fd, struct apir_tls *tls, void *dst, size_t n, int timeout_ms, uint64_t spin_ns)
 {
     const uint64_t deadline_ns = deadline_after(timeout_ms);
-    bool spun = false;
+    uint64_t spin_end = 0;
     for (;;) {
         ssize_t got = tls ? apir_tls_recv(tls, dst, n) : recv(fd, dst, n, MSG_DONTWAIT);
         if (got > 0)
@@ -403,9 +406,11 @@ static ssize_t recv_some(int fd, struct apir_tls *tls, void *dst, size_t n, int 
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return -1;
         const bool wants_write = tls && apir_tls_wants_write(tls);
-        if (!spun && !wants_write) {
-            spun = true;
-            if (spin_readable(fd, spin_ns))
+        if (!wants_write && spin_ns) {
+            const uint64_t now = apir_now_ns();
+            if (!spin_end)
+                spin_end = now + spin_ns;
+            if (now < spin_end && spin_readable(fd, spin_end - now))
                 continue;
         }
         if (!wait_fd(fd, wants_write ? POLLOUT : POLLIN, deadline_ns))
@@ -448,31 +453,52 @@ int apir_net_read(struct apir_net_reader *r, void *dst, size_t n, int timeout_ms
     return 0;
 }
 
-/* Through TLS: each piece in records (the session encrypts into its own
- * buffers; there is no gathering to gain). */
-static int tls_write(int fd, struct apir_tls *tls, struct iovec *iov, int n_iov, int timeout_ms)
+static int tls_write_all(int fd, struct apir_tls *tls, const uint8_t *p, size_t left, int timeout_ms)
 {
-    for (int i = 0; i < n_iov; i++) {
-        const uint8_t *p = iov[i].iov_base;
-        size_t left = iov[i].iov_len;
-        while (left) {
-            ssize_t sent = apir_tls_send(tls, p, left);
-            if (sent > 0) {
-                p += sent;
-                left -= (size_t)sent;
-            } else if (sent < 0 && errno == EAGAIN) {
-                const bool for_room = apir_tls_wants_write(tls);
-                if (!(for_room && spin_writable(fd)) &&
-                    !wait_fd(fd, for_room ? POLLOUT : POLLIN, deadline_after(timeout_ms)))
-                    return -1;
-            } else {
-                if (sent == 0)
-                    errno = EPIPE;
+    while (left) {
+        ssize_t sent = apir_tls_send(tls, p, left);
+        if (sent > 0) {
+            p += sent;
+            left -= (size_t)sent;
+        } else if (sent < 0 && errno == EAGAIN) {
+            const bool for_room = apir_tls_wants_write(tls);
+            if (!(for_room && spin_writable(fd)) && !wait_fd(fd, for_room ? POLLOUT : POLLIN, deadline_after(timeout_ms)))
                 return -1;
-            }
+        } else {
+            if (sent == 0)
+                errno = EPIPE;
+            return -1;
         }
     }
     return 0;
+}
+
+/* Through TLS: each record is sealed and sent on its own, so small pieces
+ * (a frame's header, its ranges, the command; a reply's header and bytes)
+ * are gathered into one record first - one seal, one send and, on the
+ * other side, one record to open instead of two to four.  Payloads go
+ * from where they lie (the session encrypts into its own buffers). */
+#define TLS_GATHER_BYTES 4096
+static int tls_write(int fd, struct apir_tls *tls, struct iovec *iov, int n_iov, int timeout_ms)
+{
+    uint8_t small[TLS_GATHER_BYTES];
+    size_t n_small = 0;
+    for (int i = 0; i < n_iov; i++) {
+        const size_t len = iov[i].iov_len;
+        if (len > sizeof(small) - n_small && n_small) {
+            if (tls_write_all(fd, tls, small, n_small, timeout_ms) != 0)
+                return -1;
+            n_small = 0;
+        }
+        if (len <= sizeof(small) - n_small) {
+            if (len)
+                memcpy(small + n_small, iov[i].iov_base, len);
+            n_small += len;
+        } else if (tls_write_all(fd, tls, iov[i].iov_base, len, timeout_ms) != 0) {
+            return -1;
+        }
+    }
+    return n_small ? tls_write_all(fd, tls, small, n_small, timeout_ms) : 0;
 }
 
 int apir_net_send(int fd, struct apir_tls *tls, struct iovec *iov, int n_iov, int timeout_ms)

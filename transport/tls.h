@@ -65,6 +65,8 @@ struct apir_tls *apir_tls_server(int fd, const struct apir_tls_keys *keys, int t
 /* Who the peer proved to be, for log lines: key "IDENTITY", certificate
  * "SUBJECT DN", or no client certificate (a host without a client CA). */
 const char *apir_tls_identity(const struct apir_tls *t);
+/* The record cipher the handshake settled on (its GnuTLS name). */
+const char *apir_tls_cipher(const struct apir_tls *t);
 
 /* As recv/send with MSG_DONTWAIT: bytes moved; 0 from recv when the peer
  * closed; -1 with errno (EAGAIN: try again after poll; EPROTO: a TLS

@@ -481,7 +481,7 @@ static bool tls_welcome(struct apir_client *c, struct stream_io *io)
     struct iovec iov = { &r, sizeof(r) };
     if (apir_net_send(c->fd, c->tls, &iov, 1, FRAME_IDLE_MS) != 0)
         return false;
-    APIR_INFO("host", "%s: TLS 1.3, %s", c->session->name, apir_tls_identity(c->tls));
+    APIR_INFO("host", "%s: TLS 1.3, %s (%s)", c->session->name, apir_tls_identity(c->tls), apir_tls_cipher(c->tls));
     return true;
 }
 
