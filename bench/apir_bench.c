@@ -83,10 +83,41 @@ static void one_tensor_free(struct one_tensor *o)
     ggml_free(o->ctx);
 }
 
+/* A benchmark that moved wrong bytes measured nothing: a pattern no two
+ * pieces share goes in, comes back into cleared memory and is compared
+ * (said on stdout, and the exit status: bench_wrong). */
+static int bench_wrong;
+static void check_round_trip(ggml_backend_dev_t dev, const struct ggml_tensor *t, size_t bytes)
+{
+    uint8_t *in = calloc(1, bytes), *back = malloc(bytes);
+    if (!in || !back) {
+        free(in);
+        free(back);
+        return;
+    }
+    for (size_t i = 0; i < bytes; i++)
+        in[i] = (uint8_t)(i * 131u + (i >> 13));
+    memset(back, 0, bytes);
+    ggml_backend_tensor_set((struct ggml_tensor *)t, in, 0, bytes);
+    ggml_backend_tensor_get(t, back, 0, bytes);
+    if (memcmp(in, back, bytes) != 0) {
+        size_t at = 0;
+        while (at < bytes && in[at] == back[at])
+            at++;
+        printf("  WRONG: %zu bytes read back from %s differ from those written, from byte %zu\n", bytes,
+               ggml_backend_dev_name(dev), at);
+        bench_wrong = 1;
+    }
+    free(in);
+    free(back);
+}
+
 static void tensor_io(ggml_backend_dev_t dev, size_t bytes, int reps, double *set_gbs, double *get_gbs)
 {
     struct one_tensor o;
     one_tensor_alloc(&o, dev, bytes);
+    if (o.buf)
+        check_round_trip(dev, o.t, bytes);
     uint8_t *src = malloc(bytes);
     memset(src, 1, bytes);
     uint64_t best_set = UINT64_MAX, best_get = UINT64_MAX;
@@ -117,6 +148,7 @@ static void small_io(ggml_backend_dev_t dev, size_t bytes, int reps, double *set
     uint64_t *set_ns = malloc(sizeof(uint64_t) * (size_t)reps), *get_ns = malloc(sizeof(uint64_t) * (size_t)reps);
     *set_us = *get_us = 0;
     if (o.buf && data && set_ns && get_ns) {
+        check_round_trip(dev, o.t, bytes);
         memset(data, 3, bytes);
         /* Reads alone, then writes each followed by a 1-byte read: a stream
          * transport posts a write and goes on, and its cost would otherwise
@@ -264,5 +296,7 @@ int main(int argc, char **argv)
     graph_chain(cpu, 1, 200, &cf, &ca);
     graph_chain(apir, 1, 200, &af, &aa);
     printf("graph of 1 node: %s %.1f us, APIR0 %.1f us -> +%.1f us per graph\n", native_name, ca, aa, aa - ca);
-    return 0;
+    if (bench_wrong)
+        printf("WRONG: some bytes read back differ from those written (above)\n");
+    return bench_wrong;
 }

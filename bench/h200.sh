@@ -27,7 +27,8 @@
 #                              then host on the CPU backend vs native CPU, 8 threads each (1B Q4_0)
 #   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP and TLS (NET_TLS=0: not) vs native
 #                              CUDA vs ggml-rpc (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP
-#                              and TLS (null call, upload/download), a reload of the 8B model against a weight cache
+#                              and TLS (null call, upload/download), a reload of the 8B model against a weight cache;
+#                              NET_TCPB=VAR=VAL adds a second TCP host started with that setting (an interleaved A/B)
 #   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
 #                              socket, download/native ratio: downloads in pieces that the guest copies out
 #                              while the host writes the next (the default), without pieces (APIR_GET_PIECE_KB=0,
@@ -37,6 +38,8 @@
 #   bench/h200.sh multi        on nvidia-h200-x2 (issue 16): one apir-host --backend CUDA serving both GPUs as
 #                              APIR0/APIR1, 8B Q4_0 and 1B F16 -sm layer pp2048/tg128 vs CUDA0/CUDA1, with the
 #                              guest's events (llama.cpp's pipeline) and without them (APIR_EVENTS=0); tokens
+#   bench/h200.sh tcpprof      issue 26 item 1: a token's commands over TCP against the Unix socket (guest profile),
+#                              8B tg with downloads in pieces on and off (APIR_HOST_SEND_PIECE_KB=0), interleaved
 #   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
 #                              vs as many native processes (1B Q4_0): wall time, aggregate t/s, memory per
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
@@ -328,13 +331,22 @@ net)
     --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
   build/apir-bench --endpoint unix:/tmp/apir-net.sock --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
   kill $hp; wait $hp 2>/dev/null
+  if [ -n "${NET_TCPB:-}" ]; then
+    # The A/B of a host setting (NET_TCPB=VAR=VAL): apir-bench over TCP to a host started with it.
+    env "$NET_TCPB" build/apir-host --listen tcp:127.0.0.1:0 --backend CUDA --log-level info >"$OUT/host-netb.log" 2>&1 &
+    hp=$!; sleep 3
+    ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-netb.log" | head -1 | cut -d' ' -f2)
+    log "apir-bench over $ep, host with $NET_TCPB"
+    build/apir-bench --endpoint "$ep" --frontend build/libggml-apir.so --native CUDA0 --mib 256 2>&1 | grep -v load_backend | tee -a "$OUT/h200.log"
+    kill $hp; wait $hp 2>/dev/null
+  fi
   fi
   for m in 1b-f16 8b-q4_0; do
     [[ $parts == *" $m "* ]] || continue
     log "llama-bench $m: native CUDA vs apir (unix) vs apir over TCP vs ggml-rpc (-ngl 99 -fa 1); $(left) s left"
     room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 240)" bash bench/llama_bench_compare.sh \
       --model $M/$m.gguf --backend CUDA --fa 1 -p 2048 -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp \
-      $([ "${NET_TLS:-1}" = 1 ] && echo --tls) 2>&1 | tee -a "$OUT/h200.log"
+      $([ "${NET_TLS:-1}" = 1 ] && echo --tls) $([ -n "${NET_TCPB:-}" ] && echo --tcp-b "$NET_TCPB") 2>&1 | tee -a "$OUT/h200.log"
   done
   [[ $parts == *" wcache "* ]] || { log "done, $(left) s left"; exit 0; }
   log "8B Q4_0 loaded twice over TCP against a host with --weight-cache (first: misses and stores; then hits); $(left) s left"
@@ -426,6 +438,30 @@ net2)
     room 90 && (cd .deps/bin && timeout "$(phase_timeout 150)" "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0/APIR1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
   done
   kill "${hps[@]}"; wait 2>/dev/null
+  log "done, $(left) s left"
+  ;;
+tcpprof)
+  # Where a token's time goes over TCP (issue 26 item 1): 8B Q4_0 tg through the Unix socket and
+  # over loopback TCP with the guest's per-command profile (APIR_PROFILE=1: count and mean round
+  # trip of each command), then an interleaved A/B of downloads in pieces (APIR_HOST_SEND_PIECE_KB)
+  # on the tg rate, TPROF_ROUNDS rounds (default 3).
+  M=/tmp/models; mkdir -p $M
+  [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
+  build/apir-host --listen unix:/tmp/apir-prof.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info \
+    >"$OUT/host-prof.log" 2>&1 &
+  hp=$!; sleep 3
+  ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-prof.log" | head -1 | cut -d' ' -f2)
+  for e in unix:/tmp/apir-prof.sock "$ep"; do
+    log "8B tg128 through $e, guest profile"
+    room 40 && (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=$e \
+      APIR_PROFILE=1 timeout "$(phase_timeout 90)" ./llama-bench -m $M/8b-q4_0.gguf -p 0 -n 128 -r 3 -fa 1 -ngl 99 \
+      -dev APIR0 -o md) 2>&1 | grep -vE 'load_backend|^ggml_|^llama_|^$' | tail -22 | tee -a "$OUT/h200.log"
+  done
+  kill $hp; wait $hp 2>/dev/null
+  log "8B tg128, downloads in pieces on (tcp) and off (tcpb), ${TPROF_ROUNDS:-3} rounds; $(left) s left"
+  room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 400)" bash bench/llama_bench_compare.sh \
+    --model $M/8b-q4_0.gguf --backend CUDA --fa 1 -p 512 -n 128 -r 3 --rounds "${TPROF_ROUNDS:-3}" -t 8 --tcp --no-rpc \
+    --tcp-b APIR_HOST_SEND_PIECE_KB=0 2>&1 | grep -vE '^  \[guest' | tee -a "$OUT/h200.log"
   log "done, $(left) s left"
   ;;
 many)

@@ -17,16 +17,20 @@
 #                     stream transport: no shared memory, as between machines)
 #   --tls             also through apir over loopback TLS 1.3 (tls:127.0.0.1, a
 #                     pre-shared key): the tls column, and tls/tcp with --tcp
+#   --tcp-b VAR=VAL   also over TCP to a second apir-host started with that
+#                     environment (an A/B of a host setting, interleaved with
+#                     the rest): the tcpb column, and tcp/tcpb with --tcp
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
-P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0
+P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0 TCPB=
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=$2; shift;; --deps-bin) DEPS_BIN=$2; shift;; --model) MODEL=$2; shift;;
     --size) SIZE=$2; shift;; --type) TYPE=$2; shift;; --backend) BACKEND=$2; shift;;
     -p) P=$2; shift;; -n) N=$2; shift;; -r) R=$2; shift;; -t) T=$2; shift;;
     --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;; --tcp) TCP=1;; --tls) TLS=1;;
+    --tcp-b) TCPB=$2; shift;;
     *) echo "unknown option $1"; exit 2;;
   esac
   shift
@@ -37,8 +41,9 @@ if [ -z "$MODEL" ]; then
   [ -f "$MODEL" ] || "$BUILD/apir-gguf-gen" -o "$MODEL" --size "$SIZE" --type "$TYPE"
 fi
 work=$(mktemp -d)
-host_pid= rpc_pid=
-cleanup() { [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null; [ -n "$rpc_pid" ] && kill "$rpc_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+host_pid= rpc_pid= hostb_pid=
+cleanup() { [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null; [ -n "$rpc_pid" ] && kill "$rpc_pid" 2>/dev/null
+            [ -n "$hostb_pid" ] && kill "$hostb_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
 stream=()
@@ -51,6 +56,11 @@ fi
 "$BUILD/apir-host" --listen "unix:$work/apir.sock" "${stream[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
   >"$work/host.log" 2>&1 &
 host_pid=$!
+if [ -n "$TCPB" ]; then
+  env "$TCPB" "$BUILD/apir-host" --listen tcp:127.0.0.1:0 --backend "$BACKEND" --threads "$T" --log-level info \
+    >"$work/hostb.log" 2>&1 &
+  hostb_pid=$!
+fi
 if [ "$RPC" = 1 ]; then
   port=$(( 20000 + RANDOM % 20000 ))
   (cd "$DEPS_BIN" && exec ./ggml-rpc-server -H 127.0.0.1 -p "$port" -t "$T" -d "$( [ "$BACKEND" = CPU ] && echo CPU || echo "${BACKEND}0")" >"$work/rpc.log" 2>&1) &
@@ -62,6 +72,12 @@ tcp_ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/host.log" | head -1 | 
 [ "$TCP" = 1 ] && [ -z "$tcp_ep" ] && { echo "apir-host did not listen on TCP:"; cat "$work/host.log"; exit 1; }
 tls_ep=$(grep -o 'serving tls:127\.0\.0\.1:[0-9]*' "$work/host.log" | head -1 | cut -d' ' -f2 || true)
 [ "$TLS" = 1 ] && [ -z "$tls_ep" ] && { echo "apir-host did not listen on TLS:"; cat "$work/host.log"; exit 1; }
+tcpb_ep=
+if [ -n "$TCPB" ]; then
+  for _ in $(seq 1 100); do grep -q 'serving tcp:' "$work/hostb.log" && break; sleep 0.05; done
+  tcpb_ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/hostb.log" | head -1 | cut -d' ' -f2 || true)
+  [ -z "$tcpb_ep" ] && { echo "the second apir-host ($TCPB) did not listen on TCP:"; cat "$work/hostb.log"; exit 1; }
+fi
 
 common=(-m "$MODEL" -p "$P" -n "$N" -r "$R" -t "$T" -fa "$FA" -o csv)
 run() { # name, extra args...; appends "name test ts" lines
@@ -82,6 +98,8 @@ for round in $(seq 1 "$ROUNDS"); do
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TCP" = 1 ] && run tcp env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcp_ep" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
+  [ -n "$TCPB" ] && run tcpb env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcpb_ep" \
+    ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TLS" = 1 ] && run tls env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tls_ep" \
     APIR_TLS_PSK_FILE="$work/psk" ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$RPC" = 1 ] && run rpc env ${APIR_GUEST_ENV:-} ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
@@ -100,9 +118,11 @@ if [ -x "$BUILD/apir-load-bench" ]; then
 fi
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND"
 echo "llama-bench ${common[*]}; $ROUNDS round(s), the configurations interleaved"
+[ -n "$TCPB" ] && echo "tcpb: over TCP to a second apir-host started with $TCPB"
 # One table per comparison, with only the columns that were measured.
 cols="native apir"
 [ "$TCP" = 1 ] && cols="$cols tcp"
+[ -n "$TCPB" ] && cols="$cols tcpb"
 [ "$TLS" = 1 ] && cols="$cols tls"
 [ "$RPC" = 1 ] && cols="$cols rpc"
 echo
@@ -117,6 +137,7 @@ awk -v cols="$cols" '
     if (cols ~ /tcp/ && cols ~ /rpc/) line = line sprintf(" %9s", "tcp/rpc");
     else if (cols ~ /rpc/) line = line sprintf(" %9s", "apir/rpc");
     if (cols ~ /tcp/ && cols ~ /tls/) line = line sprintf(" %9s", "tls/tcp");
+    if (cols ~ /tcp / && cols ~ /tcpb/) line = line sprintf(" %9s", "tcp/tcpb");
     print line;
     # pp rows first, then tg, each in the order measured
     for (pass = 1; pass <= 2; pass++) for (k = 1; k <= nt; k++) {
@@ -126,10 +147,11 @@ awk -v cols="$cols" '
                                   line = line (cnt[key] ? sprintf(" %11.2f", v[i]) : sprintf(" %11s", "-")) }
       for (i = 2; i <= nc; i++) line = line ((v[1] && v[i]) ? sprintf(" %10.3f", v[i] / v[1]) : sprintf(" %10s", "-"));
       for (i = 1; i <= nc; i++) { if (c[i] == "rpc") r = v[i]; if (c[i] == "tcp") tc = v[i]; if (c[i] == "apir") ap = v[i];
-                                  if (c[i] == "tls") tl = v[i] }
+                                  if (c[i] == "tls") tl = v[i]; if (c[i] == "tcpb") tb = v[i] }
       if (cols ~ /tcp/ && cols ~ /rpc/) line = line ((r && tc) ? sprintf(" %9.3f", tc / r) : sprintf(" %9s", "-"));
       else if (cols ~ /rpc/) line = line ((r && ap) ? sprintf(" %9.3f", ap / r) : sprintf(" %9s", "-"));
       if (cols ~ /tcp/ && cols ~ /tls/) line = line ((tc && tl) ? sprintf(" %9.3f", tl / tc) : sprintf(" %9s", "-"));
+      if (cols ~ /tcp / && cols ~ /tcpb/) line = line ((tc && tb) ? sprintf(" %9.3f", tc / tb) : sprintf(" %9s", "-"));
       print line;
     }
   }' "$work/results"

@@ -232,6 +232,14 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->async_uploads = switch_on("APIR_HOST_ASYNC_UPLOADS");
     cfg->weight_copies = switch_on("APIR_HOST_WEIGHT_COPIES");
     cfg->defer_graphs = switch_on("APIR_HOST_DEFER");
+    cfg->send_piece_bytes = 128u * 1024u;
+    const char *piece_kb = getenv("APIR_HOST_SEND_PIECE_KB");
+    if (piece_kb && *piece_kb) {
+        char *end;
+        unsigned long kb = strtoul(piece_kb, &end, 10);
+        if (*end == '\0' && kb <= 1024u * 1024u)
+            cfg->send_piece_bytes = (size_t)kb * 1024u;
+    }
     /* The weight cache (weight_cache.h): opt-in, a directory. */
     const char *wc = getenv("APIR_HOST_WEIGHT_CACHE");
     cfg->weight_cache_dir = wc && *wc ? wc : NULL;

@@ -71,6 +71,10 @@ struct apir_host_config {
     bool async_uploads;          /* ASYNC_UPLOADS: small uploads queued on the stream (upload_mirror.c) */
     bool weight_copies;          /* WEIGHT_COPIES: weights laid out for the device (weight_copies.c) */
     bool defer_graphs;           /* DEFER: keyed graphs computed after their reply (graph_exec.h) */
+    /* A stream's downloads sent in pieces of at least this many bytes as the
+     * device copies them (APIR_HOST_SEND_PIECE_KB, default 128; 0: after the
+     * whole copy; download_pieces.h). */
+    size_t send_piece_bytes;
     /* The weight cache (weight_cache.h; --weight-cache, APIR_HOST_WEIGHT_CACHE): NULL: none */
     const char *weight_cache_dir;
     uint64_t weight_cache_max_bytes;   /* --weight-cache-max-gib, APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound */

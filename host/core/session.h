@@ -108,6 +108,7 @@ struct apir_session_stats {
  * (apir_session_new, apir_session_free: host/dispatch/dispatcher.h) and read
  * only through its header. */
 struct apir_mirror;     /* upload_mirror.c: host copies of small uploads */
+struct apir_download_pieces;  /* download_pieces.c: stream downloads sent as they land */
 struct apir_weights;    /* weight_copies.c: weights in the device's own layouts */
 struct apir_policy;     /* op_policy.c: index validation's scratch */
 struct apir_graphs;     /* graph_exec.c: kept graphs, deferral, what is in flight */
@@ -146,6 +147,7 @@ struct apir_session {
     struct apir_import_scratch scratch;    /* requests' tensors (requests.c) */
 
     struct apir_mirror *mirror;
+    struct apir_download_pieces *pieces;
     struct apir_weights *weights;
     struct apir_policy *policy;
     struct apir_graphs *graphs;

@@ -10,6 +10,7 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "buffers.h"
+#include "download_pieces.h"
 #include "ggml.h"
 #include "ggml-backend.h"
 #include "ggml-backend-impl.h"
@@ -323,7 +324,9 @@ static uint32_t tensor_io(struct apir_session *s, uint32_t cmd, enum tensor_io_d
             apir_session_settle(s);
             ggml_backend_tensor_set(t, data, (size_t)offset, (size_t)size);
         }
-    } else {
+    } else if (!apir_download_pieces_start(s, t, data, offset, size)) {
+        /* Not in pieces (a stream transport sends those as they land): the
+         * whole copy, here. */
         ggml_backend_tensor_get(t, data, (size_t)offset, (size_t)size);
     }
     return APIR_HANDLER_OK;

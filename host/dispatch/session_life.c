@@ -8,6 +8,7 @@
 #include "dispatcher.h"
 
 #include "buffers.h"
+#include "download_pieces.h"
 #include "graph_exec.h"
 #include "import.h"
 #include "op_policy.h"
@@ -24,10 +25,11 @@
 static bool modules_new(struct apir_session *s)
 {
     s->mirror = apir_mirror_new();
+    s->pieces = apir_download_pieces_new();
     s->weights = apir_weights_new();
     s->policy = apir_policy_new();
     s->graphs = apir_graphs_new();
-    return s->mirror && s->weights && s->policy && s->graphs;
+    return s->mirror && s->pieces && s->weights && s->policy && s->graphs;
 }
 
 static void modules_free(struct apir_session *s)
@@ -36,6 +38,7 @@ static void modules_free(struct apir_session *s)
     apir_policy_free(s->policy);
     apir_weights_free(s->weights);  /* empty by now: each copy went with its buffer */
     apir_mirror_free(s->mirror);    /* uploads from its memory were waited for */
+    apir_download_pieces_free(s->pieces);  /* none in flight: finished below */
 }
 
 struct apir_session *apir_session_new(struct apir_host *host, const char *name)
@@ -56,7 +59,9 @@ void apir_session_free(struct apir_session *s)
 {
     if (!s)
         return;
-    /* Nothing runs on a device while memory it may use goes. */
+    /* Nothing runs on a device while memory it may use goes (a transport
+     * finishes its download pieces within the frame; this is the backstop). */
+    apir_download_pieces_finish(s->pieces);
     apir_session_settle(s);
     apir_wcache_log_session(s);
     /* Buffers before blobs (some wrap one: their references go with them)

@@ -37,6 +37,7 @@
  * TCP keepalive: transport/net.c).
  */
 #include "server_impl.h"
+#include "download_pieces.h"
 
 #include "apir_codec.h"
 #include "apir_log.h"
@@ -364,6 +365,40 @@ static uint32_t blob_create(struct apir_client *c, struct apir_decoder *req)
     return 0;
 }
 
+/*
+ * A reply: its header and items, then each download range.  A range the
+ * device is still copying into (download_pieces.h: a large download from
+ * device memory) goes out as its pieces land, what is ready written before
+ * each wait, so the device copies the next piece while the kernel takes
+ * this one.  0, or -1 with errno.
+ */
+static int send_reply(struct apir_client *c, struct apir_stream_reply *rh, const uint8_t *items,
+                      const struct iovec *outs, uint32_t n_out)
+{
+    struct apir_download_pieces *pieces = c->session->pieces;
+    struct iovec iov[2 + APIR_STREAM_MAX_SEGMENTS];
+    int n_iov = 0;
+    iov[n_iov++] = (struct iovec){ rh, sizeof(*rh) };
+    iov[n_iov++] = (struct iovec){ (void *)items, rh->reply_len };
+    for (uint32_t i = 0; i < n_out; i++) {
+        const uint8_t *at = outs[i].iov_base, *end = at + outs[i].iov_len;
+        while (at < end) {
+            const uint8_t *ready = apir_download_pieces_ready(pieces, at, end);
+            if (ready == at || n_iov == (int)(sizeof(iov) / sizeof(iov[0]))) {
+                if (n_iov && apir_net_send(c->fd, c->tls, iov, n_iov, FRAME_IDLE_MS) != 0)
+                    return -1;
+                n_iov = 0;
+                if (ready == at)
+                    apir_download_pieces_wait(pieces, at);
+                continue;
+            }
+            iov[n_iov++] = (struct iovec){ (void *)at, (size_t)(ready - at) };
+            at = ready;
+        }
+    }
+    return n_iov ? apir_net_send(c->fd, c->tls, iov, n_iov, FRAME_IDLE_MS) : 0;
+}
+
 struct stream_io {
     struct apir_net_reader rd;
     uint8_t cmd[APIR_MAX_COMMAND_SIZE];
@@ -432,21 +467,22 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
     }
     struct apir_stream_reply rh = { .magic = APIR_STREAM_REPLY_MAGIC, .ret = ret,
                                     .reply_len = (uint32_t)apir_encoder_used(&reply), .n_out = f->n_out };
-    struct iovec iov[2 + APIR_STREAM_MAX_SEGMENTS];
-    int n_iov = 0;
-    iov[n_iov++] = (struct iovec){ &rh, sizeof(rh) };
-    iov[n_iov++] = (struct iovec){ io->reply, rh.reply_len };
+    struct iovec outs[APIR_STREAM_MAX_SEGMENTS];
     for (uint32_t i = f->n_in; i < n_seg; i++) {
         /* Looked up again: the command may have destroyed the blob. */
         uint8_t *src = apir_session_blob_range(s, seg[i].res_id, seg[i].offset, seg[i].size);
         if (!src) {
+            apir_download_pieces_finish(s->pieces);
             APIR_WARN("host", "%s: the command destroyed the blob its download reads: hanging up", s->name);
             return false;
         }
         rh.out_bytes += seg[i].size;
-        iov[n_iov++] = (struct iovec){ src, (size_t)seg[i].size };
+        outs[i - f->n_in] = (struct iovec){ src, (size_t)seg[i].size };
     }
-    if (apir_net_send(c->fd, c->tls, iov, n_iov, FRAME_IDLE_MS) != 0) {
+    const int sent = send_reply(c, &rh, io->reply, outs, f->n_out);
+    /* Sent or not, no device copy outlives its frame. */
+    apir_download_pieces_finish(s->pieces);
+    if (sent != 0) {
         APIR_WARN("host", "%s: cannot send the reply (%s): hanging up", s->name, strerror(errno));
         return false;
     }
@@ -504,6 +540,8 @@ static void *stream_client_worker(void *arg)
      * native with 2 ms on 2 cores). */
     if (io)
         io->rd.spin_ns = (uint64_t)(c->srv->host->device_memory ? apir_host_spin_us() : apir_spin_us()) * 1000;
+    /* Downloads leave in pieces as the device copies them (download_pieces.h). */
+    apir_download_pieces_enable(c->session, c->srv->host->cfg.send_piece_bytes);
     /* What this thread logs from now on is the guest's doing. */
     apir_log_budget_enter(&c->session->log);
     if (io && c->tls_pending && !tls_welcome(c, io)) {
