@@ -38,6 +38,8 @@
 #   bench/h200.sh multi        on nvidia-h200-x2 (issue 16): one apir-host --backend CUDA serving both GPUs as
 #                              APIR0/APIR1, 8B Q4_0 and 1B F16 -sm layer pp2048/tg128 vs CUDA0/CUDA1, with the
 #                              guest's events (llama.cpp's pipeline) and without them (APIR_EVENTS=0); tokens
+#   bench/h200.sh netab        apir-bench over TCP and TLS to two hosts, the second with NETAB_ENV (default
+#                              APIR_HOST_SEND_PIECE_KB=0), alternated for NETAB_ROUNDS rounds (default 2)
 #   bench/h200.sh tcpprof      issue 26 item 1: a token's commands over TCP against the Unix socket (guest profile),
 #                              8B tg with downloads in pieces on and off (APIR_HOST_SEND_PIECE_KB=0), interleaved
 #   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
@@ -438,6 +440,30 @@ net2)
     room 90 && (cd .deps/bin && timeout "$(phase_timeout 150)" "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0/APIR1 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
   done
   kill "${hps[@]}"; wait 2>/dev/null
+  log "done, $(left) s left"
+  ;;
+netab)
+  # apir-bench over TCP and TLS to two hosts, the second started with NETAB_ENV (default
+  # APIR_HOST_SEND_PIECE_KB=0: downloads after the whole copy), alternated for NETAB_ROUNDS rounds.
+  (umask 077; echo "bench:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >/tmp/apir-ab.psk)
+  build/apir-host --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 --tls-psk-file /tmp/apir-ab.psk --backend CUDA \
+    --log-level info >"$OUT/host-a.log" 2>&1 &
+  hpa=$!
+  env "${NETAB_ENV:-APIR_HOST_SEND_PIECE_KB=0}" build/apir-host --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 \
+    --tls-psk-file /tmp/apir-ab.psk --backend CUDA --log-level info >"$OUT/host-b.log" 2>&1 &
+  hpb=$!; sleep 4
+  for round in $(seq 1 "${NETAB_ROUNDS:-2}"); do
+    for h in a b; do
+      for proto in tcp tls; do
+        e=$(grep -o "serving $proto:127\.0\.0\.1:[0-9]*" "$OUT/host-$h.log" | head -1 | cut -d' ' -f2)
+        label="host $h$([ $h = b ] && echo " (${NETAB_ENV:-APIR_HOST_SEND_PIECE_KB=0})"), $proto, round $round"
+        room 40 && APIR_TLS_PSK_FILE=/tmp/apir-ab.psk timeout "$(phase_timeout 60)" build/apir-bench --endpoint "$e" \
+          --frontend build/libggml-apir.so --native CUDA0 --mib 128 --calls 20000 2>&1 | grep -E '^(null|tensor|WRONG)' \
+          | sed "s/^/$label: /" | tee -a "$OUT/h200.log"
+      done
+    done
+  done
+  kill $hpa $hpb; wait $hpa $hpb 2>/dev/null
   log "done, $(left) s left"
   ;;
 tcpprof)
