@@ -137,6 +137,40 @@ void apir_download_pieces_wait(struct apir_download_pieces *p, const uint8_t *at
     }
 }
 
+int apir_download_pieces_send(struct apir_download_pieces *p, const struct iovec *head, int n_head,
+                              const struct iovec *outs, int n_out, int (*send)(void *ctx, struct iovec *iov, int n),
+                              void *ctx)
+{
+    /* Each send takes what is ready so far; a full list goes out first. */
+    struct iovec iov[16];
+    int n_iov = 0;
+    for (int i = 0; i < n_head; i++) {
+        if (n_iov == (int)(sizeof(iov) / sizeof(iov[0]))) {
+            if (send(ctx, iov, n_iov) != 0)
+                return -1;
+            n_iov = 0;
+        }
+        iov[n_iov++] = head[i];
+    }
+    for (int i = 0; i < n_out; i++) {
+        const uint8_t *at = outs[i].iov_base, *end = at + outs[i].iov_len;
+        while (at < end) {
+            const uint8_t *ready = apir_download_pieces_ready(p, at, end);
+            if (ready == at || n_iov == (int)(sizeof(iov) / sizeof(iov[0]))) {
+                if (n_iov && send(ctx, iov, n_iov) != 0)
+                    return -1;
+                n_iov = 0;
+                if (ready == at)
+                    apir_download_pieces_wait(p, at);
+                continue;
+            }
+            iov[n_iov++] = (struct iovec){ (void *)at, (size_t)(ready - at) };
+            at = ready;
+        }
+    }
+    return n_iov ? send(ctx, iov, n_iov) : 0;
+}
+
 void apir_download_pieces_finish(struct apir_download_pieces *p)
 {
     if (!p || !p->n)

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 /* Pieces of one download, at most; a larger download has larger pieces. */
 #define APIR_DOWNLOAD_PIECES_MAX 8u
@@ -69,6 +70,15 @@ const uint8_t *apir_download_pieces_ready(const struct apir_download_pieces *p, 
                                           const uint8_t *end);
 /* Waits until the piece holding `at` (and every one before it) has landed. */
 void apir_download_pieces_wait(struct apir_download_pieces *p, const uint8_t *at);
+/* Sends a reply: the n_head pieces of head (its header and items), then
+ * each of the n_out download ranges, through send (0, or -1 with errno).
+ * A range the device is still copying into goes out as its pieces land:
+ * what is ready is sent before each wait, so the device copies the next
+ * piece while the kernel takes this one.  Without a download in flight,
+ * one send of everything.  Returns what send returned last. */
+int apir_download_pieces_send(struct apir_download_pieces *p, const struct iovec *head, int n_head,
+                              const struct iovec *outs, int n_out, int (*send)(void *ctx, struct iovec *iov, int n),
+                              void *ctx);
 /* Waits for every piece and forgets the download (a no-op without one). */
 void apir_download_pieces_finish(struct apir_download_pieces *p);
 bool apir_download_pieces_active(const struct apir_download_pieces *p);

@@ -365,38 +365,11 @@ static uint32_t blob_create(struct apir_client *c, struct apir_decoder *req)
     return 0;
 }
 
-/*
- * A reply: its header and items, then each download range.  A range the
- * device is still copying into (download_pieces.h: a large download from
- * device memory) goes out as its pieces land, what is ready written before
- * each wait, so the device copies the next piece while the kernel takes
- * this one.  0, or -1 with errno.
- */
-static int send_reply(struct apir_client *c, struct apir_stream_reply *rh, const uint8_t *items,
-                      const struct iovec *outs, uint32_t n_out)
+/* apir_download_pieces_send's way out: the guest's socket. */
+static int send_to_guest(void *ctx, struct iovec *iov, int n)
 {
-    struct apir_download_pieces *pieces = c->session->pieces;
-    struct iovec iov[2 + APIR_STREAM_MAX_SEGMENTS];
-    int n_iov = 0;
-    iov[n_iov++] = (struct iovec){ rh, sizeof(*rh) };
-    iov[n_iov++] = (struct iovec){ (void *)items, rh->reply_len };
-    for (uint32_t i = 0; i < n_out; i++) {
-        const uint8_t *at = outs[i].iov_base, *end = at + outs[i].iov_len;
-        while (at < end) {
-            const uint8_t *ready = apir_download_pieces_ready(pieces, at, end);
-            if (ready == at || n_iov == (int)(sizeof(iov) / sizeof(iov[0]))) {
-                if (n_iov && apir_net_send(c->fd, c->tls, iov, n_iov, FRAME_IDLE_MS) != 0)
-                    return -1;
-                n_iov = 0;
-                if (ready == at)
-                    apir_download_pieces_wait(pieces, at);
-                continue;
-            }
-            iov[n_iov++] = (struct iovec){ (void *)at, (size_t)(ready - at) };
-            at = ready;
-        }
-    }
-    return n_iov ? apir_net_send(c->fd, c->tls, iov, n_iov, FRAME_IDLE_MS) : 0;
+    struct apir_client *c = ctx;
+    return apir_net_send(c->fd, c->tls, iov, n, FRAME_IDLE_MS);
 }
 
 struct stream_io {
@@ -479,7 +452,10 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
         rh.out_bytes += seg[i].size;
         outs[i - f->n_in] = (struct iovec){ src, (size_t)seg[i].size };
     }
-    const int sent = send_reply(c, &rh, io->reply, outs, f->n_out);
+    /* The reply; a download the device still copies leaves piece by piece
+     * as it lands (download_pieces.h). */
+    const struct iovec head[2] = { { &rh, sizeof(rh) }, { io->reply, rh.reply_len } };
+    const int sent = apir_download_pieces_send(s->pieces, head, 2, outs, f->n_out, send_to_guest, c);
     /* Sent or not, no device copy outlives its frame. */
     apir_download_pieces_finish(s->pieces);
     if (sent != 0) {
