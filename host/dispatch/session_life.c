@@ -38,7 +38,7 @@ static void modules_free(struct apir_session *s)
     apir_policy_free(s->policy);
     apir_weights_free(s->weights);  /* empty by now: each copy went with its buffer */
     apir_mirror_free(s->mirror);    /* uploads from its memory were waited for */
-    apir_download_pieces_free(s->pieces);  /* none in flight: finished below */
+    apir_download_pieces_free(s->pieces);  /* none in flight: apir_session_free finished them first */
 }
 
 struct apir_session *apir_session_new(struct apir_host *host, const char *name)
