@@ -3,12 +3,13 @@
  *
  * Over a stream the host copies a tensor out of device memory into its
  * copy of the guest's blob, then writes those bytes into the socket.  One
- * after the other, the device copy is dead time on the token path: a token
- * of a 128256-word vocabulary reads back 513 KB of logits, ~25 us of DMA
- * on the H200 before the ~80 us the bytes take through loopback TCP.  Here
- * the copy is queued in pieces on the device's stream, an event after each,
- * and the transport writes each piece as soon as its event has passed:
- * the device copies piece k + 1 while the kernel takes piece k.
+ * after the other, the device copy is dead time on the token path (a token
+ * of a 128256-word vocabulary reads back 513 KB of logits).  Here the copy
+ * is queued in pieces on the device's stream, an event after each, and the
+ * transport writes each piece as soon as its event has passed: the device
+ * copies piece k + 1 while the kernel takes piece k.  On the H200 that
+ * read-back over loopback TCP took 137 us in pieces, 148 with the copy
+ * first (docs/MEASUREMENTS.md).
  *
  * Only where it is safe and pays: a transport that asked for it
  * (apir_download_pieces_enable), a device with events and its own memory
@@ -16,8 +17,8 @@
  * device's own buffer type (ggml-cuda asserts that of an asynchronous
  * copy), at least two pieces' worth.  Every piece is waited for before the
  * frame ends (apir_download_pieces_finish), whatever happened to the reply,
- * so no copy outlives the command that asked for it; apir_session_settle
- * waits for them too.
+ * so no copy outlives the command that asked for it (apir_session_free
+ * finishes any a transport left, before memory goes).
  */
 #ifndef APIR_DOWNLOAD_PIECES_H
 #define APIR_DOWNLOAD_PIECES_H
