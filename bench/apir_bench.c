@@ -89,7 +89,7 @@ static void one_tensor_free(struct one_tensor *o)
 static int bench_wrong;
 static void check_round_trip(ggml_backend_dev_t dev, const struct ggml_tensor *t, size_t bytes)
 {
-    uint8_t *in = calloc(1, bytes), *back = malloc(bytes);
+    uint8_t *in = calloc(1, bytes), *back = calloc(1, bytes);
     if (!in || !back) {
         free(in);
         free(back);
@@ -97,7 +97,6 @@ static void check_round_trip(ggml_backend_dev_t dev, const struct ggml_tensor *t
     }
     for (size_t i = 0; i < bytes; i++)
         in[i] = (uint8_t)(i * 131u + (i >> 13));
-    memset(back, 0, bytes);
     ggml_backend_tensor_set((struct ggml_tensor *)t, in, 0, bytes);
     ggml_backend_tensor_get(t, back, 0, bytes);
     if (memcmp(in, back, bytes) != 0) {

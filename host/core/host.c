@@ -220,6 +220,21 @@ static bool switch_on(const char *name)
     return !(v && !strcmp(v, "0"));
 }
 
+/* APIR_HOST_<name> set to a decimal number below `limit`: true, in *out;
+ * unset, empty or anything else: false (the caller's default stays). */
+static bool env_number(const char *name, unsigned long long limit, unsigned long long *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return false;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end != '\0' || n >= limit)
+        return false;
+    *out = n;
+    return true;
+}
+
 void apir_host_config_default(struct apir_host_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -232,25 +247,16 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->async_uploads = switch_on("APIR_HOST_ASYNC_UPLOADS");
     cfg->weight_copies = switch_on("APIR_HOST_WEIGHT_COPIES");
     cfg->defer_graphs = switch_on("APIR_HOST_DEFER");
+    unsigned long long n;
     cfg->send_piece_bytes = 128u * 1024u;
-    const char *piece_kb = getenv("APIR_HOST_SEND_PIECE_KB");
-    if (piece_kb && *piece_kb) {
-        char *end;
-        unsigned long kb = strtoul(piece_kb, &end, 10);
-        if (*end == '\0' && kb <= 1024u * 1024u)
-            cfg->send_piece_bytes = (size_t)kb * 1024u;
-    }
+    if (env_number("APIR_HOST_SEND_PIECE_KB", 1024u * 1024u + 1, &n))
+        cfg->send_piece_bytes = (size_t)n * 1024u;
     /* The weight cache (weight_cache.h): opt-in, a directory. */
     const char *wc = getenv("APIR_HOST_WEIGHT_CACHE");
     cfg->weight_cache_dir = wc && *wc ? wc : NULL;
     cfg->weight_cache_max_bytes = (uint64_t)APIR_WEIGHT_CACHE_MAX_GIB_DEFAULT << 30;
-    const char *wc_max = getenv("APIR_HOST_WEIGHT_CACHE_MAX_GIB");
-    if (wc_max && *wc_max) {
-        char *end;
-        unsigned long long gib = strtoull(wc_max, &end, 10);
-        if (*end == '\0' && gib < (1ull << 30))
-            cfg->weight_cache_max_bytes = gib << 30;
-    }
+    if (env_number("APIR_HOST_WEIGHT_CACHE_MAX_GIB", 1ull << 30, &n))
+        cfg->weight_cache_max_bytes = n << 30;
 }
 /* ---- defaults that fit the machine ---------------------------------------- */
 

@@ -30,11 +30,6 @@ void apir_download_pieces_enable(struct apir_session *s, size_t min_piece)
         s->pieces->min_piece = min_piece;
 }
 
-bool apir_download_pieces_active(const struct apir_download_pieces *p)
-{
-    return p && p->n != 0;
-}
-
 /* The session's events for dev, made on first use.  False: the device has
  * none (or not enough could be made), said once. */
 static bool events_for(struct apir_download_pieces *p, ggml_backend_dev_t dev)

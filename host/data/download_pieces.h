@@ -82,6 +82,5 @@ int apir_download_pieces_send(struct apir_download_pieces *p, const struct iovec
                               void *ctx);
 /* Waits for every piece and forgets the download (a no-op without one). */
 void apir_download_pieces_finish(struct apir_download_pieces *p);
-bool apir_download_pieces_active(const struct apir_download_pieces *p);
 
 #endif

@@ -456,10 +456,11 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
      * as it lands (download_pieces.h). */
     const struct iovec head[2] = { { &rh, sizeof(rh) }, { io->reply, rh.reply_len } };
     const int sent = apir_download_pieces_send(s->pieces, head, 2, outs, f->n_out, send_to_guest, c);
+    const int send_errno = errno;
     /* Sent or not, no device copy outlives its frame. */
     apir_download_pieces_finish(s->pieces);
     if (sent != 0) {
-        APIR_WARN("host", "%s: cannot send the reply (%s): hanging up", s->name, strerror(errno));
+        APIR_WARN("host", "%s: cannot send the reply (%s): hanging up", s->name, strerror(send_errno));
         return false;
     }
     /* A keyed graph accepted by this command is computed now, while the
