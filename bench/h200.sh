@@ -21,14 +21,18 @@
 #                              the guest scheduler's splits, MUL_MAT/FLASH_ATTN_EXT perf APIR0 vs CUDA0
 #   bench/h200.sh issue13      issue 13's figures in one call: builds what is missing (set-up, apir, and
 #                              also whisper.cpp and llama-server), then `whisper` and `server` below
-#   bench/h200.sh whisper      whisper.cpp, host on CUDA vs native CUDA (bench/whisper_compare.sh)
+#                              (ISSUE13_SERVER=0: without llama-server)
+#   bench/h200.sh whisper      whisper.cpp, host on CUDA vs native CUDA (bench/whisper_compare.sh); WHISPER_OFF=0
+#                              leaves out the apir-off rows, WHISPER_HOSTB=VAR=VAL adds a second host with that
+#                              setting (the apir-b rows), WHISPER_PHASE_S its limit (150 s)
 #   bench/h200.sh server       llama-server, 16 concurrent greedy requests on -np 4, through APIR0 vs
 #                              natively (bench/server_compare.sh): host on CUDA vs native CUDA (1B F16),
 #                              then host on the CPU backend vs native CPU, 8 threads each (1B Q4_0)
 #   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP and TLS (NET_TLS=0: not) vs native
 #                              CUDA vs ggml-rpc (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP
 #                              and TLS (null call, upload/download), a reload of the 8B model against a weight cache;
-#                              NET_TCPB=VAR=VAL adds a second TCP host started with that setting (an interleaved A/B)
+#                              NET_TCPB=VAR=VAL adds a second TCP host started with that setting (an interleaved A/B);
+#                              NET_P (pp length, 2048), NET_RPC=0 (no ggml-rpc), NET_PHASE_S (a model's limit, 240 s)
 #   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
 #                              socket, download/native ratio: downloads in pieces that the guest copies out
 #                              while the host writes the next (the default), without pieces (APIR_GET_PIECE_KB=0,
@@ -273,7 +277,7 @@ issue13)
   # setup copies ggml's private headers first: the apir build starts once that is done.
   for _ in $(seq 1 300); do grep -q 'build present' "$OUT/setup-whisper.log" && break; kill -0 $wp 2>/dev/null || break; sleep 0.1; done
   (
-    [ -x .deps/bin/llama-server ] && exit 0
+    [ -x .deps/bin/llama-server ] || [ "${ISSUE13_SERVER:-1}" = 0 ] && exit 0
     # The folder's own path, not through the .deps link: another path rebuilds all of ggml.
     b=$(readlink -f .deps)/build
     src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$b/CMakeCache.txt")
@@ -294,8 +298,9 @@ issue13|whisper)
   # whisper.cpp: random-weight tiny model, jfk.wav; host apir-host on CUDA, guest without CUDA.
   if [ -x .whisper/bin/whisper-cli ] && room 150; then
     log "whisper.cpp through APIR0 (host CUDA) vs native CUDA"
-    timeout -k 5 "$(phase_timeout 150)" bash bench/whisper_compare.sh --backend CUDA --threads 4 --rounds "${ROUNDS:-3}" 2>&1 |
-      tee -a "$OUT/h200.log"
+    timeout -k 5 "$(phase_timeout "${WHISPER_PHASE_S:-150}")" bash bench/whisper_compare.sh --backend CUDA --threads 4 \
+      --rounds "${ROUNDS:-3}" $([ "${WHISPER_OFF:-1}" = 0 ] && echo --no-off) \
+      $([ -n "${WHISPER_HOSTB:-}" ] && echo --host-b "$WHISPER_HOSTB") 2>&1 | tee -a "$OUT/h200.log"
   elif [ ! -x .whisper/bin/whisper-cli ]; then
     log "no .whisper/bin/whisper-cli: whisper.cpp skipped"
   fi
@@ -346,9 +351,10 @@ net)
   for m in 1b-f16 8b-q4_0; do
     [[ $parts == *" $m "* ]] || continue
     log "llama-bench $m: native CUDA vs apir (unix) vs apir over TCP vs ggml-rpc (-ngl 99 -fa 1); $(left) s left"
-    room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 240)" bash bench/llama_bench_compare.sh \
-      --model $M/$m.gguf --backend CUDA --fa 1 -p 2048 -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp \
-      $([ "${NET_TLS:-1}" = 1 ] && echo --tls) $([ -n "${NET_TCPB:-}" ] && echo --tcp-b "$NET_TCPB") 2>&1 | tee -a "$OUT/h200.log"
+    room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout "${NET_PHASE_S:-240}")" bash bench/llama_bench_compare.sh \
+      --model $M/$m.gguf --backend CUDA --fa 1 -p "${NET_P:-2048}" -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp \
+      $([ "${NET_TLS:-1}" = 1 ] && echo --tls) $([ -n "${NET_TCPB:-}" ] && echo --tcp-b "$NET_TCPB") \
+      $([ "${NET_RPC:-1}" = 0 ] && echo --no-rpc) 2>&1 | tee -a "$OUT/h200.log"
   done
   [[ $parts == *" wcache "* ]] || { log "done, $(left) s left"; exit 0; }
   log "8B Q4_0 loaded twice over TCP against a host with --weight-cache (first: misses and stores; then hits); $(left) s left"

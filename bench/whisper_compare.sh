@@ -6,19 +6,22 @@
 # APIR0 with apir 0.8's decode-step features off (APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0:
 # uploads sent one by one, op questions asked one at a time), the "before" of issue 26,
 # in the same session: the rows "apir" and "apir-off".
-#   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off]
+# --host-b VAR=VAL adds a second apir-host started with that environment (an A/B of a host
+# setting, e.g. APIR_HOST_IMPORT_MEMO=0): the row "apir-b", interleaved with the rest.
+#   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]
 # Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
 # WHISPER_DIR=DIR).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1
+ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB=
 while [ $# -gt 0 ]; do
   case $1 in
   --rounds) ROUNDS=$2; shift 2 ;;
   --backend) BACKEND=$2; shift 2 ;;
   --threads) THREADS=$2; shift 2 ;;
   --no-off) OFF=; shift ;;
-  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off]"; exit 2 ;;
+  --host-b) HOSTB=$2; shift 2 ;;
+  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]"; exit 2 ;;
   esac
 done
 W=${WHISPER_DIR:-$ROOT/.whisper} B=${APIR_BUILD:-$ROOT/build}
@@ -29,11 +32,17 @@ if [ "$BACKEND" != CPU ]; then
   [ -e "$W/bin/$lib" ] || ln -sfn "$ROOT/.deps/bin/$lib" "$W/bin/$lib" || exit 1
 fi
 work=$(mktemp -d)
-trap 'kill $hp 2>/dev/null; wait $hp 2>/dev/null; rm -rf "$work"' EXIT
+hpb=
+trap 'kill $hp $hpb 2>/dev/null; wait $hp $hpb 2>/dev/null; rm -rf "$work"' EXIT
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
 # debug: a line per graph (import, checks + compute), for the breakdown below.
 "$B/apir-host" --listen "unix:$work/h.sock" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/host.log" 2>&1 &
 hp=$!
+if [ -n "$HOSTB" ]; then
+  env "$HOSTB" "$B/apir-host" --listen "unix:$work/hb.sock" --backend "$BACKEND" --threads "$THREADS" --log-level debug \
+    >"$work/hostb.log" 2>&1 &
+  hpb=$!
+fi
 sleep 1
 args=(-m "$work/m.bin" -f "$W/share/jfk.wav" -t "$THREADS" -bs 1 -bo 1 -nf -nt -l en)
 native=(); [ "$BACKEND" = CPU ] && native=(-ng)
@@ -44,13 +53,18 @@ for r in $(seq 1 "$ROUNDS"); do
   env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
     "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a.err"
   runs=(n a)
+  if [ -n "$HOSTB" ]; then
+    env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/hb.sock" APIR_PROFILE=1 \
+      "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/b.err"
+    runs+=(b)
+  fi
   if [ -n "$OFF" ]; then
     env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
       APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0 "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/o.err"
     runs+=(o)
   fi
   for s in "${runs[@]}"; do
-    name=$(case $s in n) echo native ;; a) echo apir ;; o) echo apir-off ;; esac)
+    name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
     printf '%-8s %10s %10s %14s\n' "$name" "$(t load "$work/$s.err")" "$(t encode "$work/$s.err")" "$(t decode "$work/$s.err")"
   done | tee -a "$work/rows"
 done
@@ -63,6 +77,15 @@ awk -v n="$(med native)" -v a="$(med apir)" -v o="$(med apir-off)" 'BEGIN { if (
   printf "decode step, medians: native %.3f ms, apir %.3f ms (%.3fx)", n, a, a / n
   if (o != "") printf ", apir-off %.3f ms (%.3fx)", o, o / n
   printf "\n" } }'
+if [ -n "$HOSTB" ]; then
+  # The A/B: decode-step medians, and the host's import of the decoder's graphs (the most
+  # frequent node count) over every round, host A (its apir and apir-off guests) against B.
+  imp() { n=$(sed -n 's/.*: \([0-9]*\) nodes in [0-9]* piece(s).*/\1/p' "$1" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
+          sed -n "s/.* imported $n nodes in \([0-9.]*\) us.*/\1/p" "$1" | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f us (%d graphs)", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2, NR }'; }
+  awk -v a="$(med apir)" -v b="$(med apir-b)" -v n="$(med native)" -v e="$HOSTB" 'BEGIN { if (a > 0 && b > 0)
+    printf "host A/B: decode step medians apir %.3f ms, apir-b (%s) %.3f ms (%.3fx native); apir/apir-b %.3f\n", a, e, b, b / n, a / b }'
+  echo "host A/B: decoder graph import, medians over all rounds: host A $(imp "$work/host.log"), host B $(imp "$work/hostb.log")"
+fi
 dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
 steps() { grep -o 'decode time = [^/]*/ *[0-9]*' "$1" | grep -o '[0-9]*$'; }

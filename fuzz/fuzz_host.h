@@ -77,6 +77,7 @@ static inline void fz_host_init(void)
         .device = -1,
         .n_threads = 1,
         .backend_dir = APIR_GGML_BIN,
+        .import_memo = true,
     };
     apir_limits_default(&cfg.limits);
     cfg.limits.max_buffers = 32;

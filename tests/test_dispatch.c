@@ -217,6 +217,15 @@ static size_t graph_blob(uint8_t *dst, size_t cap, const uint64_t *nodes, uint32
     return apir_encoder_used(&e);
 }
 
+/* Makes t the ADD node a + b. */
+static void add_node(struct apir_tensor_rec *t, uint64_t a, uint64_t b)
+{
+    t->op = GGML_OP_ADD;
+    t->src[0] = a;
+    t->src[1] = b;
+    t->flags = GGML_TENSOR_FLAG_COMPUTE;
+}
+
 static uint32_t compute(struct apir_session *s, size_t size, uint32_t *status)
 {
     *status = 99;
@@ -228,10 +237,7 @@ static void test_graph_compute(void)
     struct apir_session *s = new_session();
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64) };
-    t[2].op = GGML_OP_ADD;
-    t[2].src[0] = 11;
-    t[2].src[1] = 12;
-    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    add_node(&t[2], 11, 12);
     float *f = (float *)data_blob;
     for (int i = 0; i < 64; i++)
         f[i] = (float)i;
@@ -327,6 +333,66 @@ static void test_graph_compute(void)
     apir_session_free(s);
 }
 
+/*
+ * The import memo (import.h): a graph like the last one keeps its op checks
+ * only where a node's record and its operands' records are unchanged.  A
+ * consumer whose own record stayed but whose source changed is checked
+ * again (here refused: ADD cannot broadcast a 64-element operand into a
+ * 32-element one); a refused graph leaves no memo; a freed buffer (its
+ * handle could name another) ends it.
+ */
+static void test_graph_checks_kept(void)
+{
+    struct apir_session *s = new_session();
+    uint64_t buf = alloc_buffer(s, 1 << 16), other = alloc_buffer(s, 4096);
+    struct apir_tensor_rec t[3] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64) };
+    add_node(&t[2], 11, 12);
+    uint64_t node = 13;
+    uint32_t status;
+    size_t size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == 0);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == 3);
+
+    /* the first operand shrinks, the ADD's record is the same: refused */
+    struct apir_tensor_rec c[3] = { t[0], t[1], t[2] };
+    c[0] = f32_rec(11, buf, 0, 32);
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(s->stats.checks_kept == 4);  /* the unchanged leaf 12 only */
+
+    /* after a refusal nothing is kept; then the graph is the memo again */
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == 4);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == 7);
+
+    /* a node whose view source changed is checked again: 13 as an in-place
+     * ADD (a view of 11) kept, then 11 moved so the view no longer matches */
+    memcpy(c, t, sizeof(c));
+    c[2].view_src = 11;
+    c[2].data = 0;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == 9);  /* the leaves 11 and 12 */
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == 12);
+    c[0].data = 1024;
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, c, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a buffer freed in between: the handles may name others, nothing kept */
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK);
+    const uint64_t before = s->stats.checks_kept;
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, other) == APIR_HANDLER_OK);
+    CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    CHECK(s->stats.checks_kept == before);
+    apir_session_free(s);
+}
+
 /* Empty views, as MoE graphs build them (ffn_moe_up-1: 192x1x0x1 at offset
  * 768 of a 384x1x0x1 source): no element, so no byte is touched, wherever
  * the view starts - past its empty source, even past the buffer's end, as
@@ -351,10 +417,7 @@ static void test_empty_views(void)
         t[1].data = places[k] + 768;
         t[2] = f32_rec(23, buf, 8192, 192);
         t[2].ne[2] = 0;
-        t[2].op = GGML_OP_ADD;
-        t[2].src[0] = 22;
-        t[2].src[1] = 22;
-        t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+        add_node(&t[2], 22, 22);
         uint64_t node = 23;
         uint32_t status;
         size_t gsize = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
@@ -405,10 +468,7 @@ static void test_graph_use_counts(void)
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[4] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64),
                                     f32_rec(14, buf, 768, 64) };
-    t[2].op = GGML_OP_ADD;
-    t[2].src[0] = 11;
-    t[2].src[1] = 12;
-    t[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    add_node(&t[2], 11, 12);
     t[3].op = GGML_OP_MUL;
     t[3].src[0] = 13;
     t[3].src[1] = 12;
@@ -1083,6 +1143,7 @@ TEST_MAIN("dispatch",
           TEST(test_buffer_data_commands),
           TEST(test_buffer_from_ptr),
           TEST(test_graph_compute),
+          TEST(test_graph_checks_kept),
           TEST(test_graph_use_counts),
           TEST(test_empty_views),
           TEST(test_deferred_graphs),

@@ -192,7 +192,9 @@ static bool scratch_grow_tensors(struct apir_import_scratch *sc, uint32_t n)
     if (c) sc->state = c;
     void *d = realloc(sc->stack, (size_t)cap * sizeof(*sc->stack));
     if (d) sc->stack = d;
-    if (!a || !b || !c || !d)
+    void *e = realloc(sc->same, (size_t)cap);
+    if (e) sc->same = e;
+    if (!a || !b || !c || !d || !e)
         return false;
     sc->tensors_cap = cap;
     /* The map stays under half full. */
@@ -222,7 +224,33 @@ void apir_import_scratch_free(struct apir_import_scratch *sc)
     free(sc->src_ids);
     free(sc->state);
     free(sc->stack);
+    free(sc->same);
     memset(sc, 0, sizeof(*sc));
+}
+
+void apir_import_memo_free(struct apir_import_memo *memo)
+{
+    free(memo->records);
+    free(memo->supported);
+    memset(memo, 0, sizeof(*memo));
+}
+
+/* Room for n records in the memo; false (the memo then unused) if memory
+ * cannot be had. */
+static bool memo_reserve(struct apir_import_memo *memo, uint32_t n)
+{
+    if (n <= memo->cap)
+        return true;
+    uint8_t *r = realloc(memo->records, (size_t)n * APIR_TENSOR_REC_SIZE);
+    if (r)
+        memo->records = r;
+    uint8_t *f = realloc(memo->supported, n);
+    if (f)
+        memo->supported = f;
+    if (!r || !f)
+        return false;
+    memo->cap = n;
+    return true;
 }
 
 bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint32_t n_nodes, const char **why)
@@ -358,18 +386,71 @@ static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
     return true;
 }
 
-struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
-                                      const uint8_t *records, bool need_buffer, const char **why)
+/* sc->same's bits, per record. */
+#define REC_SAME      1u  /* byte for byte the memo's record at this index */
+#define REC_COVERED   2u  /* ... and so are its operands' and views' (memo_covers) */
+#define REC_SUPPORTED 4u  /* a node of this graph the device supports */
+
+/*
+ * Whether tensor i's op checks may be the memo's answer.  What
+ * apir_op_shape_error and supports_op look at is the tensor's own fields,
+ * its srcs' and its view_src's (a constructor reads its operands' shapes,
+ * strides, data and their view_src: an in-place result is a view of its
+ * operand's source), and the buffers they name.  Each of those tensors is
+ * made from its record alone (make_tensor), the same bytes at the same
+ * index name the same ids, and an unchanged buffers_epoch means every
+ * handle names the buffer it named then; so when all those records are
+ * the memo's, the checks would give the memo's graph's answers, which
+ * were all "yes" (a memo is kept only after a whole import succeeded).
+ * A node whose record did not change but one of whose operands did is
+ * checked again (a source grown to a shape its consumer cannot take).
+ */
+static bool memo_covers(const struct apir_import_scratch *sc, uint32_t i)
+{
+    const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
+    if (!(sc->same[i] & REC_SAME))
+        return false;
+    for (uint32_t k = 0; k < per; k++) {
+        uint64_t id = sc->src_ids[(size_t)i * per + k];
+        uint32_t j, v;
+        if (!id)
+            continue;
+        if (!map_get(sc, id, &j) || !(sc->same[j] & REC_SAME))
+            return false;
+        uint64_t vid = sc->src_ids[(size_t)j * per + APIR_TENSOR_MAX_SRC];
+        if (vid && (!map_get(sc, vid, &v) || !(sc->same[v] & REC_SAME)))
+            return false;
+    }
+    return true;
+}
+
+/* apir_import_list, with the memo for a graph's records: memo NULL for
+ * none; its first old_n records are the last graph's (0: none usable), and
+ * each record read is left in it at its index. */
+static struct ggml_tensor **import_records(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
+                                           const uint8_t *records, bool need_buffer, struct apir_import_memo *memo,
+                                           uint32_t old_n, const char **why)
 {
     const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
     if (n == 0 || n > sc->tensors_cap)
         return refuse(why, "tensor count out of range");
     memset(sc->keys, 0, (size_t)sc->map_cap * sizeof(*sc->keys));
 
-    /* Pass 1: read each record once, check it, make its tensor. */
+    /* Pass 1: read each record once, check it, make its tensor.  The memo
+     * is compared with that one read (the host's copy): the guest may
+     * change its shared memory at any time. */
     struct apir_tensor_rec rec;
+    _Static_assert(sizeof(rec) == APIR_TENSOR_REC_SIZE, "record size");
     for (uint32_t i = 0; i < n; i++) {
         memcpy(&rec, records + (size_t)i * APIR_TENSOR_REC_SIZE, sizeof(rec));
+        sc->same[i] = 0;
+        if (memo) {
+            uint8_t *kept = memo->records + (size_t)i * APIR_TENSOR_REC_SIZE;
+            if (i < old_n && memcmp(kept, &rec, sizeof(rec)) == 0)
+                sc->same[i] = REC_SAME;
+            else
+                memcpy(kept, &rec, sizeof(rec));
+        }
         if (rec.id == 0)
             return refuse(why, "tensor id 0");
         if (!map_put(sc, rec.id, i))
@@ -420,6 +501,11 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
      * graph every tensor came with its srcs; in a query list only the
      * subject did (its srcs' own srcs are left out). */
     for (uint32_t i = 0; i < (need_buffer ? n : 1); i++) {
+        if (memo && memo_covers(sc, i)) {
+            sc->same[i] |= REC_COVERED;
+            s->stats.checks_kept++;
+            continue;
+        }
         const char *reason = apir_op_shape_error(sc->tensors[i], !need_buffer);
         if (reason)
             return refuse(why, reason);
@@ -427,6 +513,12 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
     if (!refs_are_acyclic(sc, n))
         return refuse(why, "cyclic src/view_src references");
     return sc->tensors;
+}
+
+struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
+                                      const uint8_t *records, bool need_buffer, const char **why)
+{
+    return import_records(s, sc, n, records, need_buffer, NULL, 0, why);
 }
 
 /*
@@ -494,7 +586,14 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
 
     if (!apir_import_begin(sc, n_tensors, n_nodes + 1, why))
         return NULL;
-    struct ggml_tensor **tensors = apir_import_list(s, sc, n_tensors, records, true, why);
+    /* The memo holds the last graph only while it is the last graph that
+     * imported whole: any refusal below leaves it unused. */
+    struct apir_import_memo *memo = &s->import_memo;
+    const uint32_t old_n = memo->valid && memo->epoch == s->buffers_epoch && memo->device == s->device ? memo->n : 0;
+    memo->valid = false;
+    if (!s->host->cfg.import_memo || n_tensors > APIR_IMPORT_MEMO_MAX || !memo_reserve(memo, n_tensors))
+        memo = NULL;
+    struct ggml_tensor **tensors = import_records(s, sc, n_tensors, records, true, memo, old_n, why);
     if (!tensors)
         return NULL;
     struct ggml_cgraph *graph = ggml_new_graph_custom(sc->ctx, n_nodes + 1, false);
@@ -509,9 +608,14 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
         if (!map_get(sc, id, &j))
             return refuse(why, "graph node id not in the tensor list");
         struct ggml_tensor *node = tensors[j];
-        /* Never hand a backend an op it does not support: some abort. */
-        if (!ggml_op_is_empty(node->op) && !ggml_backend_dev_supports_op(dev, node))
-            return refuse(why, "graph has an op the host backend does not support");
+        /* Never hand a backend an op it does not support: some abort.  The
+         * memo's answer stands for a node it covers (memo_covers). */
+        if (!ggml_op_is_empty(node->op)) {
+            const bool answered = memo && (sc->same[j] & REC_COVERED) && memo->supported[j];
+            if (!answered && !ggml_backend_dev_supports_op(dev, node))
+                return refuse(why, "graph has an op the host backend does not support");
+            sc->same[j] |= REC_SUPPORTED;
+        }
         if (i > 0 && !fused_norm_mul_ok(ggml_graph_node(graph, -1), node))
             return refuse(why, "MUL after an RMS_NORM it broadcasts (the CPU backend's fused kernel asserts one shape)");
         ggml_graph_add_node(graph, node);
@@ -521,6 +625,14 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
             return refuse(why, "graph use-count section malformed");
         if (apir_decoder_left(&dec) != 0)
             return refuse(why, "bytes after the graph's use counts");
+    }
+    if (memo) {
+        for (uint32_t i = 0; i < n_tensors; i++)
+            memo->supported[i] = (sc->same[i] & REC_SUPPORTED) != 0;
+        memo->n = n_tensors;
+        memo->epoch = s->buffers_epoch;
+        memo->device = s->device;
+        memo->valid = true;
     }
     return graph;
 }

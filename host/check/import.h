@@ -42,7 +42,10 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
 
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
  * records; begins sc itself.  Every tensor must live in one of the
- * session's buffers.  The graph starts with anchor (the caller's: see
+ * session's buffers.  A tensor whose record, and whose operands' and views'
+ * records, are those of the session's last graph (its import memo) keeps
+ * that graph's op and supports_op answers (import.c says why that is
+ * sound); every other check runs on every record.  The graph starts with anchor (the caller's: see
  * apir_graph_anchor, graph_exec.h), then the nodes.  use_counts (0.2 keyed
  * graphs): the blob may go on with the nodes' use counts
  * (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow.  Only checks and
@@ -54,5 +57,8 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
 
 /* Frees what sc holds (it is left empty, ready for another begin). */
 void apir_import_scratch_free(struct apir_import_scratch *sc);
+
+/* Frees the session's import memo (session.h). */
+void apir_import_memo_free(struct apir_import_memo *memo);
 
 #endif

@@ -247,6 +247,7 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->async_uploads = switch_on("APIR_HOST_ASYNC_UPLOADS");
     cfg->weight_copies = switch_on("APIR_HOST_WEIGHT_COPIES");
     cfg->defer_graphs = switch_on("APIR_HOST_DEFER");
+    cfg->import_memo = switch_on("APIR_HOST_IMPORT_MEMO");
     unsigned long long n;
     cfg->send_piece_bytes = 128u * 1024u;
     if (env_number("APIR_HOST_SEND_PIECE_KB", 1024u * 1024u + 1, &n))

@@ -71,6 +71,7 @@ struct apir_host_config {
     bool async_uploads;          /* ASYNC_UPLOADS: small uploads queued on the stream (upload_mirror.c) */
     bool weight_copies;          /* WEIGHT_COPIES: weights laid out for the device (weight_copies.c) */
     bool defer_graphs;           /* DEFER: keyed graphs computed after their reply (graph_exec.h) */
+    bool import_memo;            /* IMPORT_MEMO: a graph's unchanged nodes keep the last graph's op checks (import.h) */
     /* A stream's downloads sent in pieces of at least this many bytes as the
      * device copies them (APIR_HOST_SEND_PIECE_KB, default 128; 0: after the
      * whole copy; download_pieces.h). */

@@ -88,6 +88,23 @@ struct apir_import_scratch {
         void *mem;
     } shadows[APIR_MAX_SHADOWS];
     uint32_t n_shadows;
+    uint8_t *same;          /* per record: byte for byte the memo's (import.c) */
+};
+
+/* The last graph the session imported, as import.c checked it: a new graph
+ * is mostly the last one again (a whisper.cpp decode step: 261 of its 287
+ * records, only the attention's shapes grow), and a node whose record and
+ * whose operands' records are the memo's passes the same checks.  Owned by
+ * import.c; graph blobs of more than APIR_IMPORT_MEMO_MAX tensors are not
+ * kept. */
+#define APIR_IMPORT_MEMO_MAX 8192u
+struct apir_import_memo {
+    uint8_t *records;       /* n records as imported (the host's copy, never the guest's memory) */
+    uint8_t *supported;     /* per record: a node the device said it supports */
+    uint32_t n, cap;
+    uint64_t epoch;         /* s->buffers_epoch then: a buffer gone since, and the handles may name others */
+    uint32_t device;        /* s->device then */
+    bool valid;             /* the import of those records succeeded */
 };
 
 /* Where the host's time went, for the profile lines at exit
@@ -96,6 +113,7 @@ struct apir_import_scratch {
 struct apir_session_stats {
     uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT];  /* per command (dispatch.c) */
     uint64_t import_ns, compute_ns;        /* of graph commands: decoding+checks, checks+compute */
+    uint64_t checks_kept;                  /* tensors whose op checks the import memo answered (import.c) */
     uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
     uint64_t n_segments;                   /* graph pieces computed (more than graphs: index splits) */
     uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile (op_policy.c) */
@@ -145,6 +163,7 @@ struct apir_session {
     ggml_backend_t graph_in_flight;
 
     struct apir_import_scratch scratch;    /* requests' tensors (requests.c) */
+    struct apir_import_memo import_memo;   /* import.c: the last graph, as checked */
 
     struct apir_mirror *mirror;
     struct apir_download_pieces *pieces;

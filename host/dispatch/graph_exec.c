@@ -173,15 +173,17 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
     } else if (!blob) {
         result = apir_refuse(s, cmd, "graph range outside its blob");
     } else {
-        uint64_t t0 = apir_now_ns();
+        uint64_t t0 = apir_now_ns(), kept0 = s->stats.checks_kept;
         const char *why = NULL;
         struct ggml_cgraph *graph = apir_graph_build(s, sc, blob, size, key != 0, &why);
         uint64_t import_ns = apir_now_ns() - t0;
         s->stats.import_ns += import_ns;
         /* Per graph, beside the compute line below: what decoding and
-         * checking a graph sent anew costs (bench/whisper_compare.sh). */
-        APIR_DEBUG("host", "%s: %s: imported %d nodes in %.1f us", s->name, apir_command_name(cmd),
-                   graph ? ggml_graph_n_nodes(graph) : 0, import_ns / 1e3);
+         * checking a graph sent anew costs (bench/whisper_compare.sh), and
+         * how many tensors' op checks the last graph answered (import.h). */
+        APIR_DEBUG("host", "%s: %s: imported %d nodes in %.1f us (%llu op checks kept)", s->name,
+                   apir_command_name(cmd), graph ? ggml_graph_n_nodes(graph) : 0, import_ns / 1e3,
+                   (unsigned long long)(s->stats.checks_kept - kept0));
         if (graph) {
             /* ggml's own reuse marker: backends (CUDA graphs) skip their
              * per-node change checks when it matches the last graph's. */

@@ -71,6 +71,7 @@ void apir_session_free(struct apir_session *s)
     apir_buffers_release_all(s);
     apir_session_release(s);
     apir_import_scratch_free(&s->scratch);
+    apir_import_memo_free(&s->import_memo);
     modules_free(s);
     apir_log_budget_flush(&s->log);
     free(s);
