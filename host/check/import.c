@@ -186,8 +186,8 @@ static bool scratch_grow_tensors(struct apir_import_scratch *sc, uint32_t n)
         cap *= 2;
     void *a = realloc(sc->tensors, (size_t)cap * sizeof(*sc->tensors));
     if (a) sc->tensors = a;
-    void *b = realloc(sc->src_ids, (size_t)cap * (APIR_TENSOR_MAX_SRC + 1) * sizeof(*sc->src_ids));
-    if (b) sc->src_ids = b;
+    void *b = realloc(sc->refs, (size_t)cap * (APIR_TENSOR_MAX_SRC + 1) * sizeof(*sc->refs));
+    if (b) sc->refs = b;
     void *c = realloc(sc->state, (size_t)cap);
     if (c) sc->state = c;
     void *d = realloc(sc->stack, (size_t)cap * sizeof(*sc->stack));
@@ -221,7 +221,7 @@ void apir_import_scratch_free(struct apir_import_scratch *sc)
     free(sc->keys);
     free(sc->vals);
     free(sc->tensors);
-    free(sc->src_ids);
+    free(sc->refs);
     free(sc->state);
     free(sc->stack);
     free(sc->same);
@@ -344,9 +344,9 @@ static bool map_get(const struct apir_import_scratch *sc, uint64_t id, uint32_t 
     }
 }
 
-/* Depth-first walk over src/view_src edges with an explicit stack (a guest
- * can make chains as long as the tensor limit): a grey node reached again is
- * a cycle. */
+/* Depth-first walk over src/view_src edges (the refs as pass 2 resolved
+ * them) with an explicit stack (a guest can make chains as long as the
+ * tensor limit): a grey node reached again is a cycle. */
 static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
 {
     enum { WHITE = 0, GREY = 1, BLACK = 2 };
@@ -362,11 +362,11 @@ static bool refs_are_acyclic(struct apir_import_scratch *sc, uint32_t n)
             uint32_t v = sc->stack[top - 1];
             bool pushed = false;
             for (uint32_t k = 0; k < per; k++) {
-                uint64_t id = sc->src_ids[(size_t)v * per + k];
-                uint32_t w;
+                const uint64_t ref = sc->refs[(size_t)v * per + k];
+                const uint32_t w = (uint32_t)(ref - 1);
                 /* A tensor naming itself is no cycle: ggml_cast makes its
                  * CPY node its own src[1] (the destination). */
-                if (!id || !map_get(sc, id, &w) || w == v)
+                if (!ref || w == v)
                     continue;
                 if (sc->state[w] == GREY)
                     return false;
@@ -411,14 +411,14 @@ static bool memo_covers(const struct apir_import_scratch *sc, uint32_t i)
     if (!(sc->same[i] & REC_SAME))
         return false;
     for (uint32_t k = 0; k < per; k++) {
-        uint64_t id = sc->src_ids[(size_t)i * per + k];
-        uint32_t j, v;
-        if (!id)
+        const uint64_t ref = sc->refs[(size_t)i * per + k];
+        if (!ref)
             continue;
-        if (!map_get(sc, id, &j) || !(sc->same[j] & REC_SAME))
+        const uint32_t j = (uint32_t)(ref - 1);
+        if (!(sc->same[j] & REC_SAME))
             return false;
-        uint64_t vid = sc->src_ids[(size_t)j * per + APIR_TENSOR_MAX_SRC];
-        if (vid && (!map_get(sc, vid, &v) || !(sc->same[v] & REC_SAME)))
+        const uint64_t view = sc->refs[(size_t)j * per + APIR_TENSOR_MAX_SRC];
+        if (view && !(sc->same[view - 1] & REC_SAME))
             return false;
     }
     return true;
@@ -459,8 +459,8 @@ static struct ggml_tensor **import_records(struct apir_session *s, struct apir_i
         if (!t)
             return NULL;
         sc->tensors[i] = t;
-        memcpy(&sc->src_ids[(size_t)i * per], rec.src, sizeof(rec.src));
-        sc->src_ids[(size_t)i * per + APIR_TENSOR_MAX_SRC] = rec.view_src;
+        memcpy(&sc->refs[(size_t)i * per], rec.src, sizeof(rec.src));
+        sc->refs[(size_t)i * per + APIR_TENSOR_MAX_SRC] = rec.view_src;
         /* view_offs is kept with the tensor; checked against view_src below. */
         t->view_offs = (size_t)rec.view_offs;
     }
@@ -469,12 +469,13 @@ static struct ggml_tensor **import_records(struct apir_session *s, struct apir_i
     for (uint32_t i = 0; i < n; i++) {
         struct ggml_tensor *t = sc->tensors[i];
         for (uint32_t k = 0; k < per; k++) {
-            uint64_t id = sc->src_ids[(size_t)i * per + k];
+            uint64_t id = sc->refs[(size_t)i * per + k];
             uint32_t j;
             if (!id)
                 continue;
             if (!map_get(sc, id, &j))
                 return refuse(why, "src or view_src id not in the message");
+            sc->refs[(size_t)i * per + k] = (uint64_t)j + 1;  /* resolved (session.h) */
             if (k < APIR_TENSOR_MAX_SRC)
                 t->src[k] = sc->tensors[j];
             else

@@ -76,7 +76,10 @@ struct apir_import_scratch {
     uint32_t *vals;
     uint32_t map_cap;
     struct ggml_tensor **tensors;
-    uint64_t *src_ids;      /* per tensor: APIR_TENSOR_MAX_SRC + 1 (view_src) ids */
+    /* Per tensor, its APIR_TENSOR_MAX_SRC srcs then its view_src: the ids its
+     * record names (import.c pass 1), then, once resolved (pass 2), the
+     * index + 1 of each in the list (0: none). */
+    uint64_t *refs;
     uint8_t *state;         /* DFS colours for the cycle check */
     uint32_t *stack;
     uint32_t tensors_cap;
