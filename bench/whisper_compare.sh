@@ -46,21 +46,24 @@ fi
 sleep 1
 args=(-m "$work/m.bin" -f "$W/share/jfk.wav" -t "$THREADS" -bs 1 -bo 1 -nf -nt -l en)
 native=(); [ "$BACKEND" = CPU ] && native=(-ng)
+# One whisper-cli run through APIR0: guest SOCKET ERRFILE [VAR=VAL...] (the profile on).
+guest() {
+  local sock=$1 err=$2; shift 2
+  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/$sock" APIR_PROFILE=1 "$@" \
+    "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/$err"
+}
 t() { grep -m1 "$1 time" "$2" | sed -E 's/.*= *([0-9.]+) ms.*\( *([0-9.]+) ms per run\).*/\2/; s/.*= *([0-9.]+) ms.*/\1/'; }
 printf '%-8s %10s %10s %14s\n' run load_ms encode_ms decode_ms/step
 for r in $(seq 1 "$ROUNDS"); do
   "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
-  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
-    "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a.err"
+  guest h.sock a.err
   runs=(n a)
   if [ -n "$HOSTB" ]; then
-    env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/hb.sock" APIR_PROFILE=1 \
-      "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/b.err"
+    guest hb.sock b.err
     runs+=(b)
   fi
   if [ -n "$OFF" ]; then
-    env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
-      APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0 "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/o.err"
+    guest h.sock o.err APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0
     runs+=(o)
   fi
   for s in "${runs[@]}"; do
@@ -80,7 +83,7 @@ awk -v n="$(med native)" -v a="$(med apir)" -v o="$(med apir-off)" 'BEGIN { if (
 if [ -n "$HOSTB" ]; then
   # The A/B: decode-step medians, and the host's import of the decoder's graphs (the most
   # frequent node count) over every round, host A (its apir and apir-off guests) against B.
-  imp() { n=$(sed -n 's/.*: \([0-9]*\) nodes in [0-9]* piece(s).*/\1/p' "$1" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
+  imp() { local n; n=$(sed -n 's/.*: \([0-9]*\) nodes in [0-9]* piece(s).*/\1/p' "$1" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
           sed -n "s/.* imported $n nodes in \([0-9.]*\) us.*/\1/p" "$1" | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f us (%d graphs)", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2, NR }'; }
   awk -v a="$(med apir)" -v b="$(med apir-b)" -v n="$(med native)" -v e="$HOSTB" 'BEGIN { if (a > 0 && b > 0)
     printf "host A/B: decode step medians apir %.3f ms, apir-b (%s) %.3f ms (%.3fx native); apir/apir-b %.3f\n", a, e, b, b / n, a / b }'
@@ -100,8 +103,7 @@ fi
 # difference in steps.
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m40.bin" --seed 1 --text-ctx 40 >/dev/null || exit 1
 args[1]=$work/m40.bin
-env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
-  "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/a40.err"
+guest h.sock a40.err
 calls() { sed -n 's/.*apir profile [A-Z0-9]*: \([A-Z_]*\) *\([0-9]*\) calls.*/\1 \2/p' "$1"; }
 per_step() { # long.err short.err label
   echo "per decode step, $3 (runs of $(steps "$1") and $(steps "$2") decode steps):"
@@ -111,8 +113,7 @@ per_step() { # long.err short.err label
 }
 per_step "$work/a.err" "$work/a40.err" apir
 if [ -n "$OFF" ]; then
-  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/h.sock" APIR_PROFILE=1 \
-    APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0 "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/o40.err"
+  guest h.sock o40.err APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0
   per_step "$work/o.err" "$work/o40.err" apir-off
 fi
 # Where a decode step's time goes, from the last round's APIR0 run (guest#G: the host numbers
