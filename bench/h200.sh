@@ -24,7 +24,9 @@
 #                              (ISSUE13_SERVER=0: without llama-server)
 #   bench/h200.sh whisper      whisper.cpp, host on CUDA vs native CUDA (bench/whisper_compare.sh); WHISPER_OFF=0
 #                              leaves out the apir-off rows, WHISPER_HOSTB=VAR=VAL adds a second host with that
-#                              setting (the apir-b rows), WHISPER_PHASE_S its limit (150 s)
+#                              setting (the apir-b rows), WHISPER_GUESTB=VAR=VAL a guest with that setting
+#                              on a second plain host (e.g. APIR_GRAPH_DELTA=0), WHISPER_TCP=1 over loopback TCP,
+#                              WHISPER_PHASE_S its limit (150 s)
 #   bench/h200.sh server       llama-server, 16 concurrent greedy requests on -np 4, through APIR0 vs
 #                              natively (bench/server_compare.sh): host on CUDA vs native CUDA (1B F16),
 #                              then host on the CPU backend vs native CPU, 8 threads each (1B Q4_0)
@@ -300,7 +302,9 @@ issue13|whisper)
     log "whisper.cpp through APIR0 (host CUDA) vs native CUDA"
     timeout -k 5 "$(phase_timeout "${WHISPER_PHASE_S:-150}")" bash bench/whisper_compare.sh --backend CUDA --threads 4 \
       --rounds "${ROUNDS:-3}" $([ "${WHISPER_OFF:-1}" = 0 ] && echo --no-off) \
-      $([ -n "${WHISPER_HOSTB:-}" ] && echo --host-b "$WHISPER_HOSTB") 2>&1 | tee -a "$OUT/h200.log"
+      $([ -n "${WHISPER_HOSTB:-}" ] && echo --host-b "$WHISPER_HOSTB") \
+      $([ -n "${WHISPER_GUESTB:-}" ] && echo --guest-b "$WHISPER_GUESTB") $([ "${WHISPER_TCP:-0}" = 1 ] && echo --tcp) \
+      2>&1 | tee -a "$OUT/h200.log"
   elif [ ! -x .whisper/bin/whisper-cli ]; then
     log "no .whisper/bin/whisper-cli: whisper.cpp skipped"
   fi

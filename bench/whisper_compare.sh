@@ -8,12 +8,18 @@
 # in the same session: the rows "apir" and "apir-off".
 # --host-b VAR=VAL adds a second apir-host started with that environment (an A/B of a host
 # setting, e.g. APIR_HOST_IMPORT_MEMO=0): the row "apir-b", interleaved with the rest.
+# --guest-b VAR=VAL does the same for a guest setting (e.g. APIR_GRAPH_DELTA=0): the second host
+# is a plain one, its guest runs with VAR=VAL.
+# --tcp: the guests reach their hosts over loopback TCP instead of Unix sockets; --link RATE (root,
+# with --tcp) shapes the loopback to RATE (tc tbf, e.g. 1gbit, MTU 1500 for the run: every local
+# connection of the machine meanwhile) as a link between two machines would be.
 #   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]
+#                            [--guest-b VAR=VAL] [--tcp [--link RATE]]
 # Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
 # WHISPER_DIR=DIR).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB=
+ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB= GUESTB= TCP= LINK=
 while [ $# -gt 0 ]; do
   case $1 in
   --rounds) ROUNDS=$2; shift 2 ;;
@@ -21,7 +27,12 @@ while [ $# -gt 0 ]; do
   --threads) THREADS=$2; shift 2 ;;
   --no-off) OFF=; shift ;;
   --host-b) HOSTB=$2; shift 2 ;;
-  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]"; exit 2 ;;
+  --guest-b) GUESTB=$2; shift 2 ;;
+  --tcp) TCP=1; shift ;;
+  --link) LINK=$2; shift 2 ;;
+  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL] [--guest-b VAR=VAL]" \
+          "[--tcp [--link RATE]]"
+     exit 2 ;;
   esac
 done
 W=${WHISPER_DIR:-$ROOT/.whisper} B=${APIR_BUILD:-$ROOT/build}
@@ -33,13 +44,27 @@ if [ "$BACKEND" != CPU ]; then
 fi
 work=$(mktemp -d)
 hpb=
-trap 'kill $hp $hpb 2>/dev/null; wait $hp $hpb 2>/dev/null; rm -rf "$work"' EXIT
+unshape() { [ -z "$LINK" ] || { tc qdisc del dev lo root 2>/dev/null; ip link set lo mtu "$lo_mtu"; }; }
+trap 'kill $hp $hpb 2>/dev/null; wait $hp $hpb 2>/dev/null; unshape; rm -rf "$work"' EXIT
+# Where host A (h) and host B (hb) listen and their guests connect.
+port=$((20000 + RANDOM % 20000))
+ep() { if [ -n "$TCP" ]; then echo "tcp:127.0.0.1:$((port + $([ "$1" = hb.sock ] && echo 1 || echo 0)))"
+       else echo "unix:$work/$1"; fi; }
+if [ -n "$LINK" ]; then
+  [ -n "$TCP" ] || { echo "--link needs --tcp"; exit 2; }
+  lo_mtu=$(cat /sys/class/net/lo/mtu)
+  # tbf needs a burst of at least a packet: a 1500-byte MTU keeps packets, and so bursts, small.
+  ip link set lo mtu 1500 && tc qdisc add dev lo root tbf rate "$LINK" burst 4kb latency 50ms ||
+    { echo "cannot shape the loopback (root, tc)"; exit 1; }
+fi
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
 # debug: a line per graph (import, checks + compute), for the breakdown below.
-"$B/apir-host" --listen "unix:$work/h.sock" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/host.log" 2>&1 &
+"$B/apir-host" --listen "$(ep h.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/host.log" 2>&1 &
 hp=$!
-if [ -n "$HOSTB" ]; then
-  env "$HOSTB" "$B/apir-host" --listen "unix:$work/hb.sock" --backend "$BACKEND" --threads "$THREADS" --log-level debug \
+# The B side's setting, for the A/B lines below.
+AB=${HOSTB:+host $HOSTB}${GUESTB:+guest $GUESTB}
+if [ -n "$AB" ]; then
+  env ${HOSTB:+"$HOSTB"} "$B/apir-host" --listen "$(ep hb.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug \
     >"$work/hostb.log" 2>&1 &
   hpb=$!
 fi
@@ -49,7 +74,7 @@ native=(); [ "$BACKEND" = CPU ] && native=(-ng)
 # One whisper-cli run through APIR0: guest SOCKET ERRFILE [VAR=VAL...] (the profile on).
 guest() {
   local sock=$1 err=$2; shift 2
-  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="unix:$work/$sock" APIR_PROFILE=1 "$@" \
+  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="$(ep "$sock")" APIR_PROFILE=1 "$@" \
     "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/$err"
 }
 t() { grep -m1 "$1 time" "$2" | sed -E 's/.*= *([0-9.]+) ms.*\( *([0-9.]+) ms per run\).*/\2/; s/.*= *([0-9.]+) ms.*/\1/'; }
@@ -58,8 +83,8 @@ for r in $(seq 1 "$ROUNDS"); do
   "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
   guest h.sock a.err
   runs=(n a)
-  if [ -n "$HOSTB" ]; then
-    guest hb.sock b.err
+  if [ -n "$AB" ]; then
+    guest hb.sock b.err ${GUESTB:+"$GUESTB"}
     runs+=(b)
   fi
   if [ -n "$OFF" ]; then
@@ -80,12 +105,12 @@ awk -v n="$(med native)" -v a="$(med apir)" -v o="$(med apir-off)" 'BEGIN { if (
   printf "decode step, medians: native %.3f ms, apir %.3f ms (%.3fx)", n, a, a / n
   if (o != "") printf ", apir-off %.3f ms (%.3fx)", o, o / n
   printf "\n" } }'
-if [ -n "$HOSTB" ]; then
+if [ -n "$AB" ]; then
   # The A/B: decode-step medians, and the host's import of the decoder's graphs (the most
   # frequent node count) over every round, host A (its apir and apir-off guests) against B.
   imp() { local n; n=$(sed -n 's/.*: \([0-9]*\) nodes in [0-9]* piece(s).*/\1/p' "$1" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
           sed -n "s/.* imported $n nodes in \([0-9.]*\) us.*/\1/p" "$1" | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f us (%d graphs)", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2, NR }'; }
-  awk -v a="$(med apir)" -v b="$(med apir-b)" -v n="$(med native)" -v e="$HOSTB" 'BEGIN { if (a > 0 && b > 0)
+  awk -v a="$(med apir)" -v b="$(med apir-b)" -v n="$(med native)" -v e="$AB" 'BEGIN { if (a > 0 && b > 0)
     printf "host A/B: decode step medians apir %.3f ms, apir-b (%s) %.3f ms (%.3fx native); apir/apir-b %.3f\n", a, e, b, b / n, a / b }'
   echo "host A/B: decoder graph import, medians over all rounds: host A $(imp "$work/host.log"), host B $(imp "$work/hostb.log")"
 fi

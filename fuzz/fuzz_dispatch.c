@@ -87,21 +87,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* A graph command (the table's APIR_GRAPH class: COMPUTE, _AT, _KEYED,
- * RECOMPUTE, COMPUTE_INPUTS). */
+ * RECOMPUTE, COMPUTE_INPUTS, COMPUTE_DELTA). */
 static bool is_graph_cmd(uint32_t cmd)
 {
     return (apir_command_classes(cmd) & APIR_GRAPH) == APIR_GRAPH;
 }
 
 /* The graph a graph command names gets its handle numbers rewritten: the
- * request starts res, [blob_offset,] size (COMPUTE_INPUTS: res, the
- * uploads' offset and size, then the graph's). */
+ * request starts res, [blob_offset,] size (COMPUTE_INPUTS and
+ * COMPUTE_DELTA: res, the uploads' offset and size, then the graph's; a
+ * delta's records are patched as if whole, which is as good a mutation). */
 static void patch_graph_of(uint32_t cmd, const uint8_t *req, size_t len, const struct fz_known *k, bool *known_hit)
 {
     struct apir_decoder dec;
     apir_decoder_init(&dec, req, len);
     uint32_t res_id = apir_decode_u32(&dec);
-    if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS) {
+    if (cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA) {
         apir_decode_u64(&dec);
         apir_decode_u64(&dec);
     }

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
@@ -146,6 +147,30 @@ struct apir_host_blob {
  * slots; a miss only costs sending the graph again. */
 #define APIR_KEPT_GRAPHS 4
 
+/*
+ * A graph sent as its changes (apir 0.9, guest/graph_delta.c).  A decode
+ * step's graph is new each step (its attention grows), yet most of its
+ * records are the last step's; the host keeps the last graph it imported
+ * (its import memo), so only the records that differ need to travel.  The
+ * whole blob is serialized into the guest's own memory (whole), compared
+ * with the last one the host accepted (base), and only the delta is
+ * written to the data area.  Lock held (remote.lock) throughout.
+ */
+struct apir_graph_delta {
+    uint8_t *whole, *base;    /* this graph's whole blob; the last one the host accepted */
+    size_t whole_cap, base_cap, base_size;
+    uint64_t base_key;        /* the key the host keeps base under; 0: none */
+    /* While a graph is serialized to_whole: the base's records it is
+     * compared with as each record is written (NULL: no base), and the
+     * indices of those that differ. */
+    const uint8_t *cmp;
+    uint32_t cmp_n;
+    uint32_t *changed, n_changed, changed_cap;
+    uint32_t stale_run;       /* deltas answered STALE in a row */
+    bool off;                 /* APIR_GRAPH_DELTA=0, or the host let every base go */
+    uint64_t sent, stale;     /* deltas sent, and of those answered STALE (APIR_PROFILE) */
+};
+
 struct apir_device {
     struct apir_remote remote;        /* remote.device: the device's index on its host (DEVICE_SELECT) */
     uint32_t global_index;            /* its number in the program: APIR<global_index>, across all hosts */
@@ -174,6 +199,7 @@ struct apir_device {
     bool inputs_off;                  /* APIR_GRAPH_INPUTS=0: every upload goes at once */
     bool series_off;                  /* APIR_ASK_SERIES=0: questions asked one at a time */
     struct apir_graph_scratch graph;
+    struct apir_graph_delta delta;    /* under remote.lock */
     uint64_t kept_uids[APIR_KEPT_GRAPHS];
     uint32_t kept_next;
     uint64_t serialize_ns, serialize_count;   /* APIR_PROFILE */
@@ -259,12 +285,45 @@ uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *r
  * sizes it by its K and V).  Returns their number (recs holds
  * 1 + GGML_MAX_SRC), 0 when the tensor cannot be sent. */
 uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_rec *recs);
-/* Serializes a graph into the device's data area; returns its size, or 0:
+/* Serializes a graph into the device's data area (to_whole: into
+ * d->delta.whole, to be sent as a delta); returns its size, or 0:
  * on failure (*n_sent UINT32_MAX), or when no node is left to send (*n_sent
  * 0: no-op views of other devices' memory are left out, see serialize.c).  use_counts: append the
  * nodes' use counts (0.2 keyed graphs only, APIR_GRAPH_USE_COUNTS_TAG).
  * Lock held. */
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent);
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, bool to_whole,
+                            uint32_t *n_sent);
+
+/* graph_delta.c (struct apir_graph_delta).  Whether the next keyed graph
+ * may go as a delta (then serialized to_whole). */
+bool apir_graph_delta_wanted(const struct apir_device *d);
+/* Room for a whole blob of size bytes and n records in gd->whole, and the
+ * base's records set up to be compared with (apir_graph_delta_note). */
+bool apir_graph_delta_reserve(struct apir_graph_delta *gd, size_t size, uint32_t n);
+/* Record i of the graph being serialized, just written: compared with the
+ * base's record i while it is at hand. */
+static inline void apir_graph_delta_note(struct apir_graph_delta *gd, uint32_t i, const void *rec)
+{
+    if (!gd->cmp)
+        return;
+    if (i >= gd->cmp_n || memcmp(rec, gd->cmp + (size_t)i * APIR_TENSOR_REC_SIZE, APIR_TENSOR_REC_SIZE) != 0)
+        gd->changed[gd->n_changed++] = i;
+}
+/* Writes the delta of d->delta.whole (size bytes) against the base into the
+ * data area at 0; returns its size, or 0 when the graph goes whole (no
+ * base, or most records changed). */
+size_t apir_graph_delta_build(struct apir_device *d, size_t size);
+/* The whole blob into the data area's memory at 0, as if serialized there
+ * (a graph sent whole after all). */
+bool apir_graph_delta_whole_to_data(struct apir_device *d, size_t size);
+/* After the host's answer (rc) to the keyed graph key, serialized to_whole
+ * (size bytes) or not, sent as_delta or whole: an accepted graph serialized
+ * to_whole becomes the base. */
+void apir_graph_delta_done(struct apir_device *d, uint64_t key, bool to_whole, size_t size, bool as_delta, int rc);
+/* A delta answered STALE: the host let its base go. */
+void apir_graph_delta_stale(struct apir_device *d);
+/* The host's memo no longer holds the base (an APIR 0.1 graph, a buffer freed). */
+void apir_graph_delta_forget(struct apir_device *d);
 
 /* Cached op queries (frontend_device.c); kind: which question (the wire's
  * apir_ask_question numbers). */

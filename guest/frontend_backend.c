@@ -80,7 +80,8 @@ static void uid_forget(struct apir_device *d, uint64_t uid)
  * uploads did not fit beside the graph (nothing sent: the caller flushes
  * them and sends the graph again).
  */
-static int compute_with_inputs_locked(struct apir_device *d, uint64_t uid, size_t graph_size, uint32_t *status)
+static int compute_with_inputs_locked(struct apir_device *d, uint64_t uid, size_t graph_size, uint64_t base,
+                                      uint32_t *status)
 {
     struct apir_remote *r = &d->remote;
     struct apir_inputs *in = &d->inputs;
@@ -96,8 +97,61 @@ static int compute_with_inputs_locked(struct apir_device *d, uint64_t uid, size_
     if (!apir_remote_put_data_locked(r, at, in->buf, inputs_size) ||
         (graph_size && !apir_remote_put_data_locked(r, 0, r->data, graph_size)))
         return -1;
+    if (base)
+        return apir_call_BACKEND_GRAPH_COMPUTE_DELTA_locked(r, r->data_res_id, at, inputs_size, 0, graph_size, uid,
+                                                            base, status);
     return apir_call_BACKEND_GRAPH_COMPUTE_INPUTS_locked(r, r->data_res_id, at, inputs_size, 0, graph_size, uid,
                                                          status);
+}
+
+/*
+ * A keyed graph the host does not keep, serialized (size bytes) into the
+ * data area or, to_whole, into d->delta.whole: as a delta against the last
+ * graph the host accepted when it has it (apir 0.9), with the uploads
+ * waiting for it when they fit; else whole.  Lock held; an
+ * apir_handler_result or -1 (nothing sent, logged).
+ */
+static int send_keyed_locked(struct apir_device *d, struct ggml_cgraph *cgraph, uint64_t uid, size_t size,
+                             bool to_whole, uint32_t *status)
+{
+    struct apir_remote *r = &d->remote;
+    int rc = -1;
+    bool as_delta = false;
+    uint64_t t0 = r->profile ? apir_now_ns() : 0;
+    const size_t dsize = to_whole ? apir_graph_delta_build(d, size) : 0;
+    if (r->profile)
+        d->serialize_ns += apir_now_ns() - t0;  /* the delta is the rest of its serialization */
+    if (dsize) {
+        const uint64_t base = d->delta.base_key;
+        if (d->inputs.count)
+            rc = compute_with_inputs_locked(d, uid, dsize, base, status);
+        else if (apir_remote_put_data_locked(r, 0, r->data, dsize))
+            rc = apir_call_BACKEND_GRAPH_COMPUTE_DELTA_locked(r, r->data_res_id, 0, 0, 0, dsize, uid, base, status);
+        as_delta = rc == APIR_HANDLER_OK;
+        if (rc == APIR_HANDLER_STALE) {
+            /* Its uploads are done: the graph goes whole, alone. */
+            apir_graph_delta_stale(d);
+            rc = -1;
+        } else if (rc == -1 && d->inputs.count) {
+            apir_inputs_flush_locked(d);  /* they did not fit beside it: sent first */
+        }
+    }
+    if (rc == -1 && (!to_whole || apir_graph_delta_whole_to_data(d, size))) {
+        if (d->inputs.count)
+            rc = compute_with_inputs_locked(d, uid, size, 0, status);
+        if (rc == -1 && d->inputs.count) {
+            /* The uploads did not fit beside the graph: they go first,
+             * through the data area, and the graph is written there again. */
+            apir_inputs_flush_locked(d);
+            uint32_t n_sent;
+            size = to_whole ? (apir_graph_delta_whole_to_data(d, size) ? size : 0)
+                            : apir_graph_serialize(d, cgraph, true, false, &n_sent);
+        }
+        if (rc == -1 && size && apir_remote_put_data_locked(r, 0, r->data, size))
+            rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, status);
+    }
+    apir_graph_delta_done(d, uid, to_whole, size, as_delta, rc);
+    return rc;
 }
 
 /*
@@ -132,7 +186,7 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         apir_inputs_flush_locked(d);
     if (keyed && uid_is_kept(d, uid)) {
         const bool carries = d->inputs.count != 0;
-        int rc = carries ? compute_with_inputs_locked(d, uid, 0, &status) : -1;
+        int rc = carries ? compute_with_inputs_locked(d, uid, 0, 0, &status) : -1;
         if (rc == -1 && d->inputs.count)
             apir_inputs_flush_locked(d);  /* they did not fit the data area: sent plain */
         else if (rc == -1 && carries) {
@@ -154,7 +208,8 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     }
     uint64_t t0 = r->profile ? apir_now_ns() : 0;
     uint32_t n_sent = 0;
-    size_t size = apir_graph_serialize(d, cgraph, keyed, &n_sent);
+    const bool to_whole = keyed && apir_graph_delta_wanted(d);
+    size_t size = apir_graph_serialize(d, cgraph, keyed, to_whole, &n_sent);
     if (r->profile) {
         d->serialize_ns += apir_now_ns() - t0;
         d->serialize_count++;
@@ -167,21 +222,11 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     int rc = -1;
     if (!size) {
         APIR_ERROR("guest", "%s: cannot serialize a graph of %d nodes", d->name, ggml_graph_n_nodes(cgraph));
-    } else if (keyed && d->inputs.count) {
-        rc = compute_with_inputs_locked(d, uid, size, &status);
-        if (rc == -1 && d->inputs.count) {
-            /* The uploads did not fit beside the graph: they go first,
-             * through the data area, and the graph is written there again. */
-            apir_inputs_flush_locked(d);
-            size = apir_graph_serialize(d, cgraph, keyed, &n_sent);
-            if (size && apir_remote_put_data_locked(r, 0, r->data, size))
-                rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, &status);
-        }
-    } else if (!apir_remote_put_data_locked(r, 0, r->data, size)) {
-        ;  /* logged */
     } else if (keyed) {
-        rc = apir_call_BACKEND_GRAPH_COMPUTE_KEYED_locked(r, r->data_res_id, 0, size, uid, &status);
-    } else {
+        rc = send_keyed_locked(d, cgraph, uid, size, to_whole, &status);
+    } else if (apir_remote_put_data_locked(r, 0, r->data, size)) {
+        /* The host's last graph is this one now, which no delta names. */
+        apir_graph_delta_forget(d);
         rc = apir_call_BACKEND_GRAPH_COMPUTE_locked(r, r->data_res_id, size, &status);
     }
     if (rc != APIR_HANDLER_OK)

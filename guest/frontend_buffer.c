@@ -115,6 +115,7 @@ static void buffer_free(ggml_backend_buffer_t buffer)
         if (bc->conn == r->conn) {
             apir_inputs_flush_locked(bc->device);
             apir_call_BUFFER_FREE_BUFFER_locked(r, bc->handle);
+            apir_graph_delta_forget(bc->device);  /* the host lets its graphs go with a buffer */
         }
         if (bc->mapped) {
             struct apir_transport *t = bc->conn->t;

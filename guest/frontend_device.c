@@ -566,6 +566,9 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
     const char *gi = getenv("APIR_GRAPH_INPUTS"), *as = getenv("APIR_ASK_SERIES");
     d->inputs_off = gi && !strcmp(gi, "0");
     d->series_off = as && !strcmp(as, "0");
+    /* A graph sent as its changes (apir 0.9, graph_delta.c); off: whole. */
+    const char *gd = getenv("APIR_GRAPH_DELTA");
+    d->delta.off = gd && !strcmp(gd, "0");
     pthread_mutex_init(&d->cache_lock, NULL);
     d->generation = d->remote.conn->generation;
     d->dev.iface = apir_device_iface;

@@ -75,6 +75,9 @@ static void print_profiles(void)
             fprintf(stderr, "apir profile %s: graph serialization %8llu graphs %10.2f ms %8.2f us each\n", d->name,
                     (unsigned long long)d->serialize_count, d->serialize_ns / 1e6,
                     d->serialize_ns / 1e3 / (double)d->serialize_count);
+        if (d->remote.profile && d->delta.sent)
+            fprintf(stderr, "apir profile %s: graph deltas        %8llu sent, %llu answered stale\n", d->name,
+                    (unsigned long long)d->delta.sent, (unsigned long long)d->delta.stale);
     }
 }
 

@@ -239,8 +239,8 @@ static bool node_is_foreign_noop(const struct apir_device *d, const struct ggml_
 
 /* apir_graph_serialize, with the tensors it put in the set counted in *added
  * (the caller empties the set, whichever way this returns). */
-static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent,
-                        uint32_t *added)
+static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, bool to_whole,
+                        uint32_t *n_sent, uint32_t *added)
 {
     struct apir_graph_scratch *g = &d->graph;
     const int n_nodes = ggml_graph_n_nodes((struct ggml_cgraph *)graph);
@@ -276,10 +276,16 @@ static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, 
     size_t size = 4 + (size_t)n_kept * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
     if (use_counts)
         size += 4 + (size_t)n_kept * 4;
-    if (!apir_remote_data_reserve(&d->remote, size))
-        return 0;
     struct apir_encoder enc;
-    apir_encoder_init(&enc, d->remote.data, d->remote.data_size);
+    if (to_whole) {
+        if (!apir_graph_delta_reserve(&d->delta, size, n))
+            return 0;
+        apir_encoder_init(&enc, d->delta.whole, d->delta.whole_cap);
+    } else {
+        if (!apir_remote_data_reserve(&d->remote, size))
+            return 0;
+        apir_encoder_init(&enc, d->remote.data, d->remote.data_size);
+    }
     apir_encode_u32(&enc, n_kept);
     for (uint32_t k = 0; k < n_kept; k++)
         apir_encode_u64(&enc, tensor_id(g->list[k]));
@@ -294,6 +300,8 @@ static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, 
         struct apir_tensor_rec *rec = apir_encode_reserve(&enc, APIR_TENSOR_REC_SIZE);
         if (!rec || !apir_tensor_to_rec(t, rec, true))
             return 0;
+        if (to_whole)
+            apir_graph_delta_note(&d->delta, k, rec);
     }
     if (use_counts) {
         apir_encode_u32(&enc, APIR_GRAPH_USE_COUNTS_TAG);
@@ -304,11 +312,12 @@ static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, 
     return enc.fatal ? 0 : apir_encoder_used(&enc);
 }
 
-size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, uint32_t *n_sent)
+size_t apir_graph_serialize(struct apir_device *d, const struct ggml_cgraph *graph, bool use_counts, bool to_whole,
+                            uint32_t *n_sent)
 {
     *n_sent = UINT32_MAX;  /* until the nodes to send are known */
     uint32_t added = 0;
-    size_t size = serialize(d, graph, use_counts, n_sent, &added);
+    size_t size = serialize(d, graph, use_counts, to_whole, n_sent, &added);
     set_clear(&d->graph, added);
     return size;
 }

@@ -125,7 +125,9 @@
     X(41, HOST_CHECK_GGML,                 7, APIR_QUERY)                      \
     /* apir 0.8 extensions (a decode step in two round trips) */               \
     X(42, DEVICE_ASK_OPS,                  8, APIR_QUERY)                      \
-    X(43, BACKEND_GRAPH_COMPUTE_INPUTS,    8, APIR_GRAPH | APIR_LEAVES_BUSY)
+    X(43, BACKEND_GRAPH_COMPUTE_INPUTS,    8, APIR_GRAPH | APIR_LEAVES_BUSY)  \
+    /* apir 0.9 extension (a graph sent as its changes) */                     \
+    X(44, BACKEND_GRAPH_COMPUTE_DELTA,     9, APIR_GRAPH | APIR_LEAVES_BUSY)
 
 /* ---- items: F(kind, field), in wire order ------------------------------- */
 
@@ -270,6 +272,17 @@
 #define APIR_REQ_BACKEND_GRAPH_COMPUTE_INPUTS(F) F(res, blob) F(u64, inputs_offset) F(u64, inputs_size) \
                                                 F(u64, graph_offset) F(u64, graph_size) F(u64, key)
 #define APIR_REP_BACKEND_GRAPH_COMPUTE_INPUTS(F) F(enum, status)
+/* As BACKEND_GRAPH_COMPUTE_INPUTS (inputs_size 0: no uploads), its graph
+ * blob a delta against the graph of key base, the last graph the session
+ * imported (apir 0.9): where a whole blob's records are, u32 n_changed,
+ * their u32 indices (strictly increasing, below n_tensors, every index at
+ * or past the base's tensor count among them) and their records.  Every
+ * other record is the base's at that index.  APIR_HANDLER_STALE after the
+ * uploads when the host no longer keeps the base: the guest sends the graph
+ * whole (host/check/import.h). */
+#define APIR_REQ_BACKEND_GRAPH_COMPUTE_DELTA(F) F(res, blob) F(u64, inputs_offset) F(u64, inputs_size) \
+                                               F(u64, graph_offset) F(u64, graph_size) F(u64, key) F(u64, base)
+#define APIR_REP_BACKEND_GRAPH_COMPUTE_DELTA(F) F(enum, status)
 
 /* DEVICE_ASK_OPS: the questions, and its limits. */
 enum apir_ask_question {

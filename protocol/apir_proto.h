@@ -19,9 +19,9 @@
  * weight cache (38, 39), 0.5 no command but the weight cache's tree digest
  * (APIR_WCACHE_TREE_MINOR), 0.6 the chunked download (40), 0.7 the ggml
  * check (41), 0.8 several questions in one round trip (42) and a graph with
- * its small uploads (43).  A host answers min(guest minor, its minor), so a
- * 0.1 guest sees 0.1. */
-#define APIR_VERSION_MINOR 8
+ * its small uploads (43), 0.9 a graph sent as its changes (44).  A host
+ * answers min(guest minor, its minor), so a 0.1 guest sees 0.1. */
+#define APIR_VERSION_MINOR 9
 #define APIR_VERSION_MINOR_REFERENCE 1
 
 #define APIR_HANDSHAKE_MAGIC 0xab1eu

@@ -18,7 +18,10 @@
 # a GPU host), with the same output required, and counts the host round trips
 # a decode step costs in both (APIR_PROFILE=1, against runs of a shorter text
 # context): at most MAX_TRIPS (2: the graph with its small uploads, and the
-# wait for or download of its result; issue 26).
+# wait for or download of its result; issue 26).  The decode steps' graphs go
+# as deltas (apir 0.9: BACKEND_GRAPH_COMPUTE_DELTA, one a step, none answered
+# stale), and a run with every graph whole (APIR_GRAPH_DELTA=0) gives the same
+# output.
 set -uo pipefail
 APIR_BUILD=$1 WHISPER_DIR=$2
 . "$(dirname "$0")/lib.sh"
@@ -52,6 +55,7 @@ export GGML_BACKEND_PATH="${APIR_GUEST_LIB:-$APIR_BUILD/libggml-apir.so}" APIR_P
 transcribe apir -dev 0 || { tail -5 "$APIR_TEST_DIR/host.log"; exit 1; }
 if [ -n "$extras" ]; then
   APIR_ZERO_COPY=0 transcribe apir_copy -dev 0 || { tail -5 "$APIR_TEST_DIR/host.log"; exit 1; }
+  APIR_GRAPH_DELTA=0 transcribe apir_whole -dev 0 || { tail -5 "$APIR_TEST_DIR/host.log"; exit 1; }
   "$APIR_BUILD/apir-whisper-gen" -i "$WHISPER_DIR/share/for-tests-ggml-tiny.bin" -o "$work/model40.bin" --seed 1 \
     --text-ctx 40 >/dev/null || exit 1
   model=$work/model40.bin
@@ -75,7 +79,7 @@ tokens=$(grep -c '"id":' "$work/cpu.json")
 grep -m1 -o 'guest ggml .*' "$APIR_TEST_DIR/host.log"
 
 # Everything but "systeminfo" (it lists the loaded backends' features).
-runs=(apir ${extras:+apir_copy})
+runs=(apir ${extras:+apir_copy apir_whole})
 for name in cpu "${runs[@]}"; do grep -v '"systeminfo":' "$work/$name.json" >"$work/$name.cmp"; done
 for name in "${runs[@]}"; do
   if ! cmp -s "$work/cpu.cmp" "$work/$name.cmp"; then
@@ -107,3 +111,12 @@ for mode in apir apir_copy; do
     { echo "FAIL: $mode: $per round trips a decode step, more than ${MAX_TRIPS:-2}"; exit 1; }
 done
 echo "ok: at most ${MAX_TRIPS:-2} round trips a decode step, with and without zero copy"
+for mode in apir apir_copy; do
+  per=$(awk '$1 == "BACKEND_GRAPH_COMPUTE_DELTA" { print $2 }' "$work/$mode.trips")
+  stale=$(sed -n 's/.*graph deltas *[0-9]* sent, \([0-9]*\) answered stale.*/\1/p' "$work/$mode.err")
+  awk -v p="${per:-0}" 'BEGIN { exit !(p >= 0.99 && p <= 1.01) }' && [ "${stale:-x}" = 0 ] ||
+    { echo "FAIL: $mode: ${per:-no} BACKEND_GRAPH_COMPUTE_DELTA a decode step, ${stale:-?} answered stale"; exit 1; }
+done
+grep -q 'BACKEND_GRAPH_COMPUTE_DELTA' "$work/apir_whole.err" &&
+  { echo "FAIL: APIR_GRAPH_DELTA=0 still sent deltas"; exit 1; }
+echo "ok: each decode step's graph went as a delta (none stale); with APIR_GRAPH_DELTA=0 whole, the same output"

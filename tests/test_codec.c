@@ -704,6 +704,8 @@ static void test_command_table_extensions(void)
     CHECK(apir_command_since(APIR_CMD_BUFFER_GET_TENSOR_CHUNKED) == 6);
     CHECK(apir_command_since(APIR_CMD_HOST_CHECK_GGML) == 7);
     CHECK(apir_command_since(APIR_CMD_DEVICE_ASK_OPS) == 8 && apir_command_since(APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS) == 8);
+    CHECK(apir_command_since(APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA) == 9 &&
+          !apir_minor_speaks(8, APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA));
     CHECK(apir_command_since(APIR_CMD_COUNT) == 0 && !apir_minor_speaks(UINT32_MAX, APIR_CMD_COUNT));
     /* Features: their minors, and none past the minor we speak. */
     CHECK(!apir_minor_has(1, APIR_FEATURE_ZERO_COPY) && apir_minor_has(2, APIR_FEATURE_ZERO_COPY));
@@ -712,7 +714,7 @@ static void test_command_table_extensions(void)
     for (int f = 0; f < APIR_FEATURE_COUNT; f++)
         CHECK(apir_minor_has(APIR_VERSION_MINOR, (enum apir_feature)f) && !apir_minor_has(1, (enum apir_feature)f));
     CHECK(!apir_minor_has(UINT32_MAX, APIR_FEATURE_COUNT));
-    CHECK(APIR_VERSION_MINOR == 8);
+    CHECK(APIR_VERSION_MINOR == 9);
     /* What may run while a graph is on the device: queries, graphs, uploads;
      * never a read, a synchronize, or anything freeing or writing memory
      * outside the stream. */
@@ -741,24 +743,24 @@ static void test_command_classes(void)
     static const struct {
         uint32_t bit;
         const char *what;
-        uint32_t cmds[10];  /* ends at the first APIR_CMD_COUNT */
+        uint32_t cmds[11];  /* ends at the first APIR_CMD_COUNT */
     } pinned[] = {
         { APIR_ON_STREAM, "on the stream",
           { APIR_CMD_BUFFER_SET_TENSOR, APIR_CMD_BACKEND_GRAPH_COMPUTE, APIR_CMD_BUFFER_SET_TENSOR_AT,
             APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, APIR_CMD_BACKEND_GRAPH_RECOMPUTE,
-            APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS, APIR_CMD_COUNT } },
+            APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS, APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA, APIR_CMD_COUNT } },
         { APIR_WAITS_DEVICE, "waiting for the device",
           { APIR_CMD_BACKEND_GRAPH_COMPUTE, APIR_CMD_BACKEND_SYNCHRONIZE, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT,
             APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS,
-            APIR_CMD_COUNT } },
+            APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA, APIR_CMD_COUNT } },
         { APIR_REPORTS, "reporting a deferred failure",
           { APIR_CMD_BUFFER_GET_TENSOR, APIR_CMD_BACKEND_GRAPH_COMPUTE, APIR_CMD_BACKEND_SYNCHRONIZE,
             APIR_CMD_BUFFER_GET_TENSOR_AT, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED,
             APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_BUFFER_GET_TENSOR_CHUNKED, APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS,
-            APIR_CMD_COUNT } },
+            APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA, APIR_CMD_COUNT } },
         { APIR_LEAVES_BUSY, "leaving the device busy",
           { APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS,
-            APIR_CMD_COUNT } },
+            APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA, APIR_CMD_COUNT } },
         { APIR_POSTED, "posted (not waited for on a stream)",
           { APIR_CMD_BUFFER_SET_TENSOR, APIR_CMD_BUFFER_CLEAR, APIR_CMD_BUFFER_MEMSET_TENSOR, APIR_CMD_BUFFER_WRITTEN,
             APIR_CMD_COUNT } },
@@ -792,7 +794,7 @@ static void test_command_classes(void)
         /* The graph commands are exactly the rows with all of APIR_GRAPH. */
         bool graph = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_AT ||
                      cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED || cmd == APIR_CMD_BACKEND_GRAPH_RECOMPUTE ||
-                     cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS;
+                     cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS || cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA;
         CHECK_MSG(((c & APIR_GRAPH) == APIR_GRAPH) == graph, "%s: graph classes %#x", name, c);
     }
     CHECK(apir_command_classes(APIR_CMD_COUNT) == 0 && apir_command_classes(UINT32_MAX) == 0);

@@ -217,6 +217,32 @@ static size_t graph_blob(uint8_t *dst, size_t cap, const uint64_t *nodes, uint32
     return apir_encoder_used(&e);
 }
 
+/* A whole graph blob through the import (no key: an APIR 0.1 graph). */
+static struct ggml_cgraph *build_whole(struct apir_session *s, const uint8_t *blob, size_t size, const char **why)
+{
+    struct apir_graph_blob in = { .bytes = blob, .size = size };
+    return apir_graph_build(s, &s->scratch, &in, why);
+}
+
+/* Writes a delta graph blob (0.9): n_nodes, node ids, n_tensors, then the
+ * n_changed indices and the records t[index[k]] at them. */
+static size_t delta_blob(uint8_t *dst, size_t cap, const uint64_t *nodes, uint32_t n_nodes, uint32_t n_tensors,
+                         const uint32_t *index, uint32_t n_changed, const struct apir_tensor_rec *t)
+{
+    struct apir_encoder e;
+    apir_encoder_init(&e, dst, cap);
+    apir_encode_u32(&e, n_nodes);
+    for (uint32_t i = 0; i < n_nodes; i++)
+        apir_encode_u64(&e, nodes[i]);
+    apir_encode_u32(&e, n_tensors);
+    apir_encode_u32(&e, n_changed);
+    for (uint32_t k = 0; k < n_changed; k++)
+        apir_encode_u32(&e, index[k]);
+    for (uint32_t k = 0; k < n_changed; k++)
+        apir_encode_tensor(&e, &t[index[k]]);
+    return apir_encoder_used(&e);
+}
+
 /* Makes t the ADD node a + b. */
 static void add_node(struct apir_tensor_rec *t, uint64_t a, uint64_t b)
 {
@@ -390,6 +416,112 @@ static void test_graph_checks_kept(void)
     CHECK(fwd_BUFFER_FREE_BUFFER(s, other) == APIR_HANDLER_OK);
     CHECK(compute(s, size, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
     CHECK(s->stats.checks_kept == before);
+    apir_session_free(s);
+}
+
+static uint32_t compute_delta(struct apir_session *s, size_t size, uint64_t key, uint64_t base, uint32_t *status)
+{
+    *status = 99;
+    return fwd_BACKEND_GRAPH_COMPUTE_DELTA(s, DATA_RES, 0, 0, 0, size, key, base, status);
+}
+
+/* A graph sent as its changes (0.9): applied to the last graph the host
+ * imported, checked as the whole graph it makes, STALE when that graph is
+ * gone (another since, a refusal, a buffer freed). */
+static void test_graph_delta(void)
+{
+    struct apir_session *s = new_session();
+    uint64_t buf = alloc_buffer(s, 1 << 16), other = alloc_buffer(s, 4096);
+    struct apir_tensor_rec t[4] = { f32_rec(11, buf, 0, 64), f32_rec(12, buf, 256, 64), f32_rec(13, buf, 512, 64),
+                                    f32_rec(14, buf, 768, 64) };
+    add_node(&t[2], 11, 12);
+    uint64_t node = 13;
+    uint32_t status;
+    size_t size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, 100, &status) == APIR_HANDLER_OK &&
+          status == GGML_STATUS_SUCCESS);
+    const uint64_t kept0 = s->stats.checks_kept;
+
+    /* the node becomes a MUL: one record sent, the leaves' checks kept */
+    t[2].op = GGML_OP_MUL;
+    uint32_t idx[4] = { 2 };
+    size = delta_blob(data_blob, DATA_SIZE, &node, 1, 3, idx, 1, t);
+    CHECK(compute_delta(s, size, 101, 100, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    struct ggml_cgraph *g = apir_graph_kept(s, 101);
+    CHECK(g && ggml_graph_n_nodes(g) == 2 && ggml_graph_node(g, 1)->op == GGML_OP_MUL &&
+          ggml_graph_node(g, 1)->src[1]->ne[0] == 64);
+    CHECK(s->stats.checks_kept == kept0 + 2);
+
+    /* the base must be the last graph imported */
+    CHECK(compute_delta(s, size, 102, 100, &status) == APIR_HANDLER_STALE);
+    CHECK(compute_delta(s, size, 102, 0, &status) == APIR_HANDLER_BAD_REQUEST);
+    CHECK(compute_delta(s, size, 0, 101, &status) == APIR_HANDLER_BAD_REQUEST);
+
+    /* a source shrinks, the consumer's record stays: checked again, refused;
+     * after a refusal the base is gone */
+    struct apir_tensor_rec c[4];
+    memcpy(c, t, sizeof(c));
+    c[0] = f32_rec(11, buf, 0, 32);
+    idx[0] = 0;
+    size = delta_blob(data_blob, DATA_SIZE, &node, 1, 3, idx, 1, c);
+    CHECK(compute_delta(s, size, 102, 101, &status) == APIR_HANDLER_BAD_REQUEST);
+    size = delta_blob(data_blob, DATA_SIZE, &node, 1, 3, idx, 0, t);
+    CHECK(compute_delta(s, size, 103, 101, &status) == APIR_HANDLER_STALE);
+
+    /* malformed deltas: indices repeated, falling, out of range, a new
+     * record left out, counts past the blob */
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, 110, &status) == APIR_HANDLER_OK);
+    const struct {
+        uint32_t n_tensors, n_changed, index[3];
+    } bad[] = {
+        { 3, 2, { 1, 1 } }, { 3, 2, { 2, 1 } }, { 3, 1, { 3 } }, { 4, 1, { 2 } }, { 4, 2, { 0, 2 } }, { 2, 3, { 0, 1, 2 } },
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        uint32_t in[3];
+        memcpy(in, bad[k].index, sizeof(in));
+        size = delta_blob(data_blob, DATA_SIZE, &node, 1, bad[k].n_tensors, in, 0, t);
+        struct apir_encoder e;
+        apir_encoder_init(&e, data_blob + size - 4, DATA_SIZE - size + 4);
+        apir_encode_u32(&e, bad[k].n_changed);
+        for (uint32_t i = 0; i < bad[k].n_changed; i++)
+            apir_encode_u32(&e, in[i]);
+        for (uint32_t i = 0; i < bad[k].n_changed; i++)
+            apir_encode_tensor(&e, &t[in[i] < 4 ? in[i] : 0]);
+        size += apir_encoder_used(&e) - 4;
+        CHECK_MSG(compute_delta(s, size, 111, 110, &status) == APIR_HANDLER_BAD_REQUEST, "bad delta %zu accepted", k);
+        size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+        CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, 110, &status) == APIR_HANDLER_OK);
+    }
+    size = delta_blob(data_blob, DATA_SIZE, &node, 1, 3, idx, 1, t);
+    CHECK(compute_delta(s, size - 8, 111, 110, &status) == APIR_HANDLER_BAD_REQUEST);
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, 110, &status) == APIR_HANDLER_OK);
+
+    /* the graph grows by a node: the new record goes along */
+    t[3].op = GGML_OP_ADD;
+    t[3].src[0] = 13;
+    t[3].src[1] = 11;
+    uint64_t nodes[2] = { 13, 14 };
+    idx[0] = 3;
+    size = delta_blob(data_blob, DATA_SIZE, nodes, 2, 4, idx, 1, t);
+    CHECK(compute_delta(s, size, 112, 110, &status) == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+    g = apir_graph_kept(s, 112);
+    CHECK(g && ggml_graph_n_nodes(g) == 3 && ggml_graph_node(g, 2)->src[0] == ggml_graph_node(g, 1));
+
+    /* shrunk, then grown again without the record: the memo's memory still
+     * holds it, but it is no record of the base */
+    size = graph_blob(data_blob, DATA_SIZE, &node, 1, t, 3);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, 114, &status) == APIR_HANDLER_OK);
+    size = delta_blob(data_blob, DATA_SIZE, nodes, 2, 4, idx, 0, t);
+    CHECK(compute_delta(s, size, 115, 114, &status) == APIR_HANDLER_BAD_REQUEST);
+    size = graph_blob(data_blob, DATA_SIZE, nodes, 2, t, 4);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, size, 112, &status) == APIR_HANDLER_OK);
+
+    /* a buffer freed in between: the handles may name others, the base is gone */
+    size = delta_blob(data_blob, DATA_SIZE, nodes, 2, 4, idx, 0, t);
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, other) == APIR_HANDLER_OK);
+    CHECK(compute_delta(s, size, 113, 112, &status) == APIR_HANDLER_STALE);
     apir_session_free(s);
 }
 
@@ -1067,7 +1199,7 @@ static void test_weight_copies(void)
     CHECK(apir_weights_count(s) == 1 && s->bytes_allocated >= bytes0 + wbytes && s->buffers_epoch > epoch0);
     const char *why = NULL;
     size_t size = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &t[2].id, 1, t, 3);
-    struct ggml_cgraph *g = apir_graph_build(s, &s->scratch, data_blob + 65536, size, false, &why);
+    struct ggml_cgraph *g = build_whole(s, data_blob + 65536, size, &why);
     CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer && !strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK"));
     mul_mat(s, buf, t, copied);
     for (int i = 0; i < WQ_N; i++)
@@ -1080,7 +1212,7 @@ static void test_weight_copies(void)
     memset(data_blob, 0x11, 18);
     CHECK(fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 18, 18) == APIR_HANDLER_OK);
     CHECK(apir_weights_count(s) == 0 && s->bytes_allocated == bytes0);
-    g = apir_graph_build(s, &s->scratch, data_blob + 65536, size, false, &why);
+    g = build_whole(s, data_blob + 65536, size, &why);
     CHECK(g && ggml_graph_node(g, 1)->src[0]->buffer != NULL &&
           strcmp(ggml_backend_buffer_name(ggml_graph_node(g, 1)->src[0]->buffer), "CPU_REPACK") != 0);
 
@@ -1097,7 +1229,7 @@ static void test_weight_copies(void)
     wr[1].op = GGML_OP_ADD;
     wr[1].src[0] = wr[1].src[1] = 22;
     size_t wsize = graph_blob(data_blob + 65536, DATA_SIZE - 65536, &wr[1].id, 1, wr, 2);
-    CHECK(apir_graph_build(s, &s->scratch, data_blob + 65536, wsize, false, &why) != NULL && apir_weights_count(s) == 0);
+    CHECK(build_whole(s, data_blob + 65536, wsize, &why) != NULL && apir_weights_count(s) == 0);
 
     /* memset, clear and free drop it too */
     CHECK(note_weight(s, buf, &t[0], &answer) == APIR_HANDLER_OK && apir_weights_count(s) == 1);
@@ -1144,6 +1276,7 @@ TEST_MAIN("dispatch",
           TEST(test_buffer_from_ptr),
           TEST(test_graph_compute),
           TEST(test_graph_checks_kept),
+          TEST(test_graph_delta),
           TEST(test_graph_use_counts),
           TEST(test_empty_views),
           TEST(test_deferred_graphs),

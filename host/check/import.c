@@ -151,16 +151,26 @@ static const char *check_record(struct apir_session *s, const struct apir_tensor
  * is; rows read back to back (SSM_CONV) need nb[1] exactly.
  */
 
-/* Makes the ggml tensor of a checked record in sc; srcs are filled in later. */
+/* Makes the ggml tensor of a checked record, in sc's context or, into not
+ * NULL, there (a graph's: sc->store); srcs are filled in later.  What
+ * ggml_new_tensor would set and the record does not is zero. */
 static struct ggml_tensor *make_tensor(struct apir_import_scratch *sc, const struct apir_tensor_rec *rec,
-                                       struct apir_host_buffer *hb)
+                                       struct apir_host_buffer *hb, struct ggml_tensor *into)
 {
-    int64_t ne[4] = { rec->ne[0], rec->ne[1], rec->ne[2], rec->ne[3] };
-    struct ggml_tensor *t = ggml_new_tensor(sc->ctx, (enum ggml_type)rec->type, 4, ne);
-    if (!t)
-        return NULL;
-    for (int i = 0; i < 4; i++)
+    struct ggml_tensor *t = into;
+    if (t) {
+        memset(t, 0, sizeof(*t));
+        t->type = (enum ggml_type)rec->type;
+    } else {
+        int64_t ne[4] = { rec->ne[0], rec->ne[1], rec->ne[2], rec->ne[3] };
+        t = ggml_new_tensor(sc->ctx, (enum ggml_type)rec->type, 4, ne);
+        if (!t)
+            return NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        t->ne[i] = rec->ne[i];
         t->nb[i] = rec->nb[i];
+    }
     t->op = (enum ggml_op)rec->op;
     memcpy(t->op_params, rec->op_params, sizeof(t->op_params));
     t->flags = rec->flags;
@@ -194,7 +204,9 @@ static bool scratch_grow_tensors(struct apir_import_scratch *sc, uint32_t n)
     if (d) sc->stack = d;
     void *e = realloc(sc->same, (size_t)cap);
     if (e) sc->same = e;
-    if (!a || !b || !c || !d || !e)
+    void *f = realloc(sc->store, (size_t)cap * sizeof(*sc->store));
+    if (f) sc->store = f;
+    if (!a || !b || !c || !d || !e || !f)
         return false;
     sc->tensors_cap = cap;
     /* The map stays under half full. */
@@ -225,6 +237,7 @@ void apir_import_scratch_free(struct apir_import_scratch *sc)
     free(sc->state);
     free(sc->stack);
     free(sc->same);
+    free(sc->store);
     memset(sc, 0, sizeof(*sc));
 }
 
@@ -232,6 +245,7 @@ void apir_import_memo_free(struct apir_import_memo *memo)
 {
     free(memo->records);
     free(memo->supported);
+    free(memo->made);
     memset(memo, 0, sizeof(*memo));
 }
 
@@ -247,7 +261,10 @@ static bool memo_reserve(struct apir_import_memo *memo, uint32_t n)
     uint8_t *f = realloc(memo->supported, n);
     if (f)
         memo->supported = f;
-    if (!r || !f)
+    struct ggml_tensor *m = realloc(memo->made, (size_t)n * sizeof(*memo->made));
+    if (m)
+        memo->made = m;
+    if (!r || !f || !m)
         return false;
     memo->cap = n;
     return true;
@@ -290,15 +307,16 @@ bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint3
     return true;
 }
 
-struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
-                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf,
-                                       const char **why)
+/* apir_import_tensor, made into `into` (NULL: sc's context). */
+static struct ggml_tensor *import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
+                                         const struct apir_tensor_rec *rec, bool need_buffer,
+                                         struct apir_host_buffer **buf, struct ggml_tensor *into, const char **why)
 {
     struct apir_host_buffer *hb;
     const char *reason = check_record(s, rec, need_buffer, &hb);
     if (reason)
         return refuse(why, reason);
-    struct ggml_tensor *t = make_tensor(sc, rec, hb);
+    struct ggml_tensor *t = make_tensor(sc, rec, hb, into);
     if (!t)
         return refuse(why, "scratch context full");
     if (!apir_canonical_unit_strides(t))
@@ -306,6 +324,13 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_impor
     if (buf)
         *buf = hb;
     return t;
+}
+
+struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_import_scratch *sc,
+                                       const struct apir_tensor_rec *rec, bool need_buffer, struct apir_host_buffer **buf,
+                                       const char **why)
+{
+    return import_tensor(s, sc, rec, need_buffer, buf, NULL, why);
 }
 
 static uint64_t hash_id(uint64_t id)
@@ -424,12 +449,21 @@ static bool memo_covers(const struct apir_import_scratch *sc, uint32_t i)
     return true;
 }
 
-/* apir_import_list, with the memo for a graph's records: memo NULL for
- * none; its first old_n records are the last graph's (0: none usable), and
- * each record read is left in it at its index. */
+/* How import_records uses the session's import memo. */
+enum memo_use {
+    MEMO_NONE,     /* not at all */
+    MEMO_COMPARE,  /* its first old_n records are the last graph's (0: none
+                    * usable): each record read is compared with the one at
+                    * its index and left there */
+    MEMO_SOURCE,   /* the records are the memo's own (a delta applied to it:
+                    * apply_delta set sc->same) */
+};
+
+/* apir_import_list, with the memo for a graph's records (memo NULL when
+ * MEMO_NONE). */
 static struct ggml_tensor **import_records(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
                                            const uint8_t *records, bool need_buffer, struct apir_import_memo *memo,
-                                           uint32_t old_n, const char **why)
+                                           enum memo_use use, uint32_t old_n, const char **why)
 {
     const uint32_t per = APIR_TENSOR_MAX_SRC + 1;
     if (n == 0 || n > sc->tensors_cap)
@@ -439,30 +473,48 @@ static struct ggml_tensor **import_records(struct apir_session *s, struct apir_i
     /* Pass 1: read each record once, check it, make its tensor.  The memo
      * is compared with that one read (the host's copy): the guest may
      * change its shared memory at any time. */
-    struct apir_tensor_rec rec;
-    _Static_assert(sizeof(rec) == APIR_TENSOR_REC_SIZE, "record size");
+    struct apir_tensor_rec copy;
+    _Static_assert(sizeof(copy) == APIR_TENSOR_REC_SIZE, "record size");
+    _Static_assert(APIR_TENSOR_REC_SIZE % _Alignof(struct apir_tensor_rec) == 0, "records in an array");
     for (uint32_t i = 0; i < n; i++) {
-        memcpy(&rec, records + (size_t)i * APIR_TENSOR_REC_SIZE, sizeof(rec));
-        sc->same[i] = 0;
-        if (memo) {
+        /* The memo's records are the host's own memory (malloc'd, so
+         * aligned): read in place.  The guest's are copied once. */
+        const struct apir_tensor_rec *r = (const struct apir_tensor_rec *)(records + (size_t)i * APIR_TENSOR_REC_SIZE);
+        if (use != MEMO_SOURCE) {
+            memcpy(&copy, r, sizeof(copy));
+            r = &copy;
+        }
+        if (use == MEMO_COMPARE) {
             uint8_t *kept = memo->records + (size_t)i * APIR_TENSOR_REC_SIZE;
-            if (i < old_n && memcmp(kept, &rec, sizeof(rec)) == 0)
+            sc->same[i] = 0;
+            if (i < old_n && memcmp(kept, r, sizeof(*r)) == 0)
                 sc->same[i] = REC_SAME;
             else
-                memcpy(kept, &rec, sizeof(rec));
+                memcpy(kept, r, sizeof(*r));
+        } else if (use == MEMO_NONE) {
+            sc->same[i] = 0;
         }
-        if (rec.id == 0)
+        if (r->id == 0)
             return refuse(why, "tensor id 0");
-        if (!map_put(sc, rec.id, i))
+        if (!map_put(sc, r->id, i))
             return refuse(why, "duplicate tensor id");
-        struct ggml_tensor *t = apir_import_tensor(s, sc, &rec, need_buffer, NULL, why);
-        if (!t)
-            return NULL;
+        struct ggml_tensor *t = &sc->store[i];
+        if (use != MEMO_NONE && (sc->same[i] & REC_SAME)) {
+            /* The memo's record at i is these bytes, and no buffer went
+             * since (old_n is 0 otherwise): its checks and make would
+             * give the tensor they gave then. */
+            *t = memo->made[i];
+        } else {
+            if (!import_tensor(s, sc, r, need_buffer, NULL, t, why))
+                return NULL;
+            /* view_offs is kept with the tensor; checked against view_src below. */
+            t->view_offs = (size_t)r->view_offs;
+            if (use != MEMO_NONE)
+                memo->made[i] = *t;
+        }
         sc->tensors[i] = t;
-        memcpy(&sc->refs[(size_t)i * per], rec.src, sizeof(rec.src));
-        sc->refs[(size_t)i * per + APIR_TENSOR_MAX_SRC] = rec.view_src;
-        /* view_offs is kept with the tensor; checked against view_src below. */
-        t->view_offs = (size_t)rec.view_offs;
+        memcpy(&sc->refs[(size_t)i * per], r->src, sizeof(r->src));
+        sc->refs[(size_t)i * per + APIR_TENSOR_MAX_SRC] = r->view_src;
     }
 
     /* Pass 2: resolve references; every id must name a record of this list. */
@@ -502,7 +554,7 @@ static struct ggml_tensor **import_records(struct apir_session *s, struct apir_i
      * graph every tensor came with its srcs; in a query list only the
      * subject did (its srcs' own srcs are left out). */
     for (uint32_t i = 0; i < (need_buffer ? n : 1); i++) {
-        if (memo && memo_covers(sc, i)) {
+        if (use != MEMO_NONE && memo_covers(sc, i)) {
             sc->same[i] |= REC_COVERED;
             s->stats.checks_kept++;
             continue;
@@ -519,7 +571,7 @@ static struct ggml_tensor **import_records(struct apir_session *s, struct apir_i
 struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
                                       const uint8_t *records, bool need_buffer, const char **why)
 {
-    return import_records(s, sc, n, records, need_buffer, NULL, 0, why);
+    return import_records(s, sc, n, records, need_buffer, NULL, MEMO_NONE, 0, why);
 }
 
 /*
@@ -568,12 +620,57 @@ static bool fused_norm_mul_ok(const struct ggml_tensor *norm, const struct ggml_
     return ggml_are_same_shape(norm->src[0], mul);
 }
 
-struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
-                                      uint64_t size, bool use_counts, struct ggml_tensor *anchor, const char **why)
+/*
+ * A delta (0.9): the records that differ from the memo's graph, written
+ * over the memo's copy.  The memo's records are the host's own memory, so
+ * the graph imported from them is read once like any other; what was not
+ * sent is the memo's record at its index, byte for byte (REC_SAME), and
+ * what was sent is checked as new.  The indices go up strictly and below
+ * n; every index past the memo's graph must be there (a record the host
+ * never had cannot be "unchanged").  Returns false, *why set, if the delta
+ * is malformed; the memo is then not valid (the caller cleared it).
+ */
+static bool apply_delta(struct apir_import_scratch *sc, struct apir_import_memo *memo, struct apir_decoder *dec,
+                        uint32_t n, uint32_t old_n, const char **why)
+{
+    const uint32_t n_changed = apir_decode_u32(dec);
+    if (dec->fatal || n_changed > n)
+        return refuse(why, "graph delta: more changed records than records") != NULL;
+    const uint8_t *index = apir_decode_inplace(dec, (size_t)n_changed * 4);
+    const uint8_t *records = apir_decode_inplace(dec, (size_t)n_changed * APIR_TENSOR_REC_SIZE);
+    if (dec->fatal || (n_changed && (!index || !records)))
+        return refuse(why, "graph delta shorter than its counts") != NULL;
+    const uint32_t kept = old_n < n ? old_n : n;
+    memset(sc->same, REC_SAME, kept);
+    memset(sc->same + kept, 0, n - kept);
+    uint32_t past_kept = 0, prev = 0;
+    for (uint32_t k = 0; k < n_changed; k++) {
+        /* Each index is read once (prev is that read, not the guest's
+         * memory again): were they not strictly increasing, a repeated
+         * index could stand in for a missing one in the count below. */
+        uint32_t i;
+        memcpy(&i, index + (size_t)k * 4, 4);
+        if (i >= n || (k > 0 && i <= prev))
+            return refuse(why, "graph delta: indices not increasing or out of range") != NULL;
+        prev = i;
+        memcpy(memo->records + (size_t)i * APIR_TENSOR_REC_SIZE, records + (size_t)k * APIR_TENSOR_REC_SIZE,
+               APIR_TENSOR_REC_SIZE);
+        sc->same[i] = 0;
+        past_kept += i >= kept;
+    }
+    /* Distinct indices in [kept, n): all of them exactly when n - kept. */
+    if (past_kept != n - kept)
+        return refuse(why, "graph delta leaves out a record the last graph did not have") != NULL;
+    return true;
+}
+
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc,
+                                      struct apir_graph_blob *in, struct ggml_tensor *anchor, const char **why)
 {
     const struct apir_limits *lim = &s->host->cfg.limits;
     struct apir_decoder dec;
-    apir_decoder_init(&dec, blob, (size_t)size);
+    in->stale = false;
+    apir_decoder_init(&dec, in->bytes, (size_t)in->size);
     uint32_t n_nodes = apir_decode_u32(&dec);
     if (dec.fatal || n_nodes == 0 || n_nodes > lim->max_graph_nodes)
         return refuse(why, "graph node count out of range");
@@ -581,8 +678,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
     uint32_t n_tensors = apir_decode_u32(&dec);
     if (dec.fatal || n_tensors == 0 || n_tensors > lim->max_graph_tensors)
         return refuse(why, "graph tensor count out of range");
-    const uint8_t *records = apir_decode_inplace(&dec, (size_t)n_tensors * APIR_TENSOR_REC_SIZE);
-    if (dec.fatal || !node_ids || !records)
+    if (dec.fatal || !node_ids)
         return refuse(why, "graph blob shorter than its counts");
 
     if (!apir_import_begin(sc, n_tensors, n_nodes + 1, why))
@@ -590,11 +686,33 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
     /* The memo holds the last graph only while it is the last graph that
      * imported whole: any refusal below leaves it unused. */
     struct apir_import_memo *memo = &s->import_memo;
-    const uint32_t old_n = memo->valid && memo->epoch == s->buffers_epoch && memo->device == s->device ? memo->n : 0;
+    const bool held = memo->valid && memo->epoch == s->buffers_epoch && memo->device == s->device;
+    const uint32_t old_n = held ? memo->n : 0;
+    const bool usable = s->host->cfg.import_memo && n_tensors <= APIR_IMPORT_MEMO_MAX;
+    if (in->base && (!held || !usable || memo->key != in->base)) {
+        /* Not an error of the guest's: the host let that graph go (a
+         * buffer freed, another graph since, memory): it sends the whole. */
+        in->stale = true;
+        return refuse(why, "the graph a delta names is not kept");
+    }
     memo->valid = false;
-    if (!s->host->cfg.import_memo || n_tensors > APIR_IMPORT_MEMO_MAX || !memo_reserve(memo, n_tensors))
+    if (!usable || !memo_reserve(memo, n_tensors))
         memo = NULL;
-    struct ggml_tensor **tensors = import_records(s, sc, n_tensors, records, true, memo, old_n, why);
+    struct ggml_tensor **tensors;
+    if (in->base) {
+        if (!memo) {
+            in->stale = true;
+            return refuse(why, "out of memory for the graph a delta names");
+        }
+        if (!apply_delta(sc, memo, &dec, n_tensors, old_n, why))
+            return NULL;
+        tensors = import_records(s, sc, n_tensors, memo->records, true, memo, MEMO_SOURCE, old_n, why);
+    } else {
+        const uint8_t *records = apir_decode_inplace(&dec, (size_t)n_tensors * APIR_TENSOR_REC_SIZE);
+        if (dec.fatal || !records)
+            return refuse(why, "graph blob shorter than its counts");
+        tensors = import_records(s, sc, n_tensors, records, true, memo, memo ? MEMO_COMPARE : MEMO_NONE, old_n, why);
+    }
     if (!tensors)
         return NULL;
     struct ggml_cgraph *graph = ggml_new_graph_custom(sc->ctx, n_nodes + 1, false);
@@ -621,7 +739,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
             return refuse(why, "MUL after an RMS_NORM it broadcasts (the CPU backend's fused kernel asserts one shape)");
         ggml_graph_add_node(graph, node);
     }
-    if (use_counts && apir_decoder_left(&dec) > 0) {
+    if (in->use_counts && apir_decoder_left(&dec) > 0) {
         if (apir_decode_u32(&dec) != APIR_GRAPH_USE_COUNTS_TAG || !set_use_counts(graph, &dec))
             return refuse(why, "graph use-count section malformed");
         if (apir_decoder_left(&dec) != 0)
@@ -633,6 +751,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
         memo->n = n_tensors;
         memo->epoch = s->buffers_epoch;
         memo->device = s->device;
+        memo->key = in->key;
         memo->valid = true;
     }
     return graph;

@@ -40,6 +40,16 @@ struct ggml_tensor *apir_import_tensor(struct apir_session *s, struct apir_impor
 struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import_scratch *sc, uint32_t n,
                                       const uint8_t *records, bool need_buffer, const char **why);
 
+/* A graph command's blob, as apir_import_graph reads it. */
+struct apir_graph_blob {
+    const uint8_t *bytes;   /* in the guest's memory: each byte is read once */
+    uint64_t size;
+    uint64_t key;           /* the guest's name for the graph (0: an APIR 0.1 graph) */
+    uint64_t base;          /* 0: a whole graph; else (0.9) a delta against the graph of key base */
+    bool use_counts;        /* 0.2 keyed graphs: the blob may end with the nodes' use counts */
+    bool stale;             /* out: a delta refused because the host no longer keeps its base */
+};
+
 /* A graph blob of APIR 0.1: uint32 n_nodes, n_nodes ids, uint32 n_tensors,
  * records; begins sc itself.  Every tensor must live in one of the
  * session's buffers.  A tensor whose record, and whose operands' and views'
@@ -48,12 +58,17 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
  * sound); every other check runs on every record.  The graph starts with anchor (the caller's: see
  * apir_graph_anchor, graph_exec.h), then the nodes.  use_counts (0.2 keyed
  * graphs): the blob may go on with the nodes' use counts
- * (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow.  Only checks and
+ * (APIR_GRAPH_USE_COUNTS_TAG); nothing else may follow.
+ * A delta (base set, BACKEND_GRAPH_COMPUTE_DELTA): where the records would
+ * be, uint32 n_changed, their n_changed uint32 indices (strictly
+ * increasing) and their records; every other record is the memo's at its
+ * index.  The memo must hold the graph of key base (else in->stale).  The
+ * delta is written over the memo's copy and the graph imported from there:
+ * what is checked is the whole graph, as if sent whole.  Only checks and
  * builds: what runs the graph (host/dispatch) may still change where its
  * tensors live (weight copies). */
-struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
-                                      uint64_t size, bool use_counts, struct ggml_tensor *anchor,
-                                      const char **why);
+struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import_scratch *sc,
+                                      struct apir_graph_blob *in, struct ggml_tensor *anchor, const char **why);
 
 /* Frees what sc holds (it is left empty, ready for another begin). */
 void apir_import_scratch_free(struct apir_import_scratch *sc);

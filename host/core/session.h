@@ -92,6 +92,9 @@ struct apir_import_scratch {
     } shadows[APIR_MAX_SHADOWS];
     uint32_t n_shadows;
     uint8_t *same;          /* per record: byte for byte the memo's (import.c) */
+    /* A graph's tensors (import.c), tensors_cap of them: outside the
+     * context, so that one the memo made is copied in whole. */
+    struct ggml_tensor *store;
 };
 
 /* The last graph the session imported, as import.c checked it: a new graph
@@ -104,9 +107,11 @@ struct apir_import_scratch {
 struct apir_import_memo {
     uint8_t *records;       /* n records as imported (the host's copy, never the guest's memory) */
     uint8_t *supported;     /* per record: a node the device said it supports */
+    struct ggml_tensor *made; /* per record: its tensor as checked and made, before its links (import.c) */
     uint32_t n, cap;
     uint64_t epoch;         /* s->buffers_epoch then: a buffer gone since, and the handles may name others */
     uint32_t device;        /* s->device then */
+    uint64_t key;           /* the graph's key (0: an APIR 0.1 graph): what a 0.9 delta names as its base */
     bool valid;             /* the import of those records succeeded */
 };
 

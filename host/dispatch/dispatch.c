@@ -431,6 +431,23 @@ APIR_HANDLER(BACKEND_GRAPH_COMPUTE_INPUTS)
     return result;
 }
 
+/* A keyed graph sent as its changes against the last graph the host
+ * imported (apir 0.9; the format: apir_import_graph, import.h), after its
+ * uploads as in BACKEND_GRAPH_COMPUTE_INPUTS.  The uploads stay done when
+ * the base is gone (APIR_HANDLER_STALE): the guest sends the graph whole. */
+APIR_HANDLER(BACKEND_GRAPH_COMPUTE_DELTA)
+{
+    const uint32_t cmd = APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA;
+    rep->status = GGML_STATUS_FAILED;
+    if (req->key == 0 || req->base == 0)
+        return apir_refuse(s, cmd, "key or base 0");
+    uint32_t result = graph_inputs(s, cmd, req->blob, req->inputs_offset, req->inputs_size);
+    if (result != APIR_HANDLER_OK)
+        return result;
+    return apir_graph_compute_delta(s, cmd, req->blob, req->graph_offset, req->graph_size, req->key, req->base,
+                                    &rep->status);
+}
+
 /*
  * GET_TENSOR_AT in pieces (apir 0.6; the contract is struct
  * apir_chunk_progress, apir_proto.h).  A GPU's copy into the data area and

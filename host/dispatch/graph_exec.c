@@ -73,10 +73,10 @@ struct ggml_tensor *apir_graph_anchor(const struct apir_session *s)
     return s->graphs->anchor;
 }
 
-struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_scratch *sc, const uint8_t *blob,
-                                     uint64_t size, bool use_counts, const char **why)
+struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_scratch *sc,
+                                     struct apir_graph_blob *in, const char **why)
 {
-    struct ggml_cgraph *graph = apir_import_graph(s, sc, blob, size, use_counts, apir_graph_anchor(s), why);
+    struct ggml_cgraph *graph = apir_import_graph(s, sc, in, apir_graph_anchor(s), why);
     if (graph)
         apir_weights_apply(s, graph);
     return graph;
@@ -151,9 +151,11 @@ static enum ggml_status run_graph(struct apir_session *s, struct apir_import_scr
 
 /* A graph blob at [offset, offset+size) of blob res_id; key 0: an APIR 0.1
  * graph, computed before the reply, imported into the session's scratch;
- * a keyed graph goes into its cache slot's. */
+ * a keyed graph goes into its cache slot's.  base: 0, or the key of the
+ * graph the blob is a delta against (0.9: APIR_HANDLER_STALE when the host
+ * no longer keeps it). */
 static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset, uint64_t size,
-                              uint64_t key, uint32_t *status_out)
+                              uint64_t key, uint64_t base, uint32_t *status_out)
 {
     struct apir_graphs *graphs = s->graphs;
     enum ggml_status status = GGML_STATUS_ABORTED;
@@ -175,7 +177,8 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
     } else {
         uint64_t t0 = apir_now_ns(), kept0 = s->stats.checks_kept;
         const char *why = NULL;
-        struct ggml_cgraph *graph = apir_graph_build(s, sc, blob, size, key != 0, &why);
+        struct apir_graph_blob in = { .bytes = blob, .size = size, .key = key, .base = base, .use_counts = key != 0 };
+        struct ggml_cgraph *graph = apir_graph_build(s, sc, &in, &why);
         uint64_t import_ns = apir_now_ns() - t0;
         s->stats.import_ns += import_ns;
         /* Per graph, beside the compute line below: what decoding and
@@ -202,6 +205,10 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
             } else {
                 status = run_graph(s, sc, cmd, backend, graph, slot != NULL, &result);
             }
+        } else if (in.stale) {
+            /* Not the guest's fault: it sends the whole graph. */
+            APIR_DEBUG("host", "%s: %s: %s", s->name, apir_command_name(cmd), why);
+            result = APIR_HANDLER_STALE;
         } else {
             result = apir_refuse(s, cmd, why);
         }
@@ -212,20 +219,27 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
 
 APIR_HANDLER(BACKEND_GRAPH_COMPUTE)
 {
-    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE, req->blob, 0, req->size, 0, &rep->status);
+    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE, req->blob, 0, req->size, 0, 0, &rep->status);
 }
 
 APIR_HANDLER(BACKEND_GRAPH_COMPUTE_AT)
 {
-    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req->blob, req->blob_offset, req->size, 0, &rep->status);
+    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req->blob, req->blob_offset, req->size, 0, 0,
+                         &rep->status);
 }
 
 APIR_HANDLER(BACKEND_GRAPH_COMPUTE_KEYED)
 {
     if (req->key == 0)
         return apir_refuse(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, "key 0");
-    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, req->blob, req->blob_offset, req->size, req->key,
+    return graph_compute(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, req->blob, req->blob_offset, req->size, req->key, 0,
                          &rep->status);
+}
+
+uint32_t apir_graph_compute_delta(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset,
+                                  uint64_t size, uint64_t key, uint64_t base, uint32_t *status_out)
+{
+    return graph_compute(s, cmd, res_id, offset, size, key, base, status_out);
 }
 
 /* The token path: a graph the guest sent before, computed again.  Index
