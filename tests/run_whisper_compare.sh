@@ -21,7 +21,7 @@
 # wait for or download of its result; issue 26).  The decode steps' graphs go
 # as deltas (apir 0.9: BACKEND_GRAPH_COMPUTE_DELTA, one a step, none answered
 # stale), and a run with every graph whole (APIR_GRAPH_DELTA=0) gives the same
-# output.
+# output; so does a host that keeps no graph (every delta STALE).
 set -uo pipefail
 APIR_BUILD=$1 WHISPER_DIR=$2
 . "$(dirname "$0")/lib.sh"
@@ -120,3 +120,18 @@ done
 grep -q 'BACKEND_GRAPH_COMPUTE_DELTA' "$work/apir_whole.err" &&
   { echo "FAIL: APIR_GRAPH_DELTA=0 still sent deltas"; exit 1; }
 echo "ok: each decode step's graph went as a delta (none stale); with APIR_GRAPH_DELTA=0 whole, the same output"
+
+# A host that keeps no graph (its import memo off) answers every delta STALE:
+# the guest sends those graphs whole, stops trying after 4 in a row, and the
+# transcription is the same.
+apir_host_stop
+APIR_HOST_IMPORT_MEMO=0 apir_host_start --threads 2 || exit 1
+model=$work/model.bin
+GGML_BACKEND_PATH=$APIR_BUILD/libggml-apir.so APIR_PROFILE=1 transcribe apir_stale -dev 0 ||
+  { tail -5 "$APIR_TEST_DIR/host.log"; exit 1; }
+grep -v '"systeminfo":' "$work/apir_stale.json" >"$work/apir_stale.cmp"
+cmp -s "$work/cpu.cmp" "$work/apir_stale.cmp" ||
+  { echo "FAIL: the JSON outputs differ (native CPU vs APIR0 with every delta stale)"; exit 1; }
+stale=$(sed -n 's/.*graph deltas *[0-9]* sent, \([0-9]*\) answered stale.*/\1/p' "$work/apir_stale.err")
+[ "${stale:-0}" = 4 ] || { echo "FAIL: ${stale:-no} deltas answered stale by a host without its memo (want 4)"; exit 1; }
+echo "ok: a host without its import memo: 4 deltas answered stale, then whole graphs, the same output"
