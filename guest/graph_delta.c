@@ -49,7 +49,19 @@ static bool grow(uint8_t **buf, size_t *cap, size_t size)
 
 /* Where a blob's records start and how many there are; false if the blob is
  * shorter than its counts say (only our own blobs come here). */
-static bool records_of(const uint8_t *blob, size_t size, size_t *at, uint32_t *n);
+static bool records_of(const uint8_t *blob, size_t size, size_t *at, uint32_t *n)
+{
+    uint32_t n_nodes;
+    if (size < 4)
+        return false;
+    memcpy(&n_nodes, blob, 4);
+    const size_t count_at = 4 + (size_t)n_nodes * 8;
+    if (count_at + 4 > size)
+        return false;
+    memcpy(n, blob + count_at, 4);
+    *at = count_at + 4;
+    return *at + (size_t)*n * APIR_TENSOR_REC_SIZE <= size;
+}
 
 bool apir_graph_delta_reserve(struct apir_graph_delta *gd, size_t size, uint32_t n)
 {
@@ -68,20 +80,6 @@ bool apir_graph_delta_reserve(struct apir_graph_delta *gd, size_t size, uint32_t
     if (gd->base_key && records_of(gd->base, gd->base_size, &at, &gd->cmp_n))
         gd->cmp = gd->base + at;
     return true;
-}
-
-static bool records_of(const uint8_t *blob, size_t size, size_t *at, uint32_t *n)
-{
-    uint32_t n_nodes;
-    if (size < 4)
-        return false;
-    memcpy(&n_nodes, blob, 4);
-    const size_t count_at = 4 + (size_t)n_nodes * 8;
-    if (count_at + 4 > size)
-        return false;
-    memcpy(n, blob + count_at, 4);
-    *at = count_at + 4;
-    return *at + (size_t)*n * APIR_TENSOR_REC_SIZE <= size;
 }
 
 size_t apir_graph_delta_build(struct apir_device *d, size_t size)

@@ -406,46 +406,49 @@ static uint32_t graph_inputs(struct apir_session *s, uint32_t cmd, uint32_t blob
     return APIR_HANDLER_OK;
 }
 
-APIR_HANDLER(BACKEND_GRAPH_COMPUTE_INPUTS)
+/* 43 and 44: the uploads, then the graph - whole (base 0), as a delta
+ * against the graph of key base, or, for 43 with graph_size 0, the one kept
+ * under key. */
+static uint32_t graph_with_inputs(struct apir_session *s, uint32_t cmd, uint32_t blob, uint64_t inputs_offset,
+                                  uint64_t inputs_size, uint64_t graph_offset, uint64_t graph_size, uint64_t key,
+                                  uint64_t base, uint32_t *status)
 {
-    const uint32_t cmd = APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS;
-    rep->status = GGML_STATUS_FAILED;
-    if (req->key == 0)
+    *status = GGML_STATUS_FAILED;
+    if (key == 0)
         return apir_refuse(s, cmd, "key 0");
-    uint32_t result = graph_inputs(s, cmd, req->blob, req->inputs_offset, req->inputs_size);
+    uint32_t result = graph_inputs(s, cmd, blob, inputs_offset, inputs_size);
     if (result != APIR_HANDLER_OK)
         return result;
-    if (req->graph_size == 0) {
-        const struct apir_request_BACKEND_GRAPH_RECOMPUTE again = { .key = req->key };
-        struct apir_reply_BACKEND_GRAPH_RECOMPUTE status;
-        result = host_cmd_BACKEND_GRAPH_RECOMPUTE(s, &again, &status);
-        rep->status = status.status;
+    if (graph_size == 0 && base == 0) {
+        const struct apir_request_BACKEND_GRAPH_RECOMPUTE again = { .key = key };
+        struct apir_reply_BACKEND_GRAPH_RECOMPUTE reply;
+        result = host_cmd_BACKEND_GRAPH_RECOMPUTE(s, &again, &reply);
+        *status = reply.status;
         return result;
     }
-    const struct apir_request_BACKEND_GRAPH_COMPUTE_KEYED graph = {
-        .blob = req->blob, .blob_offset = req->graph_offset, .size = req->graph_size, .key = req->key
-    };
-    struct apir_reply_BACKEND_GRAPH_COMPUTE_KEYED status;
-    result = host_cmd_BACKEND_GRAPH_COMPUTE_KEYED(s, &graph, &status);
-    rep->status = status.status;
-    return result;
+    /* A whole graph is accounted as the BACKEND_GRAPH_COMPUTE_KEYED it is. */
+    return apir_graph_compute_keyed(s, base ? cmd : APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED, blob, graph_offset, graph_size,
+                                    key, base, status);
+}
+
+APIR_HANDLER(BACKEND_GRAPH_COMPUTE_INPUTS)
+{
+    return graph_with_inputs(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_INPUTS, req->blob, req->inputs_offset, req->inputs_size,
+                             req->graph_offset, req->graph_size, req->key, 0, &rep->status);
 }
 
 /* A keyed graph sent as its changes against the last graph the host
- * imported (apir 0.9; the format: apir_import_graph, import.h), after its
- * uploads as in BACKEND_GRAPH_COMPUTE_INPUTS.  The uploads stay done when
- * the base is gone (APIR_HANDLER_STALE): the guest sends the graph whole. */
+ * imported (apir 0.9; the format: apir_import_graph, import.h).  The
+ * uploads stay done when the base is gone (APIR_HANDLER_STALE): the guest
+ * sends the graph whole. */
 APIR_HANDLER(BACKEND_GRAPH_COMPUTE_DELTA)
 {
-    const uint32_t cmd = APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA;
-    rep->status = GGML_STATUS_FAILED;
-    if (req->key == 0 || req->base == 0)
-        return apir_refuse(s, cmd, "key or base 0");
-    uint32_t result = graph_inputs(s, cmd, req->blob, req->inputs_offset, req->inputs_size);
-    if (result != APIR_HANDLER_OK)
-        return result;
-    return apir_graph_compute_delta(s, cmd, req->blob, req->graph_offset, req->graph_size, req->key, req->base,
-                                    &rep->status);
+    if (req->base == 0) {
+        rep->status = GGML_STATUS_FAILED;
+        return apir_refuse(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA, "base 0");
+    }
+    return graph_with_inputs(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_DELTA, req->blob, req->inputs_offset, req->inputs_size,
+                             req->graph_offset, req->graph_size, req->key, req->base, &rep->status);
 }
 
 /*

@@ -236,7 +236,7 @@ APIR_HANDLER(BACKEND_GRAPH_COMPUTE_KEYED)
                          &rep->status);
 }
 
-uint32_t apir_graph_compute_delta(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset,
+uint32_t apir_graph_compute_keyed(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset,
                                   uint64_t size, uint64_t key, uint64_t base, uint32_t *status_out)
 {
     return graph_compute(s, cmd, res_id, offset, size, key, base, status_out);

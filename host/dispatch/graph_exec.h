@@ -69,13 +69,13 @@ struct ggml_tensor *apir_graph_anchor(const struct apir_session *s);
 struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_scratch *sc,
                                      struct apir_graph_blob *in, const char **why);
 
-/* A keyed graph (key) sent as a delta against the graph of key base (apir
- * 0.9, BACKEND_GRAPH_COMPUTE_DELTA) at [offset, offset + size) of blob
- * res_id: accepted as BACKEND_GRAPH_COMPUTE_KEYED accepts a whole one, or
- * APIR_HANDLER_STALE when the host no longer keeps base (the guest then
- * sends it whole); an apir_handler_result, the graph's status in
- * *status_out. */
-uint32_t apir_graph_compute_delta(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset,
+/* A keyed graph (key, not 0) at [offset, offset + size) of blob res_id,
+ * for command cmd (BACKEND_GRAPH_COMPUTE_INPUTS, _DELTA): whole (base 0), as
+ * BACKEND_GRAPH_COMPUTE_KEYED accepts it, or a delta against the graph of
+ * key base (apir 0.9), APIR_HANDLER_STALE when the host no longer keeps
+ * base (the guest then sends it whole); an apir_handler_result, the graph's
+ * status in *status_out. */
+uint32_t apir_graph_compute_keyed(struct apir_session *s, uint32_t cmd, uint32_t res_id, uint64_t offset,
                                   uint64_t size, uint64_t key, uint64_t base, uint32_t *status_out);
 
 /* For tests: the graph kept under key (NULL: none); whether a keyed graph
