@@ -40,11 +40,6 @@ static long count(const char *text, const char *what)
     return n;
 }
 
-static void sleep_ms(long ms)
-{
-    nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = ms % 1000 * 1000000L }, NULL);
-}
-
 int main(void)
 {
     snprintf(log_path, sizeof(log_path), "/tmp/apir-wlog-%d.log", (int)getpid());
@@ -96,10 +91,22 @@ int main(void)
         int n = snprintf(line, sizeof(line), "flood %d\n", i);
         CHECK(write(fd, line, (size_t)n) == n);
     }
+    /* A pipe still open: the drain waits for it, then says so. */
+    const int other = apir_worker_log_open(10, 10, 20);
+    CHECK(other >= 0);
+    CHECK(!apir_worker_log_drain(50));
     close(fd);  /* the worker's end: the reader flushes the summary */
-    for (int i = 0; i < 100 && !strstr(read_log(), "suppressed"); i++)
-        sleep_ms(20);
+    if (other >= 0) {
+        const char last[] = "a last line, no newline";
+        CHECK(write(other, last, strlen(last)) == (ssize_t)strlen(last));
+        close(other);
+    }
+    /* Both ended: once drained, every line is in the log (no waiting on
+     * it here: what the daemon does at shutdown before its own end). */
+    CHECK(apir_worker_log_drain(5000));
     t = read_log();
+    CHECK(strstr(t, "[guest#10] a last line, no newline\n") != NULL);
+    CHECK(strstr(t, "suppressed") != NULL);
     CHECK(strstr(t, "apir worker: warn: [guest#9] partial\n") != NULL);
     CHECK(strstr(t, "apir host: info: [guest#9] guest#1(pid 1) connected: forged\n") != NULL);
     CHECK(strstr(t, "\napir host: info: guest#1") == NULL);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
 struct worker_pipe {
@@ -26,6 +27,10 @@ struct worker_pipe {
 
 static int epoll_fd = -1;
 static pthread_once_t reader_once = PTHREAD_ONCE_INIT;
+/* Pipes not at their end yet; apir_worker_log_drain waits for none. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t open_cond = PTHREAD_COND_INITIALIZER;
+static unsigned n_open;
 
 /* "2025-01-31T12:00:00.123Z ": the worker stamps nothing (it logs plain,
  * apir_log_set_plain_stderr), but one may; ours replaces it. */
@@ -133,6 +138,10 @@ static void *reader(void *arg)
                 epoll_ctl(epoll_fd, EPOLL_CTL_DEL, w->fd, NULL);
                 close(w->fd);
                 free(w);
+                pthread_mutex_lock(&open_lock);
+                if (--n_open == 0)
+                    pthread_cond_broadcast(&open_cond);
+                pthread_mutex_unlock(&open_lock);
             }
         }
     }
@@ -173,11 +182,36 @@ int apir_worker_log_open(uint64_t guest_id, uint32_t per_s, uint32_t burst)
     apir_log_budget_init(&w->budget, who, per_s > UINT32_MAX / 2 ? UINT32_MAX : per_s * 2,
                          burst > UINT32_MAX / 2 ? UINT32_MAX : burst * 2);
     struct epoll_event ev = { .events = EPOLLIN, .data.ptr = w };
+    pthread_mutex_lock(&open_lock);
+    n_open++;
+    pthread_mutex_unlock(&open_lock);
     if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, p[0], &ev) != 0) {
         close(p[0]);
         close(p[1]);
         free(w);
+        pthread_mutex_lock(&open_lock);
+        n_open--;
+        pthread_mutex_unlock(&open_lock);
         return -1;
     }
     return p[1];
+}
+
+bool apir_worker_log_drain(int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&open_lock);
+    int rc = 0;
+    while (n_open && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&open_cond, &open_lock, &until);
+    const bool drained = n_open == 0;
+    pthread_mutex_unlock(&open_lock);
+    return drained;
 }

@@ -19,6 +19,7 @@
 #ifndef APIR_WORKER_LOG_H
 #define APIR_WORKER_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,15 @@
  * or thread can be had: the worker then writes to the daemon's stderr.
  */
 int apir_worker_log_open(uint64_t guest_id, uint32_t per_s, uint32_t burst);
+
+/*
+ * Waits, at most timeout_ms, until every worker's pipe has reached its end
+ * and been closed and freed by the reader thread: after the daemon's
+ * workers have ended, so that their last lines reach the log before the
+ * daemon's own end (and nothing is left allocated).  False: some pipe is
+ * still open (a worker's descendant may hold its write end).
+ */
+bool apir_worker_log_drain(int timeout_ms);
 
 /* Relays one line as the reader thread would (exposed for the tests). */
 void apir_worker_log_line(uint64_t guest_id, const char *line, size_t len);

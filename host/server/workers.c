@@ -351,4 +351,7 @@ void apir_workers_stop(struct apir_server *srv)
     }
     free(srv->children);
     srv->children = NULL;
+    /* Their stderr pipes end with them: their last lines logged. */
+    if (n_slots && !apir_worker_log_drain(1000))
+        APIR_WARN("host", "some worker's stderr was still open at shutdown");
 }
