@@ -77,8 +77,11 @@
     X(void, gnutls_transport_set_ptr, (gnutls_session_t, gnutls_transport_ptr_t))                              \
     X(void, gnutls_transport_set_vec_push_function, (gnutls_session_t, gnutls_vec_push_func))                  \
     X(void, gnutls_transport_set_pull_function, (gnutls_session_t, gnutls_pull_func))                          \
+    X(void, gnutls_transport_set_pull_timeout_function, (gnutls_session_t, gnutls_pull_timeout_func))          \
     X(void, gnutls_transport_set_errno, (gnutls_session_t, int))                                               \
-    X(ssize_t, gnutls_record_recv, (gnutls_session_t, void *, size_t))                                         \
+    X(ssize_t, gnutls_record_recv_packet, (gnutls_session_t, gnutls_packet_t *))                               \
+    X(void, gnutls_packet_get, (gnutls_packet_t, gnutls_datum_t *, unsigned char *))                           \
+    X(void, gnutls_packet_deinit, (gnutls_packet_t))                                                           \
     X(ssize_t, gnutls_record_send, (gnutls_session_t, const void *, size_t))                                   \
     X(size_t, gnutls_record_check_pending, (gnutls_session_t))                                                 \
     X(int, gnutls_record_get_direction, (gnutls_session_t))                                                    \
@@ -173,7 +176,23 @@ struct apir_tls {
     char server_name[MAX_NAME];
     char peer[MAX_DN + 32];   /* who the peer proved to be, for log lines */
     char alert[96];           /* a fatal alert the peer sent after the handshake, in words; "" if none */
+    /* Bytes read from the socket ahead of what GnuTLS asked for (pull): it
+     * asks for a record's 5-byte header, then its body, a recv each - two
+     * syscalls per 16 KiB record, 64 for a token's 513 KiB of logits.  One
+     * recv takes what the socket holds (up to four records); pull and
+     * pull_timeout serve from here first, and
+     * apir_tls_pending counts it (poll does not see it). */
+    uint8_t *rbuf;
+    size_t rhead, rtail;
+    /* The record being read (apir_tls_recv): GnuTLS's decrypted packet,
+     * copied from in place into the caller's buffer (gnutls_record_recv
+     * would copy it once more), and how much of it was taken. */
+    gnutls_packet_t packet;
+    gnutls_datum_t packet_data;
+    size_t packet_off;
 };
+
+#define READ_AHEAD (64u * 1024u)
 
 static int hexval(int c)
 {
@@ -416,10 +435,36 @@ static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
 static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
 {
     struct apir_tls *t = ptr;
-    ssize_t r = recv(t->fd, buf, len, MSG_DONTWAIT);
-    if (r < 0)
+    if (t->rtail == t->rhead) {
+        /* Empty: refilled with what the socket has (EAGAIN only when the
+         * buffer is empty too: a caller then polls the socket, rightly). */
+        t->rhead = t->rtail = 0;
+        ssize_t r = recv(t->fd, t->rbuf, READ_AHEAD, MSG_DONTWAIT);
+        if (r <= 0) {
+            if (r < 0)
+                gt.gnutls_transport_set_errno(t->session, errno);
+            return r;
+        }
+        t->rtail = (size_t)r;
+    }
+    const size_t n = t->rtail - t->rhead < len ? t->rtail - t->rhead : len;
+    memcpy(buf, t->rbuf + t->rhead, n);
+    t->rhead += n;
+    return (ssize_t)n;
+}
+
+/* Whether bytes can be pulled within ms: the read-ahead first, then the
+ * socket (GnuTLS's own would poll its transport pointer as an fd). */
+static int pull_timeout(gnutls_transport_ptr_t ptr, unsigned int ms)
+{
+    struct apir_tls *t = ptr;
+    if (t->rtail > t->rhead)
+        return 1;
+    struct pollfd p = { .fd = t->fd, .events = POLLIN };
+    int rc = poll(&p, 1, ms == GNUTLS_INDEFINITE_TIMEOUT ? -1 : (int)ms);
+    if (rc < 0)
         gt.gnutls_transport_set_errno(t->session, errno);
-    return r;
+    return rc;
 }
 
 /* The server's key for the identity a guest names; unknown identities fail
@@ -461,6 +506,8 @@ void apir_tls_free(struct apir_tls *t)
 {
     if (!t)
         return;
+    if (t->packet)
+        gt.gnutls_packet_deinit(t->packet);
     if (t->session) {
         /* A close_notify, without waiting for the peer's. */
         gt.gnutls_bye(t->session, GNUTLS_SHUT_WR);
@@ -470,6 +517,7 @@ void apir_tls_free(struct apir_tls *t)
         gt.gnutls_psk_free_client_credentials(t->client_cred);
     if (t->server_cred)
         gt.gnutls_psk_free_server_credentials(t->server_cred);
+    free(t->rbuf);
     free(t);
 }
 
@@ -598,7 +646,8 @@ static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_key
     if (!gnutls_ready(err, err_len))
         return NULL;
     struct apir_tls *t = calloc(1, sizeof(*t));
-    if (!t) {
+    if (!t || !(t->rbuf = malloc(READ_AHEAD))) {
+        free(t);
         snprintf(err, err_len, "out of memory");
         return NULL;
     }
@@ -638,6 +687,7 @@ static struct apir_tls *handshake(int fd, bool server, const struct apir_tls_key
     gt.gnutls_transport_set_ptr(t->session, t);
     gt.gnutls_transport_set_vec_push_function(t->session, push_vec);
     gt.gnutls_transport_set_pull_function(t->session, pull);
+    gt.gnutls_transport_set_pull_timeout_function(t->session, pull_timeout);
     do {
         rc = gt.gnutls_handshake(t->session);
         if ((rc == GNUTLS_E_AGAIN || rc == GNUTLS_E_INTERRUPTED) && !wait_io(t, timeout_ms)) {
@@ -710,10 +760,29 @@ static ssize_t map_result(ssize_t rc)
 
 ssize_t apir_tls_recv(struct apir_tls *t, void *buf, size_t len)
 {
-    ssize_t rc = gt.gnutls_record_recv(t->session, buf, len);
-    if (rc == GNUTLS_E_FATAL_ALERT_RECEIVED)
-        snprintf(t->alert, sizeof(t->alert), "%s", gt.gnutls_alert_get_name(gt.gnutls_alert_get(t->session)));
-    return map_result(rc);
+    if (!t->packet) {
+        ssize_t rc = gt.gnutls_record_recv_packet(t->session, &t->packet);
+        if (rc <= 0) {
+            /* 0: the peer's close_notify; < 0: as recv's.  No packet either way. */
+            if (t->packet)
+                gt.gnutls_packet_deinit(t->packet);
+            t->packet = NULL;
+            if (rc == GNUTLS_E_FATAL_ALERT_RECEIVED)
+                snprintf(t->alert, sizeof(t->alert), "%s", gt.gnutls_alert_get_name(gt.gnutls_alert_get(t->session)));
+            return map_result(rc);
+        }
+        gt.gnutls_packet_get(t->packet, &t->packet_data, NULL);
+        t->packet_off = 0;
+    }
+    const size_t left = t->packet_data.size - t->packet_off;
+    const size_t n = left < len ? left : len;
+    memcpy(buf, t->packet_data.data + t->packet_off, n);
+    t->packet_off += n;
+    if (t->packet_off == t->packet_data.size) {
+        gt.gnutls_packet_deinit(t->packet);
+        t->packet = NULL;
+    }
+    return (ssize_t)n;
 }
 
 const char *apir_tls_alert(const struct apir_tls *t)
@@ -728,7 +797,7 @@ ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len)
 
 bool apir_tls_pending(struct apir_tls *t)
 {
-    return gt.gnutls_record_check_pending(t->session) > 0;
+    return t->packet || t->rtail > t->rhead || gt.gnutls_record_check_pending(t->session) > 0;
 }
 
 bool apir_tls_wants_write(struct apir_tls *t)

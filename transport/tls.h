@@ -77,7 +77,8 @@ ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len);
  * refusing a guest's certificate, which TLS 1.3 does after the guest's
  * handshake is done); "" if none came. */
 const char *apir_tls_alert(const struct apir_tls *t);
-/* Decrypted bytes waiting inside the session (poll would not see them). */
+/* Bytes waiting inside the session, decrypted or read ahead of GnuTLS
+ * (poll would not see them). */
 bool apir_tls_pending(struct apir_tls *t);
 /* What an EAGAIN waits for: true to write, false to read. */
 bool apir_tls_wants_write(struct apir_tls *t);
