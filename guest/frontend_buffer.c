@@ -711,7 +711,8 @@ void apir_buft_setup(struct apir_device *d)
     c->alloc_rule = apir_buft_alloc_rule(remote_name.s);
     c->alignment = alignment ? (size_t)alignment : 32;
     c->max_size = (size_t)max_size;
-    snprintf(c->name, sizeof(c->name), "%s(%s)", d->name, remote_name.s);
+    /* "APIR0(CUDA0)": a long remote name is cut to what fits. */
+    snprintf(c->name, sizeof(c->name), "%.15s(%.*s)", d->name, (int)(sizeof(c->name) - 18), remote_name.s);
     d->buft.iface = apir_buft_iface;
     d->buft.device = &d->dev;
     d->buft.context = c;
