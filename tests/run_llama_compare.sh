@@ -4,6 +4,9 @@
 # usage: run_llama_compare.sh APIR_BUILD DEPS_BIN [MODEL_ARGS...]
 # APIR_EXPECT_COMMAND=NAME: the APIR0 run must also have used that command
 # (from the guest's APIR_PROFILE lines), e.g. to show a data path was taken.
+# APIR_MAX_TRIPS_PER_TOKEN=N: a token costs at most N round trips (every
+# command the guest sent, from the profiles of a 24-token and a 12-token run:
+# the difference over the 12 tokens between them).
 set -uo pipefail
 APIR_BUILD=$1 APIR_DEPS_BIN=$2; shift 2
 . "$(dirname "$0")/lib.sh"
@@ -15,7 +18,7 @@ APIR_HOST_LOG=info apir_host_start --threads 2 ${APIR_HOST_ARGS:-} || exit 1
 greedy="$APIR_BUILD/tests/apir-llama-greedy"
 "$greedy" -m "$work/model.gguf" -d CPU -n 24 -t 2 --dump-logits "$work/cpu.bin" >"$work/cpu.out" 2>"$work/cpu.err" \
   || { cat "$work/cpu.err"; exit 1; }
-APIR_PROFILE=${APIR_EXPECT_COMMAND:+1} GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
+APIR_PROFILE=${APIR_EXPECT_COMMAND:+1}${APIR_MAX_TRIPS_PER_TOKEN:+1} GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
   "$greedy" -m "$work/model.gguf" -d APIR0 -n 24 -t 2 --dump-logits "$work/apir.bin" >"$work/apir.out" 2>"$work/apir.err" \
   || { cat "$work/apir.err"; exit 1; }
 echo "CPU:   $(grep tokens: "$work/cpu.out")"
@@ -60,4 +63,19 @@ if [ -n "${APIR_EXPECT_COMMAND:-}" ]; then
   grep -q "apir profile APIR0: $APIR_EXPECT_COMMAND " "$work/apir.err" ||
     { echo "FAIL: the APIR0 run never used $APIR_EXPECT_COMMAND"; grep 'apir profile' "$work/apir.err"; exit 1; }
   echo "the APIR0 run used $APIR_EXPECT_COMMAND"
+fi
+if [ -n "${APIR_MAX_TRIPS_PER_TOKEN:-}" ]; then
+  APIR_PROFILE=1 GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
+    "$greedy" -m "$work/model.gguf" -d APIR0 -n 12 -t 2 >"$work/apir12.out" 2>"$work/apir12.err" \
+    || { cat "$work/apir12.err"; exit 1; }
+  # "apir profile APIR0: NAME   N calls ..." per command, summed by name.
+  calls() { sed -nE 's/.*apir profile APIR0: ([A-Z_]+) +([0-9]+) calls.*/\1 \2/p' "$1"; }
+  per=$(join -a1 -e0 -o 0,1.2,2.2 <(calls "$work/apir.err" | sort) <(calls "$work/apir12.err" | sort) |
+        awk '$2 != $3 { printf "  %-34s %.2f\n", $1, ($2 - $3) / 12; d += $2 - $3 } END { printf "%.2f\n", d / 12 }')
+  echo "round trips a token over ${APIR_TEST_STREAM:-the Unix socket} (24 tokens against 12):"
+  echo "$per" | sed '$d'
+  trips=$(echo "$per" | tail -1)
+  echo "  all commands                       $trips"
+  awk -v t="$trips" -v m="$APIR_MAX_TRIPS_PER_TOKEN" 'BEGIN { exit !(t > 0 && t <= m) }' ||
+    { echo "FAIL: $trips round trips a token, more than $APIR_MAX_TRIPS_PER_TOKEN (or none counted)"; exit 1; }
 fi
