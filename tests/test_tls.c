@@ -10,6 +10,7 @@
  *  - a record read in part keeps its rest for the next read;
  *  - the peer's close reads as the end (0), after everything it sent.
  */
+#include "net.h"
 #include "tls.h"
 
 #include <errno.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static int failures;
@@ -54,23 +56,6 @@ static bool wait_fd(int fd, short events)
     return poll(&p, 1, 5000) == 1;
 }
 
-static bool send_all(struct apir_tls *t, int fd, const uint8_t *p, size_t n)
-{
-    while (n) {
-        ssize_t k = apir_tls_send(t, p, n);
-        if (k > 0) {
-            p += k;
-            n -= (size_t)k;
-        } else if (k < 0 && errno == EAGAIN) {
-            if (!wait_fd(fd, apir_tls_wants_write(t) ? POLLOUT : POLLIN))
-                return false;
-        } else {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Reads exactly n bytes in reads of at most step, polling the socket only
  * when the session has nothing pending (as transport/net.c does). */
 static bool recv_exact(struct apir_tls *t, int fd, uint8_t *p, size_t n, size_t step)
@@ -99,11 +84,16 @@ struct writer {
 
 /* The server's side of the exchange: a payload, two small messages in one
  * go, then its close. */
+static bool send_all(const struct writer *w, const void *p, size_t n)
+{
+    struct iovec iov = { .iov_base = (void *)p, .iov_len = n };
+    return apir_net_send(w->fd, w->tls, &iov, 1, 5000) == 0;
+}
+
 static void *server_writes(void *arg)
 {
     struct writer *w = arg;
-    w->ok = send_all(w->tls, w->fd, w->big, BIG) && send_all(w->tls, w->fd, (const uint8_t *)"first", 5) &&
-            send_all(w->tls, w->fd, (const uint8_t *)"second", 6);
+    w->ok = send_all(w, w->big, BIG) && send_all(w, "first", 5) && send_all(w, "second", 6);
     return NULL;
 }
 

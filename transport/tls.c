@@ -764,8 +764,6 @@ ssize_t apir_tls_recv(struct apir_tls *t, void *buf, size_t len)
         ssize_t rc = gt.gnutls_record_recv_packet(t->session, &t->packet);
         if (rc <= 0) {
             /* 0: the peer's close_notify; < 0: as recv's.  No packet either way. */
-            if (t->packet)
-                gt.gnutls_packet_deinit(t->packet);
             t->packet = NULL;
             if (rc == GNUTLS_E_FATAL_ALERT_RECEIVED)
                 snprintf(t->alert, sizeof(t->alert), "%s", gt.gnutls_alert_get_name(gt.gnutls_alert_get(t->session)));
