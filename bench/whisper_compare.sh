@@ -10,16 +10,18 @@
 # setting, e.g. APIR_HOST_IMPORT_MEMO=0): the row "apir-b", interleaved with the rest.
 # --guest-b VAR=VAL does the same for a guest setting (e.g. APIR_GRAPH_DELTA=0): the second host
 # is a plain one, its guest runs with VAR=VAL.
+# --host-b-bin PATH: the second host is that apir-host binary (another build: an A/B of a host
+# change), with --host-b's setting if one is given.
 # --tcp: the guests reach their hosts over loopback TCP instead of Unix sockets; --link RATE (root,
 # with --tcp) shapes the loopback to RATE (tc tbf, e.g. 1gbit, MTU 1500 for the run: every local
 # connection of the machine meanwhile) as a link between two machines would be.
 #   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]
-#                            [--guest-b VAR=VAL] [--tcp [--link RATE]]
+#                            [--host-b-bin PATH] [--guest-b VAR=VAL] [--tcp [--link RATE]]
 # Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
 # WHISPER_DIR=DIR).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB= GUESTB= TCP= LINK=
+ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB= HOSTB_BIN= GUESTB= TCP= LINK=
 while [ $# -gt 0 ]; do
   case $1 in
   --rounds) ROUNDS=$2; shift 2 ;;
@@ -27,11 +29,12 @@ while [ $# -gt 0 ]; do
   --threads) THREADS=$2; shift 2 ;;
   --no-off) OFF=; shift ;;
   --host-b) HOSTB=$2; shift 2 ;;
+  --host-b-bin) HOSTB_BIN=$2; shift 2 ;;
   --guest-b) GUESTB=$2; shift 2 ;;
   --tcp) TCP=1; shift ;;
   --link) LINK=$2; shift 2 ;;
-  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL] [--guest-b VAR=VAL]" \
-          "[--tcp [--link RATE]]"
+  *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL] [--host-b-bin PATH]" \
+          "[--guest-b VAR=VAL] [--tcp [--link RATE]]"
      exit 2 ;;
   esac
 done
@@ -62,9 +65,9 @@ fi
 "$B/apir-host" --listen "$(ep h.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/host.log" 2>&1 &
 hp=$!
 # The B side's setting, for the A/B lines below.
-AB=${HOSTB:+host $HOSTB}${GUESTB:+guest $GUESTB}
+AB=${HOSTB:+host $HOSTB}${HOSTB_BIN:+${HOSTB:+ }host $HOSTB_BIN}${GUESTB:+guest $GUESTB}
 if [ -n "$AB" ]; then
-  env ${HOSTB:+"$HOSTB"} "$B/apir-host" --listen "$(ep hb.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug \
+  env ${HOSTB:+"$HOSTB"} "${HOSTB_BIN:-$B/apir-host}" --listen "$(ep hb.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug \
     >"$work/hostb.log" 2>&1 &
   hpb=$!
 fi

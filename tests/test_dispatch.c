@@ -972,25 +972,36 @@ static void get_rows_setup(struct apir_session *s, uint64_t buf, struct apir_ten
     fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 0, 128);
 }
 
-/* With defer_graphs (as the shm transport runs sessions) a keyed graph is
- * answered once accepted and computed before the next command; a failure
- * while computing fails the next command that waits for results. */
+/* get_rows_setup's graph as keyed graph `key`, its rows 7 and `row` (8 is
+ * out of range); the graph command's result, its status in *status. */
+static uint32_t keyed_get_rows(struct apir_session *s, uint64_t buf, struct apir_tensor_rec t[3], int32_t row,
+                               uint64_t key, uint32_t *status)
+{
+    int32_t ids[2] = { 7, row };
+    memcpy(data_blob, ids, 8);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
+    memset(data_blob + 8192, 0, 256);
+    size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
+    *status = 99;
+    return fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, key, status);
+}
+
+/* With defer_graphs and defer_sync_graphs (as a stream transport runs
+ * sessions; this device is a CPU) a keyed graph is answered once accepted
+ * and computed before the next command; a failure while computing fails
+ * the next command that waits for results. */
 static void test_deferred_graphs(void)
 {
     struct apir_session *s = new_session();
     s->defer_graphs = true;
+    s->defer_sync_graphs = true;
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3];
     get_rows_setup(s, buf, t);
     float *f = (float *)data_blob;
     for (int k = 0; k < 2; k++) {
-        int32_t ids[2] = { 7, k == 0 ? 1 : 8 };  /* then one out of range */
-        memcpy(data_blob, ids, 8);
-        fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
-        memset(data_blob + 8192, 0, 256);
-        size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
-        uint32_t status = 99;
-        uint32_t res = fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 500 + k, &status);
+        uint32_t status;
+        uint32_t res = keyed_get_rows(s, buf, t, k == 0 ? 1 : 8, 500 + k, &status);  /* then out of range */
         CHECK(res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);  /* accepted, */
         CHECK(apir_graph_deferred(s));                                   /* not yet computed */
         res = fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32);
@@ -1000,6 +1011,36 @@ static void test_deferred_graphs(void)
         else
             CHECK(res == APIR_HANDLER_BAD_REQUEST);  /* the refusal, told once */
     }
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32) == APIR_HANDLER_OK);
+    apir_session_free(s);
+}
+
+/* With defer_graphs alone (the shm transport: the guest on this machine) a
+ * CPU's keyed graph is computed before its reply, as the CPU backend
+ * computes natively: nothing is left to run, and an index refused while
+ * computing fails the graph command itself. */
+static void test_sync_device_graphs(void)
+{
+    struct apir_session *s = new_session();
+    s->defer_graphs = true;
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[3];
+    get_rows_setup(s, buf, t);
+    const float *f = (const float *)data_blob;
+    for (int k = 0; k < 2; k++) {
+        uint32_t status;
+        uint32_t res = keyed_get_rows(s, buf, t, k == 0 ? 1 : 8, 600 + k, &status);  /* then out of range */
+        CHECK(!apir_graph_deferred(s));  /* computed already */
+        if (k == 0) {
+            CHECK(res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS);
+            memset(data_blob, 0, 32);
+            CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32) == APIR_HANDLER_OK && f[0] == 28.0f &&
+                  f[4] == 4.0f);
+        } else {
+            CHECK(res == APIR_HANDLER_BAD_REQUEST);  /* the refusal, at once */
+        }
+    }
+    /* Told once, by the graph: the next read does not fail for it. */
     CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32) == APIR_HANDLER_OK);
     apir_session_free(s);
 }
@@ -1280,6 +1321,7 @@ TEST_MAIN("dispatch",
           TEST(test_graph_use_counts),
           TEST(test_empty_views),
           TEST(test_deferred_graphs),
+          TEST(test_sync_device_graphs),
           TEST(test_graph_in_flight),
           TEST(test_chunked_download),
           TEST(test_tensor_checks),

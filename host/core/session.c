@@ -170,6 +170,7 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
     struct ggml_backend_dev_props props;
     ggml_backend_dev_get_props(dev, &props);
     s->backend_async[device] = props.caps.async && s->host->cfg.async_uploads;
+    s->computes_sync[device] = !props.caps.async;
     s->backends[device] = be;
     return be;
 }

@@ -148,6 +148,7 @@ struct apir_session {
     uint32_t device;                       /* current device (DEVICE_SELECT) */
     ggml_backend_t backends[APIR_HOST_MAX_DEVICES];
     bool backend_async[APIR_HOST_MAX_DEVICES];  /* the device copies asynchronously (props caps.async) */
+    bool computes_sync[APIR_HOST_MAX_DEVICES];  /* its graph_compute returns when done (caps.async false) */
 
     /* Every blob still mapped, closing ones included (they keep their
      * res_id and count against the quota until unmapped). */
@@ -164,6 +165,15 @@ struct apir_session {
      * sending each reply: keyed graphs are then computed after their reply
      * (graph_exec.h). */
     bool defer_graphs;
+    /* With defer_graphs, whether a device that computes synchronously (its
+     * caps.async is false: the CPU) defers too.  A stream transport sets it:
+     * its guest may be on another machine, and its next request crosses the
+     * link while the host computes.  On shared memory the guest is on this
+     * machine: there such a graph is computed before its reply, as ggml's
+     * CPU backend computes natively - an early reply woke the guest in the
+     * middle of the compute, on the cores the compute runs on (whisper.cpp's
+     * decode step on 2 vCPUs: 7 % slower, 16 interleaved rounds). */
+    bool defer_sync_graphs;
 
     /* The stream a graph was launched on and not yet waited for
      * (graph_exec.c), NULL if none: apir_session_settle (upload_mirror.h)

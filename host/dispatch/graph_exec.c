@@ -149,6 +149,14 @@ static enum ggml_status run_graph(struct apir_session *s, struct apir_import_scr
     return status;
 }
 
+/* Whether a keyed graph accepted now on the session's device (its backend
+ * started) is computed after its reply (session.h: defer_graphs,
+ * defer_sync_graphs). */
+static bool defers_graph(const struct apir_session *s)
+{
+    return s->defer_graphs && (s->defer_sync_graphs || !s->computes_sync[s->device]);
+}
+
 /* A graph blob at [offset, offset+size) of blob res_id; key 0: an APIR 0.1
  * graph, computed before the reply, imported into the session's scratch;
  * a keyed graph goes into its cache slot's.  base: 0, or the key of the
@@ -198,7 +206,7 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
                 slot->graph = graph;
                 slot->key = key;
             }
-            if (slot && s->defer_graphs) {
+            if (slot && defers_graph(s)) {
                 graphs->deferred = slot;
                 graphs->deferred_cmd = cmd;
                 status = GGML_STATUS_SUCCESS;
@@ -257,7 +265,7 @@ APIR_HANDLER(BACKEND_GRAPH_RECOMPUTE)
     }
     slot->last_use = ++graphs->clock;
     s->stats.n_recomputes++;
-    if (s->defer_graphs) {
+    if (defers_graph(s)) {
         graphs->deferred = slot;
         graphs->deferred_cmd = APIR_CMD_BACKEND_GRAPH_RECOMPUTE;
         rep->status = GGML_STATUS_SUCCESS;

@@ -6,14 +6,17 @@
  *             op_policy.c).  An APIR 0.1 graph (COMPUTE, COMPUTE_AT) is
  *             computed and waited for before its reply.  A keyed graph
  *             (COMPUTE_KEYED, RECOMPUTE: APIR_LEAVES_BUSY) is kept under its
- *             key and answered as soon as it is accepted.
+ *             key and answered as soon as it is accepted (on a CPU, see
+ *             run).
  *   run       A keyed graph accepted by the last command runs right after
  *             that command's reply is sent (a transport that sets
  *             s->defer_graphs calls apir_session_run_deferred), or first
  *             thing in the next command - so the guest prepares its next
  *             batch while the device works, as with a local GPU's
  *             asynchronous compute.  It is launched and not waited for: in
- *             flight.
+ *             flight.  On a device that computes synchronously (a CPU)
+ *             it runs before the reply, unless the transport's guest may
+ *             be on another machine (s->defer_sync_graphs, session.h).
  *   settle    Queries (APIR_QUERY) and work on the same stream
  *             (APIR_ON_STREAM: uploads, further graphs) run beside a graph in
  *             flight; every other command waits for it first

@@ -570,6 +570,9 @@ void apir_stream_start_client(struct apir_server *srv, int fd, const char *peer_
         return;
     }
     c->stream = true;
+    /* Its guest may be on another machine: a CPU's graphs are answered
+     * before they are computed too (session.h). */
+    c->session->defer_sync_graphs = true;
     c->id = id;
     c->tenant = tenant;
     snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
