@@ -456,16 +456,18 @@ netab)
   # apir-bench over TCP and TLS to two hosts, the second started with NETAB_ENV (default
   # APIR_HOST_SEND_PIECE_KB=0: downloads after the whole copy), alternated for NETAB_ROUNDS rounds.
   (umask 077; echo "bench:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >/tmp/apir-ab.psk)
-  build/apir-host --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 --tls-psk-file /tmp/apir-ab.psk --backend CUDA \
-    --log-level info >"$OUT/host-a.log" 2>&1 &
+  # Each its own Unix socket: without one both would claim the default, and the second refuse to start.
+  build/apir-host --listen unix:/tmp/apir-ab-a.sock --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 \
+    --tls-psk-file /tmp/apir-ab.psk --backend CUDA --log-level info >"$OUT/host-a.log" 2>&1 &
   hpa=$!
-  env "${NETAB_ENV:-APIR_HOST_SEND_PIECE_KB=0}" build/apir-host --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 \
-    --tls-psk-file /tmp/apir-ab.psk --backend CUDA --log-level info >"$OUT/host-b.log" 2>&1 &
+  env "${NETAB_ENV:-APIR_HOST_SEND_PIECE_KB=0}" build/apir-host --listen unix:/tmp/apir-ab-b.sock --listen tcp:127.0.0.1:0 \
+    --listen tls:127.0.0.1:0 --tls-psk-file /tmp/apir-ab.psk --backend CUDA --log-level info >"$OUT/host-b.log" 2>&1 &
   hpb=$!; sleep 4
   for round in $(seq 1 "${NETAB_ROUNDS:-2}"); do
     for h in a b; do
       for proto in tcp tls; do
         e=$(grep -o "serving $proto:127\.0\.0\.1:[0-9]*" "$OUT/host-$h.log" | head -1 | cut -d' ' -f2)
+        [ -n "$e" ] || { log "host $h does not serve $proto: $(tail -1 "$OUT/host-$h.log")"; continue; }
         label="host $h$([ $h = b ] && echo " (${NETAB_ENV:-APIR_HOST_SEND_PIECE_KB=0})"), $proto, round $round"
         room 40 && APIR_TLS_PSK_FILE=/tmp/apir-ab.psk timeout "$(phase_timeout 60)" build/apir-bench --endpoint "$e" \
           --frontend build/libggml-apir.so --native CUDA0 --mib 128 --calls 20000 2>&1 | grep -E '^(null|tensor|WRONG)' \

@@ -19,7 +19,9 @@
 #                     pre-shared key): the tls column, and tls/tcp with --tcp
 #   --tcp-b VAR=VAL   also over TCP to a second apir-host started with that
 #                     environment (an A/B of a host setting, interleaved with
-#                     the rest): the tcpb column, and tcp/tcpb with --tcp
+#                     the rest): the tcpb column, and tcp/tcpb with --tcp; with
+#                     --tls the second host serves TLS too: the tlsb column,
+#                     and tls/tlsb
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
@@ -57,7 +59,8 @@ fi
   >"$work/host.log" 2>&1 &
 host_pid=$!
 if [ -n "$TCPB" ]; then
-  env "$TCPB" "$BUILD/apir-host" --listen tcp:127.0.0.1:0 --backend "$BACKEND" --threads "$T" --log-level info \
+  tlsb=(); [ "$TLS" = 1 ] && tlsb=(--listen tls:127.0.0.1:0 --tls-psk-file "$work/psk")
+  env "$TCPB" "$BUILD/apir-host" --listen tcp:127.0.0.1:0 "${tlsb[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
     >"$work/hostb.log" 2>&1 &
   hostb_pid=$!
 fi
@@ -77,6 +80,8 @@ if [ -n "$TCPB" ]; then
   for _ in $(seq 1 100); do grep -q 'serving tcp:' "$work/hostb.log" && break; sleep 0.05; done
   tcpb_ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/hostb.log" | head -1 | cut -d' ' -f2 || true)
   [ -z "$tcpb_ep" ] && { echo "the second apir-host ($TCPB) did not listen on TCP:"; cat "$work/hostb.log"; exit 1; }
+  tlsb_ep=$(grep -o 'serving tls:127\.0\.0\.1:[0-9]*' "$work/hostb.log" | head -1 | cut -d' ' -f2 || true)
+  [ "$TLS" = 1 ] && [ -z "$tlsb_ep" ] && { echo "the second apir-host ($TCPB) did not listen on TLS:"; cat "$work/hostb.log"; exit 1; }
 fi
 
 common=(-m "$MODEL" -p "$P" -n "$N" -r "$R" -t "$T" -fa "$FA" -o csv)
@@ -102,6 +107,8 @@ for round in $(seq 1 "$ROUNDS"); do
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TLS" = 1 ] && run tls env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tls_ep" \
     APIR_TLS_PSK_FILE="$work/psk" ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
+  [ "$TLS" = 1 ] && [ -n "$TCPB" ] && run tlsb env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" \
+    APIR_HOST="$tlsb_ep" APIR_TLS_PSK_FILE="$work/psk" ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$RPC" = 1 ] && run rpc env ${APIR_GUEST_ENV:-} ./llama-bench "${common[@]}" -ngl "$NGL" -rpc "127.0.0.1:$port" -dev RPC0
 done
 # Model load time (bench/model_load.c: median of 3 loads after a warm-up),
@@ -118,12 +125,13 @@ if [ -x "$BUILD/apir-load-bench" ]; then
 fi
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND"
 echo "llama-bench ${common[*]}; $ROUNDS round(s), the configurations interleaved"
-[ -n "$TCPB" ] && echo "tcpb: over TCP to a second apir-host started with $TCPB"
+[ -n "$TCPB" ] && echo "tcpb$([ "$TLS" = 1 ] && echo ", tlsb"): over TCP$([ "$TLS" = 1 ] && echo " and TLS") to a second apir-host started with $TCPB"
 # One table per comparison, with only the columns that were measured.
 cols="native apir"
 [ "$TCP" = 1 ] && cols="$cols tcp"
 [ -n "$TCPB" ] && cols="$cols tcpb"
 [ "$TLS" = 1 ] && cols="$cols tls"
+[ "$TLS" = 1 ] && [ -n "$TCPB" ] && cols="$cols tlsb"
 [ "$RPC" = 1 ] && cols="$cols rpc"
 echo
 echo "throughput (tokens/s, higher is better; ratios against native):"
@@ -138,6 +146,7 @@ awk -v cols="$cols" '
     else if (cols ~ /rpc/) line = line sprintf(" %9s", "apir/rpc");
     if (cols ~ /tcp/ && cols ~ /tls/) line = line sprintf(" %9s", "tls/tcp");
     if (cols ~ /tcp / && cols ~ /tcpb/) line = line sprintf(" %9s", "tcp/tcpb");
+    if (cols ~ /tlsb/) line = line sprintf(" %9s", "tls/tlsb");
     print line;
     # pp rows first, then tg, each in the order measured
     for (pass = 1; pass <= 2; pass++) for (k = 1; k <= nt; k++) {
@@ -147,11 +156,12 @@ awk -v cols="$cols" '
                                   line = line (cnt[key] ? sprintf(" %11.2f", v[i]) : sprintf(" %11s", "-")) }
       for (i = 2; i <= nc; i++) line = line ((v[1] && v[i]) ? sprintf(" %10.3f", v[i] / v[1]) : sprintf(" %10s", "-"));
       for (i = 1; i <= nc; i++) { if (c[i] == "rpc") r = v[i]; if (c[i] == "tcp") tc = v[i]; if (c[i] == "apir") ap = v[i];
-                                  if (c[i] == "tls") tl = v[i]; if (c[i] == "tcpb") tb = v[i] }
+                                  if (c[i] == "tls") tl = v[i]; if (c[i] == "tcpb") tb = v[i]; if (c[i] == "tlsb") lb = v[i] }
       if (cols ~ /tcp/ && cols ~ /rpc/) line = line ((r && tc) ? sprintf(" %9.3f", tc / r) : sprintf(" %9s", "-"));
       else if (cols ~ /rpc/) line = line ((r && ap) ? sprintf(" %9.3f", ap / r) : sprintf(" %9s", "-"));
       if (cols ~ /tcp/ && cols ~ /tls/) line = line ((tc && tl) ? sprintf(" %9.3f", tl / tc) : sprintf(" %9s", "-"));
       if (cols ~ /tcp / && cols ~ /tcpb/) line = line ((tc && tb) ? sprintf(" %9.3f", tc / tb) : sprintf(" %9s", "-"));
+      if (cols ~ /tlsb/) line = line ((tl && lb) ? sprintf(" %9.3f", tl / lb) : sprintf(" %9s", "-"));
       print line;
     }
   }' "$work/results"

@@ -35,6 +35,11 @@ if [ -n "${APIR_TEST_STREAM:-}" ]; then
     || { echo "FAIL: no guest came over TCP"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
   if [ "$APIR_TEST_STREAM" = tls ]; then
     grep -q 'TLS 1.3, key "apir-test"' "$APIR_TEST_DIR/host.log" || { echo "FAIL: no TLS session"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+    # APIR_HOST_TLS_SEND_THREAD=1: the worker's records went through a sender thread.
+    if [ "${APIR_HOST_TLS_SEND_THREAD:-}" = 1 ]; then
+      grep -q 'records sent by a thread of their own' "$APIR_TEST_DIR/host.log" \
+        || { echo "FAIL: no sender thread for the TLS records"; cat "$APIR_TEST_DIR/host.log"; exit 1; }
+    fi
   fi
   echo "the APIR0 run came over $APIR_HOST"
 fi

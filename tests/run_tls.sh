@@ -65,7 +65,7 @@ for isolation in process thread; do
   # With a pre-shared key NORMAL's order gave ChaCha20 (AES-256-GCM needs SHA-384): a tenth of
   # AES-GCM's speed where the CPU has AES instructions (transport/tls.c).
   if grep -qw aes /proc/cpuinfo && grep -qw pclmulqdq /proc/cpuinfo; then
-    check "  and the record cipher is AES-128-GCM (the CPU has AES)" log_has 'key "alice" (AES-128-GCM)'
+    check "  and the record cipher is AES-128-GCM (the CPU has AES)" log_has 'key "alice" (AES-128-GCM'
   fi
   check "a second identity of the file too" ping_as APIR_TLS_PSK="$(sed -n 2p "$T/keys")"
   check "a wrong key is refused" bash -c "! env APIR_TLS_PSK_FILE='$T/alice-wrong.key' '$B/apir' ping '$EP' 2>'$T/err'"

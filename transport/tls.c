@@ -1,6 +1,7 @@
 #include "tls.h"
 
 #include "apir_log.h"
+#include "sender.h"
 #include "wait.h"
 
 #include <ctype.h>
@@ -190,6 +191,9 @@ struct apir_tls {
     gnutls_packet_t packet;
     gnutls_datum_t packet_data;
     size_t packet_off;
+    /* apir_tls_send_from_thread: the sealed records go into its ring and
+     * its thread sends them, while this one seals the next (sender.h). */
+    struct apir_sender *sender;
 };
 
 #define READ_AHEAD (64u * 1024u)
@@ -412,6 +416,13 @@ static const char *priority_of(bool certs)
 static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
 {
     struct apir_tls *t = ptr;
+    if (t->sender) {
+        /* giovec_t is struct iovec where there is one (GnuTLS's header). */
+        ssize_t r = apir_sender_write(t->sender, (const struct iovec *)iov, n);
+        if (r < 0)
+            gt.gnutls_transport_set_errno(t->session, errno);
+        return r;
+    }
     while (n > 0 && iov[n - 1].iov_len == 0)
         n--;
     ssize_t total = 0;
@@ -511,8 +522,11 @@ void apir_tls_free(struct apir_tls *t)
     if (t->session) {
         /* A close_notify, without waiting for the peer's. */
         gt.gnutls_bye(t->session, GNUTLS_SHUT_WR);
-        gt.gnutls_deinit(t->session);
     }
+    /* What is queued goes (briefly waited for) before the session ends. */
+    apir_sender_stop(t->sender);
+    if (t->session)
+        gt.gnutls_deinit(t->session);
     if (t->client_cred)
         gt.gnutls_psk_free_client_credentials(t->client_cred);
     if (t->server_cred)
@@ -791,6 +805,18 @@ const char *apir_tls_alert(const struct apir_tls *t)
 ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len)
 {
     return map_result(gt.gnutls_record_send(t->session, buf, len));
+}
+
+bool apir_tls_send_from_thread(struct apir_tls *t, size_t ring_bytes, int timeout_ms)
+{
+    if (!t->sender)
+        t->sender = apir_sender_start(t->fd, ring_bytes, timeout_ms);
+    return t->sender != NULL;
+}
+
+bool apir_tls_flush(struct apir_tls *t, int timeout_ms)
+{
+    return !t->sender || apir_sender_flush(t->sender, timeout_ms);
 }
 
 bool apir_tls_pending(struct apir_tls *t)

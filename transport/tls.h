@@ -77,6 +77,15 @@ ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len);
  * refusing a guest's certificate, which TLS 1.3 does after the guest's
  * handshake is done); "" if none came. */
 const char *apir_tls_alert(const struct apir_tls *t);
+/* From now on the sealed records are sent by a thread of their own
+ * (sender.h: a ring of ring_bytes; a socket that takes nothing for
+ * timeout_ms fails the session's sends) while the caller seals the next.
+ * False (errno) if the thread cannot be had: sends stay on the caller's
+ * thread. */
+bool apir_tls_send_from_thread(struct apir_tls *t, size_t ring_bytes, int timeout_ms);
+/* Waits until what was sent has been handed to the kernel (at once without
+ * a sender thread); false after timeout_ms or a failure. */
+bool apir_tls_flush(struct apir_tls *t, int timeout_ms);
 /* Bytes waiting inside the session, decrypted or read ahead of GnuTLS
  * (poll would not see them). */
 bool apir_tls_pending(struct apir_tls *t);

@@ -252,6 +252,8 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->send_piece_bytes = 128u * 1024u;
     if (env_number("APIR_HOST_SEND_PIECE_KB", 1024u * 1024u + 1, &n))
         cfg->send_piece_bytes = (size_t)n * 1024u;
+    const char *st = getenv("APIR_HOST_TLS_SEND_THREAD");
+    cfg->tls_send_thread = st && *st ? strcmp(st, "0") != 0 : apir_host_default_threads() >= 4;
     /* The weight cache (weight_cache.h): opt-in, a directory. */
     const char *wc = getenv("APIR_HOST_WEIGHT_CACHE");
     cfg->weight_cache_dir = wc && *wc ? wc : NULL;

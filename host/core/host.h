@@ -76,6 +76,11 @@ struct apir_host_config {
      * device copies them (APIR_HOST_SEND_PIECE_KB, default 128; 0: after the
      * whole copy; download_pieces.h). */
     size_t send_piece_bytes;
+    /* A tls: guest's replies sealed on its serving thread and sent by one of
+     * their own (transport/sender.h), where this process has 4 CPUs or more
+     * (the thread needs a core beside the one sealing):
+     * APIR_HOST_TLS_SEND_THREAD=1 always, =0 never. */
+    bool tls_send_thread;
     /* The weight cache (weight_cache.h; --weight-cache, APIR_HOST_WEIGHT_CACHE): NULL: none */
     const char *weight_cache_dir;
     uint64_t weight_cache_max_bytes;   /* --weight-cache-max-gib, APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound */

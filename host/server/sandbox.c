@@ -87,7 +87,8 @@
  * blob descriptors are closed once mapped. */
 #define WORKER_MAX_FDS 256
 /* Tasks (threads) a worker may have beyond one per CPU thread of ggml's:
- * its serving and wake-up threads, a GPU driver's own. */
+ * its serving and wake-up threads, a tls: guest's sender thread
+ * (transport/sender.h), a GPU driver's own. */
 #define WORKER_SPARE_TASKS 64
 
 /* Every backend: what a worker serving a guest does.  fcntl, sendto,

@@ -61,6 +61,9 @@
 
 /* The longest a guest may leave a frame half sent or a reply unread. */
 #define FRAME_IDLE_MS 30000
+/* A tls: guest's send ring (transport/sender.h): 16 sealed records, half a
+ * token's logits of a 128256-word vocabulary. */
+#define TLS_SEND_RING (256u * 1024u)
 
 bool apir_server_set_token(struct apir_server *srv, const char *token, char *err, size_t err_len)
 {
@@ -490,11 +493,19 @@ static bool tls_welcome(struct apir_client *c, struct stream_io *io)
         return false;
     }
     explicit_bzero(&h, sizeof(h));
+    /* Records sent by a thread of their own while this one seals the next
+     * (transport/sender.h): a download's 16 KiB records were sealed and
+     * sent in turn on this thread, which bounded it. */
+    bool sender = c->srv->host->cfg.tls_send_thread;
+    if (sender && !(sender = apir_tls_send_from_thread(c->tls, TLS_SEND_RING, FRAME_IDLE_MS)))
+        APIR_WARN("host", "%s: no thread to send TLS records (%s): sent from the serving thread", c->session->name,
+                  strerror(errno));
     struct apir_stream_hello_reply r = { .magic = APIR_STREAM_MAGIC, .status = 0 };
     struct iovec iov = { &r, sizeof(r) };
     if (apir_net_send(c->fd, c->tls, &iov, 1, FRAME_IDLE_MS) != 0)
         return false;
-    APIR_INFO("host", "%s: TLS 1.3, %s (%s)", c->session->name, apir_tls_identity(c->tls), apir_tls_cipher(c->tls));
+    APIR_INFO("host", "%s: TLS 1.3, %s (%s%s)", c->session->name, apir_tls_identity(c->tls), apir_tls_cipher(c->tls),
+              sender ? ", records sent by a thread of their own" : "");
     return true;
 }
 
@@ -551,6 +562,9 @@ static void *stream_client_worker(void *arg)
     }
     apir_log_budget_flush(&c->session->log);
     apir_log_budget_leave(NULL);
+    /* A last reply still in the TLS send ring goes first (briefly). */
+    if (c->tls)
+        apir_tls_flush(c->tls, 1000);
     /* Make the main loop notice (it polls for hang-up), then let go. */
     shutdown(c->fd, SHUT_RDWR);
     apir_client_put(c);
