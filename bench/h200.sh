@@ -48,6 +48,7 @@
 #                              APIR_HOST_SEND_PIECE_KB=0), alternated for NETAB_ROUNDS rounds (default 2)
 #   bench/h200.sh tcpprof      issue 26 item 1: a token's commands over TCP against the Unix socket (guest profile),
 #                              8B tg with downloads in pieces on and off (APIR_HOST_SEND_PIECE_KB=0), interleaved
+#                              (TPROF_ROUNDS=0: not); TPROF_TLS=1 over TLS too, with its records' costs each side
 #   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
 #                              vs as many native processes (1B Q4_0): wall time, aggregate t/s, memory per
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
@@ -485,19 +486,34 @@ tcpprof)
   # on the tg rate, TPROF_ROUNDS rounds (default 3).
   M=/tmp/models; mkdir -p $M
   [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
-  build/apir-host --listen unix:/tmp/apir-prof.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info \
-    >"$OUT/host-prof.log" 2>&1 &
+  (umask 077; echo "prof:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >/tmp/apir-prof.psk)
+  build/apir-host --listen unix:/tmp/apir-prof.sock --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 \
+    --tls-psk-file /tmp/apir-prof.psk --backend CUDA --log-level info >"$OUT/host-prof.log" 2>&1 &
   hp=$!; sleep 3
   ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-prof.log" | head -1 | cut -d' ' -f2)
-  for e in unix:/tmp/apir-prof.sock "$ep"; do
+  tls_ep=$(grep -o 'serving tls:127\.0\.0\.1:[0-9]*' "$OUT/host-prof.log" | head -1 | cut -d' ' -f2)
+  # TPROF_TLS=1: over loopback TLS too, with what its records cost each side (the guest's "tls:"
+  # profile line, the host's "profile: tls:" log line), and apir-bench's 513 KiB read-back.
+  eps="unix:/tmp/apir-prof.sock $ep"; [ "${TPROF_TLS:-0}" = 1 ] && eps="$eps $tls_ep"
+  for e in $eps; do
     log "8B tg128 through $e, guest profile"
     room 40 && (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=$e \
-      APIR_PROFILE=1 timeout "$(phase_timeout 90)" ./llama-bench -m $M/8b-q4_0.gguf -p 0 -n 128 -r 3 -fa 1 -ngl 99 \
-      -dev APIR0 -o md) 2>&1 | grep -vE 'load_backend|^ggml_|^llama_|^$' | tail -22 | tee -a "$OUT/h200.log"
+      APIR_TLS_PSK_FILE=/tmp/apir-prof.psk APIR_PROFILE=1 timeout "$(phase_timeout 90)" ./llama-bench \
+      -m $M/8b-q4_0.gguf -p 0 -n 128 -r 3 -fa 1 -ngl 99 -dev APIR0 -o md) 2>&1 \
+      | grep -vE 'load_backend|^ggml_|^llama_|^$' | tail -23 | tee -a "$OUT/h200.log"
   done
+  if [ "${TPROF_TLS:-0}" = 1 ]; then
+    for e in "$ep" "$tls_ep"; do
+      log "apir-bench over $e, guest profile"
+      room 40 && APIR_TLS_PSK_FILE=/tmp/apir-prof.psk APIR_PROFILE=1 timeout "$(phase_timeout 60)" build/apir-bench \
+        --endpoint "$e" --frontend build/libggml-apir.so --native CUDA0 --mib 64 --calls 200 2>&1 \
+        | grep -E 'tensor|null call|tls:' | tee -a "$OUT/h200.log"
+    done
+  fi
   kill $hp; wait $hp 2>/dev/null
+  grep 'profile: tls:' "$OUT/host-prof.log" | tee -a "$OUT/h200.log"
   log "8B tg128, downloads in pieces on (tcp) and off (tcpb), ${TPROF_ROUNDS:-3} rounds; $(left) s left"
-  room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 400)" bash bench/llama_bench_compare.sh \
+  [ "${TPROF_ROUNDS:-3}" != 0 ] && room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 400)" bash bench/llama_bench_compare.sh \
     --model $M/8b-q4_0.gguf --backend CUDA --fa 1 -p 512 -n 128 -r 3 --rounds "${TPROF_ROUNDS:-3}" -t 8 --tcp --no-rpc \
     --tcp-b APIR_HOST_SEND_PIECE_KB=0 2>&1 | grep -vE '^  \[guest' | tee -a "$OUT/h200.log"
   log "done, $(left) s left"

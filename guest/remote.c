@@ -425,6 +425,9 @@ void apir_remote_print_profile(const struct apir_remote *r, const char *name)
         if (r->cmd_count[c])
             fprintf(stderr, "apir profile %s: %-28s %8llu calls %10.2f ms %8.2f us each\n", name, apir_command_name((uint32_t)c),
                     (unsigned long long)r->cmd_count[c], r->cmd_ns[c] / 1e6, r->cmd_ns[c] / 1e3 / (double)r->cmd_count[c]);
+    char line[768];
+    if (r->t && r->t->ops->describe_profile && r->t->ops->describe_profile(r->t, line, sizeof(line)))
+        fprintf(stderr, "apir profile %s: %s\n", name, line);
     if (r->copy_bytes || r->copy_early_bytes)
         fprintf(stderr, "apir profile %s: data area copies %10.1f MiB %10.2f ms %8.2f GB/s (+%.1f MiB while the host wrote)\n",
                 name, r->copy_bytes / 1048576.0, r->copy_ns / 1e6, r->copy_ns ? r->copy_bytes / (double)r->copy_ns : 0.0,

@@ -133,6 +133,11 @@ static int exchange(bool sender_thread)
            sender_thread ? "a sender thread" : "its own thread");
     if (sender_thread)
         CHECK(apir_tls_send_from_thread(srv.tls, 64 * 1024, 5000));
+    /* The records' costs: the client's counted, the server's only in the
+     * run with its sender thread (counted there through the ring). */
+    apir_tls_count_on(cli.tls);
+    if (sender_thread)
+        apir_tls_count_on(srv.tls);
 
     uint8_t *big = malloc(BIG), *got = malloc(BIG);
     for (uint32_t i = 0; i < BIG; i++)
@@ -144,6 +149,21 @@ static int exchange(bool sender_thread)
     CHECK(memcmp(got, big, BIG) == 0);
     pthread_join(th, NULL);
     CHECK(w.ok);
+    struct apir_tls_counts rc, sc;
+    apir_tls_get_counts(cli.tls, &rc);
+    apir_tls_get_counts(srv.tls, &sc);
+    char line[512];
+    apir_tls_describe_counts(cli.tls, line, sizeof(line));
+    printf("client: %s\n", line);
+    /* BIG in records of at most 16 KiB, maybe the small ones' too (read ahead). */
+    CHECK(rc.opened >= BIG / 16384 && rc.opened_bytes >= BIG && rc.opened_bytes <= BIG + 11);
+    CHECK(rc.reads >= 1 && rc.read_bytes > rc.opened_bytes && rc.open_ns >= rc.read_ns && rc.open_ns > 0);
+    CHECK(rc.sends == 0 && rc.sent_bytes == 0);
+    CHECK(strstr(line, "opened") != NULL);
+    if (sender_thread)
+        CHECK(sc.sends >= 3 && sc.sent_bytes == BIG + 11 && sc.writes >= sc.sends && sc.send_ns >= sc.write_ns);
+    else
+        CHECK(sc.sends == 0 && sc.sent_bytes == 0 && sc.writes == 0 && sc.opened == 0 && sc.reads == 0);
 
     /* "first" and "second" were sent back to back: one recv of the socket
      * takes both records.  Read "first" - then "second" is pending, and

@@ -47,6 +47,7 @@ struct stream_transport {
     struct apir_transport base;
     int fd;
     struct apir_tls *tls;      /* tls: endpoints; NULL for tcp:, vsock: */
+    bool profile;              /* APIR_PROFILE=1: the session's records counted */
     struct apir_net_reader rd;
     uint8_t cmd[APIR_MAX_COMMAND_SIZE];
     uint8_t reply[APIR_REPLY_BLOB_SIZE];
@@ -261,6 +262,18 @@ static void stream_blob_destroy(struct apir_transport *t, uint32_t res_id, void 
         munmap(ptr, size);
 }
 
+/* tls: what the session's records cost (counted with APIR_PROFILE=1). */
+static bool stream_describe_profile(struct apir_transport *t, char *out, size_t len)
+{
+    struct stream_transport *s = (struct stream_transport *)t;
+    if (!s->tls || !s->profile)
+        return false;
+    char counts[512];
+    apir_tls_describe_counts(s->tls, counts, sizeof(counts));
+    snprintf(out, len, "tls: %s", counts);
+    return true;
+}
+
 static void stream_close(struct apir_transport *t)
 {
     struct stream_transport *s = (struct stream_transport *)t;
@@ -273,6 +286,7 @@ static void stream_close(struct apir_transport *t)
 static const struct apir_transport_ops stream_ops = {
     .begin = stream_begin,
     .submit = stream_submit,
+    .describe_profile = stream_describe_profile,
     .blob_create = stream_blob_create,
     .blob_destroy = stream_blob_destroy,
     .blob_share_file = NULL,  /* no file is shared across machines */
@@ -384,6 +398,10 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
             goto fail;
         }
         s->rd.tls = s->tls;
+        const char *prof = getenv("APIR_PROFILE");
+        s->profile = prof && !strcmp(prof, "1");
+        if (s->profile)
+            apir_tls_count_on(s->tls);
     }
     struct iovec iov = { &hello, sizeof(hello) };
     struct apir_stream_hello_reply r;

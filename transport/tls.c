@@ -194,6 +194,8 @@ struct apir_tls {
     /* apir_tls_send_from_thread: the sealed records go into its ring and
      * its thread sends them, while this one seals the next (sender.h). */
     struct apir_sender *sender;
+    bool counting;                /* apir_tls_count_on */
+    struct apir_tls_counts counts;
 };
 
 #define READ_AHEAD (64u * 1024u)
@@ -413,9 +415,8 @@ static const char *priority_of(bool certs)
 /* Piece by piece with send() (MSG_MORE but for the last), as
  * apir_net_write: a host worker may not call sendmsg.  What went, if any
  * did; else -1. */
-static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
+static ssize_t push_out(struct apir_tls *t, const giovec_t *iov, int n)
 {
-    struct apir_tls *t = ptr;
     if (t->sender) {
         /* giovec_t is struct iovec where there is one (GnuTLS's header). */
         ssize_t r = apir_sender_write(t->sender, (const struct iovec *)iov, n);
@@ -443,6 +444,19 @@ static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
     return total;
 }
 
+/* GnuTLS's push: push_out, timed when counting. */
+static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
+{
+    struct apir_tls *t = ptr;
+    if (!t->counting)
+        return push_out(t, iov, n);
+    const uint64_t t0 = apir_now_ns();
+    ssize_t r = push_out(t, iov, n);
+    t->counts.writes++;
+    t->counts.write_ns += apir_now_ns() - t0;
+    return r;
+}
+
 static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
 {
     struct apir_tls *t = ptr;
@@ -450,7 +464,13 @@ static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
         /* Empty: refilled with what the socket has (EAGAIN only when the
          * buffer is empty too: a caller then polls the socket, rightly). */
         t->rhead = t->rtail = 0;
+        const uint64_t t0 = t->counting ? apir_now_ns() : 0;
         ssize_t r = recv(t->fd, t->rbuf, READ_AHEAD, MSG_DONTWAIT);
+        if (t->counting) {
+            t->counts.reads++;
+            t->counts.read_ns += apir_now_ns() - t0;
+            t->counts.read_bytes += r > 0 ? (uint64_t)r : 0;
+        }
         if (r <= 0) {
             if (r < 0)
                 gt.gnutls_transport_set_errno(t->session, errno);
@@ -775,7 +795,13 @@ static ssize_t map_result(ssize_t rc)
 ssize_t apir_tls_recv(struct apir_tls *t, void *buf, size_t len)
 {
     if (!t->packet) {
+        const uint64_t t0 = t->counting ? apir_now_ns() : 0;
         ssize_t rc = gt.gnutls_record_recv_packet(t->session, &t->packet);
+        if (t->counting && rc > 0) {
+            t->counts.opened++;
+            t->counts.opened_bytes += (uint64_t)rc;
+            t->counts.open_ns += apir_now_ns() - t0;
+        }
         if (rc <= 0) {
             /* 0: the peer's close_notify; < 0: as recv's.  No packet either way. */
             t->packet = NULL;
@@ -788,7 +814,10 @@ ssize_t apir_tls_recv(struct apir_tls *t, void *buf, size_t len)
     }
     const size_t left = t->packet_data.size - t->packet_off;
     const size_t n = left < len ? left : len;
+    const uint64_t t0 = t->counting ? apir_now_ns() : 0;
     memcpy(buf, t->packet_data.data + t->packet_off, n);
+    if (t->counting)
+        t->counts.copy_ns += apir_now_ns() - t0;
     t->packet_off += n;
     if (t->packet_off == t->packet_data.size) {
         gt.gnutls_packet_deinit(t->packet);
@@ -804,7 +833,39 @@ const char *apir_tls_alert(const struct apir_tls *t)
 
 ssize_t apir_tls_send(struct apir_tls *t, const void *buf, size_t len)
 {
-    return map_result(gt.gnutls_record_send(t->session, buf, len));
+    if (!t->counting)
+        return map_result(gt.gnutls_record_send(t->session, buf, len));
+    const uint64_t t0 = apir_now_ns();
+    ssize_t rc = gt.gnutls_record_send(t->session, buf, len);
+    t->counts.send_ns += apir_now_ns() - t0;
+    if (rc > 0) {
+        t->counts.sends++;
+        t->counts.sent_bytes += (uint64_t)rc;
+    }
+    return map_result(rc);
+}
+
+void apir_tls_count_on(struct apir_tls *t)
+{
+    t->counting = true;
+}
+
+void apir_tls_get_counts(const struct apir_tls *t, struct apir_tls_counts *out)
+{
+    *out = t->counts;
+}
+
+void apir_tls_describe_counts(const struct apir_tls *t, char *out, size_t len)
+{
+    const struct apir_tls_counts *c = &t->counts;
+    const double opened = c->opened ? (double)c->opened : 1.0, sends = c->sends ? (double)c->sends : 1.0;
+    snprintf(out, len,
+             "opened %llu records (%.1f MiB): %.2f us each in GnuTLS, of which %.2f in %llu socket reads (%.1f MiB), "
+             "then %.2f copying out; sealed %llu records (%.1f MiB): %.2f us each in GnuTLS, of which %.2f in %llu writes",
+             (unsigned long long)c->opened, c->opened_bytes / 1048576.0, c->open_ns / 1e3 / opened,
+             c->read_ns / 1e3 / opened, (unsigned long long)c->reads, c->read_bytes / 1048576.0, c->copy_ns / 1e3 / opened,
+             (unsigned long long)c->sends, c->sent_bytes / 1048576.0, c->send_ns / 1e3 / sends, c->write_ns / 1e3 / sends,
+             (unsigned long long)c->writes);
 }
 
 bool apir_tls_send_from_thread(struct apir_tls *t, size_t ring_bytes, int timeout_ms)

@@ -29,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct apir_tls;
@@ -89,6 +90,23 @@ bool apir_tls_flush(struct apir_tls *t, int timeout_ms);
 /* Bytes waiting inside the session, decrypted or read ahead of GnuTLS
  * (poll would not see them). */
 bool apir_tls_pending(struct apir_tls *t);
+/* What a session's records cost, for profiles: counted once
+ * apir_tls_count_on was called (two clock reads per record and per socket
+ * read or write: a few percent of a record's cost), zero before.  A record
+ * is opened in GnuTLS, which reads the socket through the session's
+ * read-ahead, and then copied out: open_ns - read_ns + copy_ns is the
+ * receiving side's crypto and copies, read_ns its kernel's. */
+struct apir_tls_counts {
+    uint64_t opened, opened_bytes, open_ns;  /* records opened: the time in GnuTLS, its socket reads included */
+    uint64_t reads, read_bytes, read_ns;     /* of which socket reads (recv, under GnuTLS's pull) */
+    uint64_t copy_ns;                        /* opened bytes copied out to the caller */
+    uint64_t sends, sent_bytes, send_ns;     /* records sealed (a send seals one): the time in GnuTLS, writes included */
+    uint64_t writes, write_ns;               /* of which handing records to the socket or the sender ring */
+};
+void apir_tls_count_on(struct apir_tls *t);
+void apir_tls_get_counts(const struct apir_tls *t, struct apir_tls_counts *out);
+/* The counts in words, for a profile line: per record opened and sealed. */
+void apir_tls_describe_counts(const struct apir_tls *t, char *out, size_t len);
 /* What an EAGAIN waits for: true to write, false to read. */
 bool apir_tls_wants_write(struct apir_tls *t);
 void apir_tls_free(struct apir_tls *t);

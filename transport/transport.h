@@ -91,6 +91,9 @@ struct apir_transport_ops {
     int (*stage_out)(struct apir_transport *t, uint32_t res_id, uint64_t offset, void *dst, size_t size);
     /* Drops what was staged for a command that will not be sent. */
     void (*unstage)(struct apir_transport *t);
+    /* The transport's own profile line (APIR_PROFILE=1) into out; false
+     * with nothing to say.  NULL where a transport keeps none. */
+    bool (*describe_profile)(struct apir_transport *t, char *out, size_t len);
     void (*close)(struct apir_transport *t);
 };
 

@@ -486,6 +486,9 @@ static bool tls_welcome(struct apir_client *c, struct stream_io *io)
         return false;
     }
     io->rd.tls = c->tls;
+    /* Counted for the profile line at its end, as the session's commands. */
+    if (apir_log_get_level() >= APIR_LOG_INFO)
+        apir_tls_count_on(c->tls);
     struct apir_stream_hello h;
     if (apir_net_read(&io->rd, &h, sizeof(h), timeout_ms, NULL) != 0 || h.magic != APIR_STREAM_MAGIC ||
         h.version != APIR_STREAM_VERSION) {
@@ -563,8 +566,14 @@ static void *stream_client_worker(void *arg)
     apir_log_budget_flush(&c->session->log);
     apir_log_budget_leave(NULL);
     /* A last reply still in the TLS send ring goes first (briefly). */
-    if (c->tls)
+    if (c->tls) {
         apir_tls_flush(c->tls, 1000);
+        if (apir_log_get_level() >= APIR_LOG_INFO) {
+            char counts[512];
+            apir_tls_describe_counts(c->tls, counts, sizeof(counts));
+            APIR_INFO("host", "%s: profile: tls: %s", c->session->name, counts);
+        }
+    }
     /* Make the main loop notice (it polls for hang-up), then let go. */
     shutdown(c->fd, SHUT_RDWR);
     apir_client_put(c);
