@@ -48,7 +48,8 @@
 #                              APIR_HOST_SEND_PIECE_KB=0), alternated for NETAB_ROUNDS rounds (default 2)
 #   bench/h200.sh tcpprof      issue 26 item 1: a token's commands over TCP against the Unix socket (guest profile),
 #                              8B tg with downloads in pieces on and off (APIR_HOST_SEND_PIECE_KB=0), interleaved
-#                              (TPROF_ROUNDS=0: not); TPROF_TLS=1 over TLS too, with its records' costs each side
+#                              (TPROF_ROUNDS=0: not); TPROF_TLS=1 over TLS too, with its records' costs each side,
+#                              and an A/B of the guest's TLS read thread (APIR_TLS_READ_THREAD) on read-back and tg
 #   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
 #                              vs as many native processes (1B Q4_0): wall time, aggregate t/s, memory per
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
@@ -493,21 +494,36 @@ tcpprof)
   ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-prof.log" | head -1 | cut -d' ' -f2)
   tls_ep=$(grep -o 'serving tls:127\.0\.0\.1:[0-9]*' "$OUT/host-prof.log" | head -1 | cut -d' ' -f2)
   # TPROF_TLS=1: over loopback TLS too, with what its records cost each side (the guest's "tls:"
-  # profile line, the host's "profile: tls:" log line), and apir-bench's 513 KiB read-back.
-  eps="unix:/tmp/apir-prof.sock $ep"; [ "${TPROF_TLS:-0}" = 1 ] && eps="$eps $tls_ep"
-  for e in $eps; do
-    log "8B tg128 through $e, guest profile"
-    room 40 && (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=$e \
-      APIR_TLS_PSK_FILE=/tmp/apir-prof.psk APIR_PROFILE=1 timeout "$(phase_timeout 90)" ./llama-bench \
-      -m $M/8b-q4_0.gguf -p 0 -n 128 -r 3 -fa 1 -ngl 99 -dev APIR0 -o md) 2>&1 \
-      | grep -vE 'load_backend|^ggml_|^llama_|^$' | tail -23 | tee -a "$OUT/h200.log"
+  # profile line, the host's "profile: tls:" log line); then TPROF_TLS_ROUNDS rounds (default 2)
+  # of an A/B of the guest's read thread (APIR_TLS_READ_THREAD=1, =0): apir-bench's 513 KiB
+  # read-back and downloads, and tg128 over TCP and TLS with and without it, interleaved.
+  # TPROF_EPS: the profile legs (default "unix tcp", plus tls with TPROF_TLS=1).
+  declare -A epof=([unix]=unix:/tmp/apir-prof.sock [tcp]=$ep [tls]=$tls_ep)
+  legs="${TPROF_EPS:-unix tcp}"; [ "${TPROF_TLS:-0}" = 1 ] && [[ " $legs " != *" tls "* ]] && legs="$legs tls"
+  tg_apir() {  # tg128 through endpoint $1 with the guest environment in the rest
+    local e=$1; shift
+    (cd .deps/bin && env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=$e \
+      APIR_TLS_PSK_FILE=/tmp/apir-prof.psk "$@" timeout "$(phase_timeout 90)" ./llama-bench \
+      -m $M/8b-q4_0.gguf -p 0 -n 128 -r 3 -fa 1 -ngl 99 -dev APIR0 -o md) 2>&1
+  }
+  for l in $legs; do
+    log "8B tg128 through ${epof[$l]}, guest profile"
+    room 40 && tg_apir "${epof[$l]}" APIR_PROFILE=1 | grep -vE 'load_backend|^ggml_|^llama_|^$' | tail -23 \
+      | tee -a "$OUT/h200.log"
   done
   if [ "${TPROF_TLS:-0}" = 1 ]; then
-    for e in "$ep" "$tls_ep"; do
-      log "apir-bench over $e, guest profile"
-      room 40 && APIR_TLS_PSK_FILE=/tmp/apir-prof.psk APIR_PROFILE=1 timeout "$(phase_timeout 60)" build/apir-bench \
-        --endpoint "$e" --frontend build/libggml-apir.so --native CUDA0 --mib 64 --calls 200 2>&1 \
-        | grep -E 'tensor|null call|tls:' | tee -a "$OUT/h200.log"
+    for round in $(seq "${TPROF_TLS_ROUNDS:-2}"); do
+      for rt in 1 0; do
+        log "round $round: apir-bench over $tls_ep, APIR_TLS_READ_THREAD=$rt"
+        room 40 && APIR_TLS_READ_THREAD=$rt APIR_TLS_PSK_FILE=/tmp/apir-prof.psk APIR_PROFILE=1 \
+          timeout "$(phase_timeout 60)" build/apir-bench --endpoint "$tls_ep" --frontend build/libggml-apir.so \
+          --mib 64 --calls 200 2>&1 | grep -E 'tensor|tls:' | tee -a "$OUT/h200.log"
+      done
+      for leg in tcp tls1 tls0; do
+        e=$ep; [ "$leg" != tcp ] && e=$tls_ep
+        log "round $round: 8B tg128 $leg"
+        room 40 && tg_apir "$e" APIR_TLS_READ_THREAD=${leg#tls} | grep -E '^\|.*tg128' | tee -a "$OUT/h200.log"
+      done
     done
   fi
   kill $hp; wait $hp 2>/dev/null

@@ -84,6 +84,12 @@ for isolation in process thread; do
   check "a silent peer is closed at the handshake deadline" log_has "no answer in 2000 ms"
   exec 7>&-
   check "the host still serves after all that" ping_as APIR_TLS_PSK_FILE="$T/alice.key"
+  # Payloads of 128 KiB and more are read by the guest's read thread (forced on: off on 2 CPUs);
+  # apir-bench compares every byte it reads back with what it wrote, and fails if one differs.
+  check "payloads read by the guest's read thread come back whole" env APIR_TLS_READ_THREAD=1 APIR_PROFILE=1 \
+    APIR_TLS_PSK_FILE="$T/alice.key" "$B/apir-bench" --endpoint "$EP" --frontend "$B/libggml-apir.so" --mib 4 \
+    --calls 20 --nodes 10 >"$T/out" 2>"$T/err"
+  check "  and the thread read them" grep -qE 'MiB, [1-9][0-9.]* of them by the read thread' "$T/err"
   stop_host
 done
 

@@ -9,12 +9,16 @@
  *    (poll says not readable): a caller that polled would wait forever;
  *  - a record read in part keeps its rest for the next read;
  *  - the peer's close reads as the end (0), after everything it sent.
- * Twice: the server sending from its own thread, then from a sender thread
- * of the session's (apir_tls_send_from_thread: a tls: host's), through a
- * ring smaller than the payload.
+ * Three times: the server sending from its own thread, then from a sender
+ * thread of the session's (apir_tls_send_from_thread: a tls: host's),
+ * through a ring smaller than the payload; then with that and the client
+ * reading the payload with a read thread (apir_tls_read_from_thread: a
+ * tls: guest's), through a ring of four records: the small messages after
+ * it may be in the ring by then, pending while the socket is empty.
  */
 #include "net.h"
 #include "tls.h"
+#include "wait.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -60,7 +64,8 @@ static bool wait_fd(int fd, short events)
 }
 
 /* Reads exactly n bytes in reads of at most step, polling the socket only
- * when the session has nothing pending (as transport/net.c does). */
+ * when the session has nothing pending and no read thread reads it (as
+ * transport/net.c does). */
 static bool recv_exact(struct apir_tls *t, int fd, uint8_t *p, size_t n, size_t step)
 {
     while (n) {
@@ -69,7 +74,11 @@ static bool recv_exact(struct apir_tls *t, int fd, uint8_t *p, size_t n, size_t 
             p += k;
             n -= (size_t)k;
         } else if (k < 0 && errno == EAGAIN) {
-            if (!apir_tls_pending(t) && !wait_fd(fd, apir_tls_wants_write(t) ? POLLOUT : POLLIN))
+            /* Within a payload read by the session's read thread: its ring. */
+            const int bulk = apir_tls_bulk_wait(t, apir_now_ns() + 5000000000ull);
+            if (bulk < 0)
+                return false;
+            if (bulk == 0 && !apir_tls_pending(t) && !wait_fd(fd, apir_tls_wants_write(t) ? POLLOUT : POLLIN))
                 return false;
         } else {
             return false;
@@ -103,7 +112,7 @@ static void *server_writes(void *arg)
     return NULL;
 }
 
-static int exchange(bool sender_thread)
+static int exchange(bool sender_thread, bool read_thread)
 {
     char err[256];
     struct side srv = { 0 }, cli = { 0 };
@@ -129,10 +138,15 @@ static int exchange(bool sender_thread)
         fprintf(stderr, "handshake: server %s, client %s\n", srv.err, cli.err);
         return 1;
     }
-    printf("handshake: %s, %s; the server sends from %s\n", apir_tls_identity(srv.tls), apir_tls_cipher(cli.tls),
-           sender_thread ? "a sender thread" : "its own thread");
+    printf("handshake: %s, %s; the server sends from %s, the client reads %s\n", apir_tls_identity(srv.tls),
+           apir_tls_cipher(cli.tls), sender_thread ? "a sender thread" : "its own thread",
+           read_thread ? "the payload with a read thread" : "on its own thread");
     if (sender_thread)
         CHECK(apir_tls_send_from_thread(srv.tls, 64 * 1024, 5000));
+    /* A ring of a few records, not a power of two: it wraps, fills, and
+     * the thread waits for room. */
+    if (read_thread)
+        CHECK(apir_tls_read_from_thread(cli.tls, 4 * 16411));
     /* The records' costs: the client's counted, the server's only in the
      * run with its sender thread (counted there through the ring). */
     apir_tls_count_on(cli.tls);
@@ -145,7 +159,9 @@ static int exchange(bool sender_thread)
     struct writer w = { .tls = srv.tls, .fd = srv.fd, .big = big };
     pthread_create(&th, NULL, server_writes, &w);
     /* Reads of 5000 bytes: every record cut, a rest kept each time. */
+    apir_tls_bulk(cli.tls, true);
     CHECK(recv_exact(cli.tls, cli.fd, got, BIG, 5000));
+    apir_tls_bulk(cli.tls, false);
     CHECK(memcmp(got, big, BIG) == 0);
     pthread_join(th, NULL);
     CHECK(w.ok);
@@ -205,7 +221,7 @@ static int exchange(bool sender_thread)
 
 int main(void)
 {
-    if (exchange(false) != 0 || exchange(true) != 0)
+    if (exchange(false, false) != 0 || exchange(true, false) != 0 || exchange(true, true) != 0)
         return 1;
     printf("%s\n", failures ? "FAIL" : "ok: records whole and in order, read ahead, kept in part, ended");
     return failures ? 1 : 0;

@@ -406,6 +406,13 @@ static ssize_t recv_some(int fd, struct apir_tls *tls, void *dst, size_t n, int 
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return -1;
         const bool wants_write = tls && apir_tls_wants_write(tls);
+        /* Within a payload a tls: session's read thread takes the socket's
+         * bytes: wait for it, not for the socket. */
+        const int bulk = tls && !wants_write ? apir_tls_bulk_wait(tls, deadline_ns) : 0;
+        if (bulk > 0)
+            continue;
+        if (bulk < 0)
+            return -1;
         if (!wants_write && spin_ns) {
             const uint64_t now = apir_now_ns();
             if (!spin_end)
@@ -418,10 +425,17 @@ static ssize_t recv_some(int fd, struct apir_tls *tls, void *dst, size_t n, int 
     }
 }
 
+/* A tls: payload at least this large is read with the session's read
+ * thread (where it has one): a token's logits (513 KiB), downloads; not
+ * replies of a few records, where waking the thread costs more than it
+ * saves. */
+#define TLS_BULK_MIN (128u * 1024u)
+
 int apir_net_read(struct apir_net_reader *r, void *dst, size_t n, int timeout_ms, bool *eof_clean)
 {
     uint8_t *out = dst;
     size_t done = 0;
+    bool bulk = false;
     if (eof_clean)
         *eof_clean = false;
     while (done < n) {
@@ -435,7 +449,12 @@ int apir_net_read(struct apir_net_reader *r, void *dst, size_t n, int timeout_ms
         r->head = r->tail = 0;
         ssize_t got;
         if (n - done >= r->cap / 2) {
-            /* A payload: straight into its destination. */
+            /* A payload: straight into its destination (a large one over
+             * tls: with the session's read thread, apir_tls_bulk). */
+            if (r->tls && !bulk && n - done >= TLS_BULK_MIN) {
+                apir_tls_bulk(r->tls, true);
+                bulk = true;
+            }
             got = recv_some(r->fd, r->tls, out + done, n - done, timeout_ms, r->spin_ns);
             if (got > 0)
                 done += (size_t)got;
@@ -447,9 +466,15 @@ int apir_net_read(struct apir_net_reader *r, void *dst, size_t n, int timeout_ms
         if (got < 0) {
             if (eof_clean && errno == EPIPE && done == 0)
                 *eof_clean = true;
+            const int err = errno;
+            if (bulk)
+                apir_tls_bulk(r->tls, false);
+            errno = err;
             return -1;
         }
     }
+    if (bulk)
+        apir_tls_bulk(r->tls, false);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 #include "tls.h"
 
 #include "apir_log.h"
+#include "reader.h"
 #include "sender.h"
 #include "wait.h"
 
@@ -194,6 +195,9 @@ struct apir_tls {
     /* apir_tls_send_from_thread: the sealed records go into its ring and
      * its thread sends them, while this one seals the next (sender.h). */
     struct apir_sender *sender;
+    /* apir_tls_read_from_thread: while a payload is read (apir_tls_bulk),
+     * its thread reads the socket into a ring and pull takes from there. */
+    struct apir_reader *reader;
     bool counting;                /* apir_tls_count_on */
     struct apir_tls_counts counts;
 };
@@ -457,6 +461,19 @@ static ssize_t push_vec(gnutls_transport_ptr_t ptr, const giovec_t *iov, int n)
     return r;
 }
 
+/* Refills the empty read-ahead: from the reader's ring while it holds
+ * bytes or reads for us (apir_tls_read_from_thread), else from the socket. */
+static ssize_t refill(struct apir_tls *t)
+{
+    if (t->reader && (apir_reader_armed(t->reader) || apir_reader_pending(t->reader))) {
+        const ssize_t r = apir_reader_take(t->reader, t->rbuf, READ_AHEAD);
+        if (t->counting)
+            t->counts.thread_bytes += r > 0 ? (uint64_t)r : 0;
+        return r;
+    }
+    return recv(t->fd, t->rbuf, READ_AHEAD, MSG_DONTWAIT);
+}
+
 static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
 {
     struct apir_tls *t = ptr;
@@ -465,7 +482,7 @@ static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
          * buffer is empty too: a caller then polls the socket, rightly). */
         t->rhead = t->rtail = 0;
         const uint64_t t0 = t->counting ? apir_now_ns() : 0;
-        ssize_t r = recv(t->fd, t->rbuf, READ_AHEAD, MSG_DONTWAIT);
+        ssize_t r = refill(t);
         if (t->counting) {
             t->counts.reads++;
             t->counts.read_ns += apir_now_ns() - t0;
@@ -489,8 +506,12 @@ static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
 static int pull_timeout(gnutls_transport_ptr_t ptr, unsigned int ms)
 {
     struct apir_tls *t = ptr;
-    if (t->rtail > t->rhead)
+    if (t->rtail > t->rhead || (t->reader && apir_reader_pending(t->reader)))
         return 1;
+    if (t->reader && apir_reader_armed(t->reader)) {
+        const uint64_t deadline = ms == GNUTLS_INDEFINITE_TIMEOUT ? 0 : apir_now_ns() + (uint64_t)ms * 1000000ull + 1;
+        return apir_reader_wait(t->reader, deadline) ? 1 : 0;
+    }
     struct pollfd p = { .fd = t->fd, .events = POLLIN };
     int rc = poll(&p, 1, ms == GNUTLS_INDEFINITE_TIMEOUT ? -1 : (int)ms);
     if (rc < 0)
@@ -545,6 +566,7 @@ void apir_tls_free(struct apir_tls *t)
     }
     /* What is queued goes (briefly waited for) before the session ends. */
     apir_sender_stop(t->sender);
+    apir_reader_stop(t->reader);
     if (t->session)
         gt.gnutls_deinit(t->session);
     if (t->client_cred)
@@ -860,10 +882,12 @@ void apir_tls_describe_counts(const struct apir_tls *t, char *out, size_t len)
     const struct apir_tls_counts *c = &t->counts;
     const double opened = c->opened ? (double)c->opened : 1.0, sends = c->sends ? (double)c->sends : 1.0;
     snprintf(out, len,
-             "opened %llu records (%.1f MiB): %.2f us each in GnuTLS, of which %.2f in %llu socket reads (%.1f MiB), "
-             "then %.2f copying out; sealed %llu records (%.1f MiB): %.2f us each in GnuTLS, of which %.2f in %llu writes",
+             "opened %llu records (%.1f MiB): %.2f us each in GnuTLS, of which %.2f in %llu socket reads (%.1f MiB, "
+             "%.1f of them by the read thread), then %.2f copying out; sealed %llu records (%.1f MiB): %.2f us each in "
+             "GnuTLS, of which %.2f in %llu writes",
              (unsigned long long)c->opened, c->opened_bytes / 1048576.0, c->open_ns / 1e3 / opened,
-             c->read_ns / 1e3 / opened, (unsigned long long)c->reads, c->read_bytes / 1048576.0, c->copy_ns / 1e3 / opened,
+             c->read_ns / 1e3 / opened, (unsigned long long)c->reads, c->read_bytes / 1048576.0,
+             c->thread_bytes / 1048576.0, c->copy_ns / 1e3 / opened,
              (unsigned long long)c->sends, c->sent_bytes / 1048576.0, c->send_ns / 1e3 / sends, c->write_ns / 1e3 / sends,
              (unsigned long long)c->writes);
 }
@@ -875,6 +899,30 @@ bool apir_tls_send_from_thread(struct apir_tls *t, size_t ring_bytes, int timeou
     return t->sender != NULL;
 }
 
+bool apir_tls_read_from_thread(struct apir_tls *t, size_t ring_bytes)
+{
+    if (!t->reader)
+        t->reader = apir_reader_start(t->fd, ring_bytes);
+    return t->reader != NULL;
+}
+
+void apir_tls_bulk(struct apir_tls *t, bool on)
+{
+    if (!t->reader)
+        return;
+    if (on)
+        apir_reader_arm(t->reader);
+    else
+        apir_reader_disarm(t->reader);
+}
+
+int apir_tls_bulk_wait(struct apir_tls *t, uint64_t deadline_ns)
+{
+    if (!t->reader || !apir_reader_armed(t->reader))
+        return 0;
+    return apir_reader_wait(t->reader, deadline_ns) ? 1 : -1;
+}
+
 bool apir_tls_flush(struct apir_tls *t, int timeout_ms)
 {
     return !t->sender || apir_sender_flush(t->sender, timeout_ms);
@@ -882,7 +930,8 @@ bool apir_tls_flush(struct apir_tls *t, int timeout_ms)
 
 bool apir_tls_pending(struct apir_tls *t)
 {
-    return t->packet || t->rtail > t->rhead || gt.gnutls_record_check_pending(t->session) > 0;
+    return t->packet || t->rtail > t->rhead || (t->reader && apir_reader_pending(t->reader)) ||
+           gt.gnutls_record_check_pending(t->session) > 0;
 }
 
 bool apir_tls_wants_write(struct apir_tls *t)

@@ -84,6 +84,19 @@ const char *apir_tls_alert(const struct apir_tls *t);
  * False (errno) if the thread cannot be had: sends stay on the caller's
  * thread. */
 bool apir_tls_send_from_thread(struct apir_tls *t, size_t ring_bytes, int timeout_ms);
+/* From now on a thread of the session's own reads the socket ahead while
+ * a payload is read (reader.h: a ring of ring_bytes), so that the kernel's
+ * copy of the next record overlaps the opening of this one.  False (errno)
+ * if the thread cannot be had: reads stay on the caller's thread. */
+bool apir_tls_read_from_thread(struct apir_tls *t, size_t ring_bytes);
+/* A payload's read begins (on) or ends (off): with a read thread, it reads
+ * the socket between the two; without one, nothing. */
+void apir_tls_bulk(struct apir_tls *t, bool on);
+/* Within a payload, with a read thread: waits until it has read bytes (or
+ * met the end), at most until deadline_ns (apir_now_ns; 0: no limit): 1 if
+ * so, -1 with ETIMEDOUT if not.  0 at once without one, or outside a
+ * payload: the caller waits for the socket itself. */
+int apir_tls_bulk_wait(struct apir_tls *t, uint64_t deadline_ns);
 /* Waits until what was sent has been handed to the kernel (at once without
  * a sender thread); false after timeout_ms or a failure. */
 bool apir_tls_flush(struct apir_tls *t, int timeout_ms);
@@ -95,10 +108,12 @@ bool apir_tls_pending(struct apir_tls *t);
  * read or write: a few percent of a record's cost), zero before.  A record
  * is opened in GnuTLS, which reads the socket through the session's
  * read-ahead, and then copied out: open_ns - read_ns + copy_ns is the
- * receiving side's crypto and copies, read_ns its kernel's. */
+ * receiving side's crypto and copies, read_ns its kernel's (with a read
+ * thread, mostly taking the bytes it read from its ring). */
 struct apir_tls_counts {
     uint64_t opened, opened_bytes, open_ns;  /* records opened: the time in GnuTLS, its socket reads included */
     uint64_t reads, read_bytes, read_ns;     /* of which socket reads (recv, under GnuTLS's pull) */
+    uint64_t thread_bytes;                   /* of read_bytes, those taken from a read thread's ring */
     uint64_t copy_ns;                        /* opened bytes copied out to the caller */
     uint64_t sends, sent_bytes, send_ns;     /* records sealed (a send seals one): the time in GnuTLS, writes included */
     uint64_t writes, write_ns;               /* of which handing records to the socket or the sender ring */
