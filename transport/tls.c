@@ -478,8 +478,9 @@ static ssize_t pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
 {
     struct apir_tls *t = ptr;
     if (t->rtail == t->rhead) {
-        /* Empty: refilled with what the socket has (EAGAIN only when the
-         * buffer is empty too: a caller then polls the socket, rightly). */
+        /* Empty: refilled with what the socket (or the read thread's ring)
+         * has; EAGAIN only when there is nothing either: a caller then waits
+         * for the socket, or within a payload for the ring (apir_tls_bulk_wait). */
         t->rhead = t->rtail = 0;
         const uint64_t t0 = t->counting ? apir_now_ns() : 0;
         ssize_t r = refill(t);
