@@ -17,6 +17,7 @@
  */
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "cpus.h"
 #include "fdpass.h"
 #include "net.h"
 #include "stream_proto.h"
@@ -25,7 +26,6 @@
 #include "wait.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,17 +267,6 @@ static void stream_blob_destroy(struct apir_transport *t, uint32_t res_id, void 
  * logits; the records are opened as it fills. */
 #define TLS_READ_RING (256u * 1024u)
 
-/* The CPUs this process may run on (its affinity, as a container's cpuset
- * narrows it), else those online. */
-static long usable_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0)
-        return CPU_COUNT(&set);
-    const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? n : 1;
-}
-
 /* tls: what the session's records cost (counted with APIR_PROFILE=1). */
 static bool stream_describe_profile(struct apir_transport *t, char *out, size_t len)
 {
@@ -418,7 +407,7 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
          * the guest may use 4 CPUs or more (the thread needs a core beside
          * the one opening records); APIR_TLS_READ_THREAD=1 always, =0 never. */
         const char *rt = getenv("APIR_TLS_READ_THREAD");
-        const bool read_thread = rt && *rt ? strcmp(rt, "0") != 0 : usable_cpus() >= 4;
+        const bool read_thread = rt && *rt ? strcmp(rt, "0") != 0 : apir_usable_cpus() >= 4;
         if (read_thread && !apir_tls_read_from_thread(s->tls, TLS_READ_RING))
             APIR_WARN("guest", "%s: no read thread (%s): TLS records read on the caller's thread", endpoint,
                       strerror(errno));

@@ -129,9 +129,9 @@ void apir_host_print_devices(const char *backend_dir, void *out_file);
 void apir_host_load_backends(const char *backend_dir);
 
 /*
- * The CPU threads a host uses by default: the cores this process may run on
- * (its affinity mask), at most the cgroup v2 CPU quota (cpu.max of its cgroup
- * and the cgroups above, rounded up), as llama.cpp's tools choose.  At least 1.
+ * The CPU threads a host uses by default: the CPUs this process may use
+ * (apir_usable_cpus, transport/cpus.h: its affinity mask, at most the cgroup
+ * v2 CPU quota), as llama.cpp's tools choose.  At least 1.
  */
 int apir_host_default_threads(void);
 
