@@ -11,7 +11,8 @@
  * (the server does not export them).
  *
  * Per input: a hello (valid fields with bytes from the input, raw bytes,
- * right, missing or wrong tokens, sent whole, in two pieces or cut short),
+ * right, missing or wrong tokens, a lane's join with a ticket no session
+ * has, sent whole, in two pieces or cut short),
  * then frames: true or lying headers, segments in and out of the blobs
  * this guest created, commands (handshake, blob create/destroy, FORWARDs
  * with the input's items and the known-handle rewrite of fuzz_format.h,
@@ -124,6 +125,8 @@ static void server_start(struct server *s, bool token)
         abort();
     snprintf(s->path, sizeof(s->path), "%s/host.sock", s->dir);
     char err[256];
+    /* Lanes granted and joins looked up, whatever this machine's CPUs. */
+    fz_host.cfg.max_lanes = APIR_STREAM_MAX_LANES;
     s->srv = apir_server_new(&fz_host, s->path, err, sizeof(err));
     if (!s->srv || (token && !apir_server_set_token(s->srv, fz_token, err, sizeof(err)))) {
         fprintf(stderr, "fuzz_stream_frame: %s\n", err);
@@ -361,7 +364,7 @@ static bool header_valid(const struct apir_stream_frame *f)
 {
     return f->magic == APIR_STREAM_FRAME_MAGIC && f->cmd_len >= APIR_CMD_HEADER_SIZE &&
            f->cmd_len <= APIR_MAX_COMMAND_SIZE && (uint32_t)f->n_in + f->n_out <= APIR_STREAM_MAX_SEGMENTS &&
-           f->reserved == 0;
+           f->lanes == 0;
 }
 
 static void command_header(uint8_t *p, int32_t type, int32_t flags, uint32_t reply_res)
@@ -444,6 +447,16 @@ static bool read_reply(struct session *s, const struct pending_reply *pr, bool m
     }
     case APIR_CMD_TYPE_LOADLIBRARY:
         break;
+    case APIR_CMD_TYPE_STREAM_LANES: {
+        /* Granted: at most the limit, with a ticket; else refused. */
+        uint32_t granted = 0;
+        if (rh.reply_len >= 4)
+            memcpy(&granted, items, 4);
+        FZ_ASSERT(rh.ret == 1 || (rh.ret == 0 && rh.reply_len == 4 + APIR_STREAM_TICKET_BYTES && granted >= 1 &&
+                                  granted <= APIR_STREAM_MAX_LANES),
+                  "lanes: returned %u with %u reply bytes (%u granted)", rh.ret, rh.reply_len, granted);
+        break;
+    }
     default:
         FZ_ASSERT(rh.ret == APIR_FORWARD_NO_DISPATCH, "command type %u returned %u", pr->cmd_type, rh.ret);
         break;
@@ -644,7 +657,7 @@ static void read_command(struct fz_reader *r, struct session *s, struct frame *f
     case 1: {  /* the transport's own: handshake, load, blob commands, others */
         static const int32_t types[8] = { APIR_CMD_TYPE_HANDSHAKE, APIR_CMD_TYPE_LOADLIBRARY,
                                           APIR_CMD_TYPE_SHM_BLOB_CREATE, APIR_CMD_TYPE_SHM_BLOB_DESTROY,
-                                          APIR_CMD_TYPE_SHM_BLOB_FILE, APIR_CMD_TYPE_SHM_BLOB_CREATE, 3, -1 };
+                                          APIR_CMD_TYPE_SHM_BLOB_FILE, APIR_CMD_TYPE_STREAM_LANES, 3, -1 };
         len = (size_t)fz_read_le(r, 2);
         items = fz_take(r, len, &len);
         memcpy(fr->cmd + 12, items, len);
@@ -685,7 +698,7 @@ static void finish_header(struct frame *fr, uint16_t n_in, uint16_t n_out)
     fr->f.cmd_len = fr->cmd_bytes;
     fr->f.n_in = n_in;
     fr->f.n_out = n_out;
-    fr->f.reserved = 0;
+    fr->f.lanes = 0;
 }
 
 /* A structured frame: K bit 3 lies in the header, bit 4 defers its reply,
@@ -708,7 +721,7 @@ static void structured_frame(struct fz_reader *r, struct session *s, uint8_t k)
         if (lie & 1)
             fr->f.magic = (uint32_t)fz_read_le(r, 4);
         if (lie & 2)
-            fr->f.reserved = (uint32_t)fz_read_le(r, 4);
+            fr->f.lanes = (uint32_t)fz_read_le(r, 4);
         if (lie & 4)
             fr->f.cmd_len = (uint32_t)fz_read_le(r, 4);
         if (lie & 8) {
@@ -800,6 +813,9 @@ static bool hello(struct fz_reader *r, struct session *s, uint8_t plan)
         if (mode == 1) {
             h.magic = (uint32_t)fz_read_le(r, 4);
             h.version = (uint32_t)fz_read_le(r, 4);
+            /* A lane's join: its ticket is no live session's (never taken). */
+            if ((h.pid & 3) == 3)
+                h.magic = APIR_STREAM_JOIN_MAGIC;
         }
         switch (tok) {
         case 0:

@@ -40,6 +40,9 @@ enum apir_cmd_type {
     /* A range of a file the guest has mapped (a model), shared without a
      * copy: the host maps the same file (apir 0.3, host/server/client_shm.c). */
     APIR_CMD_TYPE_SHM_BLOB_FILE    = 102,
+    /* A stream session's lanes: extra connections for large payloads
+     * (transport/stream_proto.h; stream transports only). */
+    APIR_CMD_TYPE_STREAM_LANES     = 103,
 };
 
 /* Offset added to every command type on the Venus capset (id 4). */

@@ -65,7 +65,7 @@ for s in $STAGES; do
     stage "TSan: the multi-client tests"
     configure_build build-tsan -DAPIR_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug -DAPIR_VIRGL=OFF || { failed+=" tsan-build"; continue; }
     (cd build-tsan && APIR_E2E_SKIP_RSS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp" \
-       ctest --output-on-failure --timeout 600 -R "e2e|mirror|dispatch|stats|bulk_copy|socket_sender|socket_reader|tls_session") || failed+=" tsan"
+       ctest --output-on-failure --timeout 600 -R "e2e|mirror|dispatch|stats|bulk_copy|socket_sender|socket_reader|stream_lanes|tls_session") || failed+=" tsan"
     ;;
   fuzz)
     stage "fuzz gate: findings, the tree's corpus, fixed seeds and run counts"

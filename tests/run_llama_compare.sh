@@ -4,6 +4,8 @@
 # usage: run_llama_compare.sh APIR_BUILD DEPS_BIN [MODEL_ARGS...]
 # APIR_EXPECT_COMMAND=NAME: the APIR0 run must also have used that command
 # (from the guest's APIR_PROFILE lines), e.g. to show a data path was taken.
+# APIR_EXPECT_PROFILE=TEXT: the APIR0 run's profile has a line that begins
+# with TEXT (e.g. "lanes: 3,": its payloads went over 3 lanes).
 # APIR_MAX_TRIPS_PER_TOKEN=N: a token costs at most N round trips (every
 # command the guest sent, from the profiles of a 24-token and a 12-token run:
 # the difference over the 12 tokens between them).
@@ -18,7 +20,10 @@ APIR_HOST_LOG=info apir_host_start --threads 2 ${APIR_HOST_ARGS:-} || exit 1
 greedy="$APIR_BUILD/tests/apir-llama-greedy"
 "$greedy" -m "$work/model.gguf" -d CPU -n 24 -t 2 --dump-logits "$work/cpu.bin" >"$work/cpu.out" 2>"$work/cpu.err" \
   || { cat "$work/cpu.err"; exit 1; }
-APIR_PROFILE=${APIR_EXPECT_COMMAND:+1}${APIR_MAX_TRIPS_PER_TOKEN:+1} GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
+# The guest's profile when a check below reads it (APIR_PROFILE is 1 or off).
+profile=0
+[ -n "${APIR_EXPECT_COMMAND:-}${APIR_MAX_TRIPS_PER_TOKEN:-}${APIR_EXPECT_PROFILE:-}" ] && profile=1
+APIR_PROFILE=$profile GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
   "$greedy" -m "$work/model.gguf" -d APIR0 -n 24 -t 2 --dump-logits "$work/apir.bin" >"$work/apir.out" 2>"$work/apir.err" \
   || { cat "$work/apir.err"; exit 1; }
 echo "CPU:   $(grep tokens: "$work/cpu.out")"
@@ -68,6 +73,11 @@ if [ -n "${APIR_EXPECT_COMMAND:-}" ]; then
   grep -q "apir profile APIR0: $APIR_EXPECT_COMMAND " "$work/apir.err" ||
     { echo "FAIL: the APIR0 run never used $APIR_EXPECT_COMMAND"; grep 'apir profile' "$work/apir.err"; exit 1; }
   echo "the APIR0 run used $APIR_EXPECT_COMMAND"
+fi
+if [ -n "${APIR_EXPECT_PROFILE:-}" ]; then
+  grep -qF "apir profile APIR0: $APIR_EXPECT_PROFILE" "$work/apir.err" ||
+    { echo "FAIL: no profile line '$APIR_EXPECT_PROFILE'"; grep 'apir profile' "$work/apir.err"; exit 1; }
+  grep -F "apir profile APIR0: $APIR_EXPECT_PROFILE" "$work/apir.err" | head -1
 fi
 if [ -n "${APIR_MAX_TRIPS_PER_TOKEN:-}" ]; then
   APIR_PROFILE=1 GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \

@@ -15,7 +15,9 @@
  *   - the host killed (mid-graph, between calls): the guest's call fails in
  *     bounded time and its log names the host; a guest killed: the host
  *     frees its session;
- *   - ggml-rpc advisory replays through TCP, refused one by one.
+ *   - ggml-rpc advisory replays through TCP, refused one by one;
+ *   - lanes: granted, joined, refused (a wrong ticket, one too many), a
+ *     payload split over them both ways, the guest library over them.
  *
  * Measured numbers are printed as "figure: ..." lines.
  *
@@ -904,7 +906,7 @@ static void test_hostile_frames(void)
         { "9 segments in", frame(fwd_len, 9, 0), { { 0 } }, 0, false },
         { "4 in + 5 out", frame(fwd_len, 4, 5), { { 0 } }, 0, false },
         { "65535 + 65535 segments", frame(fwd_len, 0xffff, 0xffff), { { 0 } }, 0, false },
-        { "frame reserved field set", frame(fwd_len, 0, 0), { { 0 } }, 0, true },
+        { "frame split over lanes it has not", frame(fwd_len, 0, 0), { { 0 } }, 0, true },
         { "segment reserved field set", frame(fwd_len, 1, 0), { in_blob }, 1, true },
         { "a 4 GB segment", frame(fwd_len, 1, 0), { { RAW_BLOB_ID, 0, 0, 4ull << 30 } }, 1, true },
         { "a segment across the blob's end", frame(fwd_len, 1, 0), { { RAW_BLOB_ID, 0, RAW_BLOB_SIZE - 100, 200 } }, 1, true },
@@ -914,7 +916,7 @@ static void test_hostile_frames(void)
         { "an out segment in no blob", frame(fwd_len, 1, 1), { in_blob, { 7, 0, 0, 64 } }, 2, true },
     };
     cases[0].f.magic = 0xdeadbeefu;
-    cases[7].f.reserved = 1;
+    cases[7].f.lanes = 1;
     cases[8].seg[0].reserved = 1;
     double worst = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -1006,6 +1008,153 @@ static void test_slow_upload(void)
               ok ? "answered" : "hung up on", ret, status);
     close(fd);
     CHECK(stop_host(&h, SIGTERM) == 0);
+}
+
+/* ---- lanes ------------------------------------------------------------------ */
+
+/* A join (stream_proto.h) on a new connection: its fd (the host's answer
+ * in *hr), or -1 when no answer came. */
+static int join_lane(const uint8_t *ticket, int32_t lane, struct apir_stream_hello_reply *hr)
+{
+    int fd = raw_connect(main_host.port);
+    if (fd < 0)
+        return -1;
+    struct apir_stream_hello h = { .magic = APIR_STREAM_JOIN_MAGIC, .version = APIR_STREAM_VERSION, .pid = lane,
+                                   .token_len = APIR_STREAM_TICKET_BYTES };
+    memcpy(h.token, ticket, APIR_STREAM_TICKET_BYTES);
+    if (!send_all(fd, &h, sizeof(h)) || !hello_reply(fd, hr)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* 7. Lanes on raw TCP: granted with a ticket; a join with a wrong ticket
+ * or beyond the lanes granted is refused; an upload and a download split
+ * over two lanes arrive whole; a frame over more lanes than joined is hung
+ * up on.  Then the guest library with lanes: random tensor I/O comes back
+ * whole, and its profile says the payloads went over the lanes.  A host
+ * without lanes (APIR_HOST_LANES=0) answers 1 and its guests go on with
+ * one connection. */
+static void test_lanes(void)
+{
+    int fd = raw_session(main_host.port, NULL);
+    if (fd < 0)
+        return;
+    uint8_t cmd[64], items[64] = { 0 };
+    uint32_t ret = 99, want = 2, granted = 0;
+    size_t n = cmd_bytes(cmd, sizeof(cmd), APIR_CMD_TYPE_STREAM_LANES, 0, &want, sizeof(want));
+    CHECK(send_frame(fd, frame((uint32_t)n, 0, 0), NULL, 0, cmd, n, NULL, 0) && read_reply(fd, &ret, items, sizeof(items)));
+    memcpy(&granted, items, 4);
+    CHECK_MSG(ret == 0 && granted == 2, "lanes: ret %u, %u granted", ret, granted);
+    uint8_t ticket[APIR_STREAM_TICKET_BYTES], wrong[APIR_STREAM_TICKET_BYTES];
+    memcpy(ticket, items + 4, sizeof(ticket));
+    memcpy(wrong, ticket, sizeof(wrong));
+    wrong[7] ^= 1;
+    struct apir_stream_hello_reply hr;
+    int bad = join_lane(wrong, 1, &hr);
+    CHECK_MSG(bad >= 0 && hr.status != 0 && strstr(hr.message, "no session has this ticket"), "wrong ticket: %d %s",
+              hr.status, hr.message);
+    if (bad >= 0)
+        close(bad);
+    int lane[2];
+    for (int k = 0; k < 2; k++) {
+        lane[k] = join_lane(ticket, k + 1, &hr);
+        CHECK_MSG(lane[k] >= 0 && hr.status == 0, "lane %d: %d %s", k + 1, hr.status, hr.message);
+    }
+    bad = join_lane(ticket, 3, &hr);
+    CHECK_MSG(bad >= 0 && hr.status != 0 && strstr(hr.message, "more lanes than granted"), "lane 3: %d %s", hr.status,
+              hr.message);
+    if (bad >= 0)
+        close(bad);
+    if (lane[0] < 0 || lane[1] < 0) {
+        close(fd);
+        return;
+    }
+    /* The upload: the whole blob, in 3 parts (its frame's command is one
+     * the host does not serve: the bytes land before it runs). */
+    static uint8_t data[RAW_BLOB_SIZE], back[RAW_BLOB_SIZE];
+    fill_random(data, sizeof(data));
+    const struct apir_stream_segment seg = { .res_id = RAW_BLOB_ID, .offset = 0, .size = RAW_BLOB_SIZE };
+    n = cmd_bytes(cmd, sizeof(cmd), 3, 0, NULL, 0);
+    uint64_t off[3], len[3];
+    for (uint32_t k = 0; k < 3; k++)
+        apir_stream_lane_part(RAW_BLOB_SIZE, 2, k, &off[k], &len[k]);
+    CHECK(len[0] && len[1] && len[2] && off[2] + len[2] == RAW_BLOB_SIZE);
+    struct apir_stream_frame f = frame((uint32_t)n, 1, 0);
+    f.lanes = 2;
+    CHECK(send_frame(fd, f, &seg, 1, cmd, n, data, (size_t)len[0]) && send_all(lane[0], data + off[1], (size_t)len[1]) &&
+          send_all(lane[1], data + off[2], (size_t)len[2]));
+    CHECK(read_reply(fd, &ret, NULL, 0) && ret == APIR_FORWARD_NO_DISPATCH);
+    /* The download: part 0 after the reply, parts 1 and 2 on the lanes. */
+    f = frame((uint32_t)n, 0, 1);
+    f.lanes = 2;
+    struct apir_stream_reply rh = { 0 };
+    memset(back, 0xcd, sizeof(back));
+    CHECK(send_frame(fd, f, &seg, 1, cmd, n, NULL, 0) && read_full(fd, &rh, sizeof(rh), 10000) &&
+          rh.magic == APIR_STREAM_REPLY_MAGIC && rh.out_bytes == RAW_BLOB_SIZE && rh.reply_len <= sizeof(items) &&
+          read_full(fd, items, rh.reply_len, 10000) && read_full(fd, back, (size_t)len[0], 10000) &&
+          read_full(lane[0], back + off[1], (size_t)len[1], 10000) && read_full(lane[1], back + off[2], (size_t)len[2], 10000));
+    CHECK_MSG(memcmp(back, data, sizeof(data)) == 0, "the bytes over lanes came back changed");
+    /* More lanes than joined: hung up on. */
+    f.lanes = 3;
+    CHECK(send_frame(fd, f, &seg, 1, cmd, n, NULL, 0));
+    CHECK(wait_closed(fd, 10000) >= 0);
+    close(fd);
+    close(lane[0]);
+    close(lane[1]);
+    CHECK(wait_log(&main_host, "frame (magic", 1, 5000));
+
+    /* The guest library with 2 lanes: 5 MiB set and got in 1 MiB frames,
+     * each over the lanes (payloads of 256 KiB or more). */
+    setenv("APIR_STREAM_LANES", "2", 1);
+    setenv("APIR_STREAM_LANE_MIN_KB", "256", 1);
+    struct apir_remote r;
+    const bool opened = open_main(&r);
+    setenv("APIR_STREAM_LANES", "0", 1);
+    unsetenv("APIR_STREAM_LANE_MIN_KB");
+    CHECK(opened);
+    if (!opened)
+        return;
+    enum { SIZE = 5 << 20 };
+    uint64_t buf = guest_alloc(&r, SIZE);
+    uint8_t *big = malloc(SIZE), *big_back = malloc(SIZE);
+    if (buf && big && big_back) {
+        const struct apir_tensor_rec t = rec_f32(1, buf, 0, SIZE / 4);
+        fill_random(big, SIZE);
+        memset(big_back, 0xcd, SIZE);
+        CHECK(tensor_io(&r, true, buf, &t, 3, big, SIZE - 3, NULL) == APIR_HANDLER_OK);
+        CHECK(tensor_io(&r, false, buf, &t, 3, big_back, SIZE - 3, NULL) == APIR_HANDLER_OK);
+        CHECK_MSG(memcmp(big, big_back, SIZE - 3) == 0, "5 MiB over lanes came back changed");
+        char line[256] = "";
+        unsigned lanes_n = 0;
+        unsigned long long split = 0;
+        CHECK(r.t->ops->describe_profile && r.t->ops->describe_profile(r.t, line, sizeof(line)));
+        CHECK_MSG(sscanf(line, "lanes: %u, %llu payloads", &lanes_n, &split) == 2 && lanes_n == 2 && split >= 10,
+                  "profile: %s", line);
+        printf("figure: the guest's lanes: %s\n", line);
+    } else {
+        CHECK(false);
+    }
+    free(big);
+    free(big_back);
+    apir_remote_close(&r);
+    CHECK(wait_log(&main_host, "lane 2 joined", 2, 5000));
+
+    /* A host without lanes. */
+    struct host plain;
+    setenv("APIR_HOST_LANES", "0", 1);
+    const bool started = start_host(&plain, "nolanes", "tcp:127.0.0.1:0", NULL);
+    setenv("APIR_HOST_LANES", "4", 1);
+    CHECK(started);
+    if (!started)
+        return;
+    setenv("APIR_STREAM_LANES", "2", 1);
+    char err[256] = "";
+    CHECK_MSG(guest_served(plain.endpoint, err, sizeof(err)), "%s", err);
+    setenv("APIR_STREAM_LANES", "0", 1);
+    CHECK(log_count(&plain, "joined") == 0);
+    stop_host(&plain, SIGTERM);
 }
 
 /* Endpoints: malformed ones and unreachable ones fail promptly with the
@@ -1362,6 +1511,10 @@ int main(int argc, char **argv)
     unsetenv("APIR_TOKEN_FILE");
     unsetenv("APIR_HOST_TOKEN_FILE");
     unsetenv("APIR_LOG_FILE");
+    /* Lanes: the hosts take them (as on 4 CPUs or more); the guests ask
+     * only in test_lanes. */
+    setenv("APIR_HOST_LANES", "4", 1);
+    setenv("APIR_STREAM_LANES", "0", 1);
     rng_state ^= (uint64_t)getpid() << 20 ^ apir_now_ns();
     printf("random seed %llu\n", (unsigned long long)rng_state);
     apir_log_set_sink(glog_sink);
@@ -1378,6 +1531,7 @@ int main(int argc, char **argv)
         TEST(test_hostile_hellos),
         TEST(test_hostile_frames),
         TEST(test_slow_upload),
+        TEST(test_lanes),
         TEST(test_endpoints),
         TEST(test_nonloopback_needs_token),
         TEST(test_token),
@@ -1389,7 +1543,7 @@ int main(int argc, char **argv)
     };
     int rc = test_run("stream", cases, (int)(sizeof(cases) / sizeof(cases[0])));
     if (rc == 0) {
-        const char *names[] = { "main.log", "token.log", "open.log", "slow.log", "v6.log", "token", "guest-token", "wrong-token" };
+        const char *names[] = { "main.log", "token.log", "open.log", "slow.log", "v6.log", "nolanes.log", "token", "guest-token", "wrong-token" };
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
             char p[160];
             snprintf(p, sizeof(p), "%s/%s", dir, names[i]);

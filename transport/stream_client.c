@@ -19,6 +19,7 @@
 #include "apir_proto.h"
 #include "cpus.h"
 #include "fdpass.h"
+#include "lanes.h"
 #include "net.h"
 #include "stream_proto.h"
 #include "tls.h"
@@ -36,6 +37,17 @@
 #define CONNECT_MS     10000
 /* The hello answer waits for a worker process to start its backend. */
 #define HELLO_MS       30000
+/* A payload split over lanes: at least this big (APIR_STREAM_LANE_MIN_KB).
+ * Bulk data is (a model's weights, a large download); a token's 513 KB of
+ * logits (a 128256-word vocabulary) is not: on an H200 its read-back over
+ * 3 lanes took 63-68 us against 101-107 on one connection, yet 8B Q4_0 tg
+ * ran at 0.974-0.990 of the rate without lanes in five interleaved A/Bs
+ * (lanes spinning through the compute or sleeping, 1 or 3 of them;
+ * docs/MEASUREMENTS.md), so the token path stays on one connection. */
+#define LANE_MIN_DEFAULT_BYTES (1024u * 1024u)
+/* Lanes asked for by default where the guest may use 4 CPUs or more: with
+ * the first connection, a payload in 4 parts. */
+#define LANES_DEFAULT  3u
 
 struct staged {
     uint32_t res_id;
@@ -60,6 +72,10 @@ struct stream_transport {
     uint32_t posted_ok[MAX_POSTED];  /* what each one returns on success */
     uint32_t next_res_id;
     uint64_t spin_ns;          /* a reply's default spin (APIR_SPIN_US) */
+    struct apir_lanes *lanes;  /* its lanes (lanes.h), NULL: none */
+    uint32_t n_lanes;
+    uint64_t lane_min;         /* payloads of this many bytes or more go over them */
+    uint64_t lane_payloads, lane_bytes;  /* payloads split over them; the bytes that went on them */
 };
 
 static struct apir_encoder *stream_begin(struct apir_transport *t)
@@ -111,8 +127,8 @@ static void broken(struct stream_transport *s, const char *what)
  * which has none).  timeout_ms < 0: none (a graph may compute for long; a
  * dead host or link is noticed by the socket: apir_net_tune).
  */
-static int read_reply(struct stream_transport *s, const struct staged *outs, uint32_t n_out, int timeout_ms,
-                      uint32_t *ret, uint32_t *reply_len)
+static int read_reply(struct stream_transport *s, const struct staged *outs, uint32_t n_out, size_t first_here,
+                      int timeout_ms, uint32_t *ret, uint32_t *reply_len)
 {
     struct apir_stream_reply h;
     if (apir_net_read(&s->rd, &h, sizeof(h), timeout_ms, NULL) != 0) {
@@ -132,8 +148,11 @@ static int read_reply(struct stream_transport *s, const struct staged *outs, uin
         broken(s, "reply cut short");
         return -1;
     }
+    /* first_here: what of the first out range comes on this connection (the
+     * rest on lanes); SIZE_MAX: all of it. */
     for (uint32_t i = 0; i < n_out; i++)
-        if (apir_net_read(&s->rd, outs[i].ptr, outs[i].size, timeout_ms, NULL) != 0) {
+        if (apir_net_read(&s->rd, outs[i].ptr, i == 0 && first_here < outs[i].size ? first_here : outs[i].size,
+                          timeout_ms, NULL) != 0) {
             broken(s, "download cut short");
             return -1;
         }
@@ -147,7 +166,7 @@ static int drain_posted(struct stream_transport *s, uint32_t keep)
 {
     while (s->posted > keep) {
         uint32_t ret, len;
-        if (read_reply(s, NULL, 0, -1, &ret, &len) != 0)
+        if (read_reply(s, NULL, 0, SIZE_MAX, -1, &ret, &len) != 0)
             return -1;
         const uint32_t ok = s->posted_ok[s->posted_head];
         s->posted_head = (s->posted_head + 1) % MAX_POSTED;
@@ -196,7 +215,43 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     iov[n_iov++] = (struct iovec){ s->cmd, cmd_len };
     for (uint32_t i = 0; i < n_in; i++)
         iov[n_iov++] = (struct iovec){ s->in[i].ptr, s->in[i].size };
-    if (apir_net_send(s->fd, s->tls, iov, n_iov, -1) != 0) {
+    /* The reply's spin: the short one, or a graph's longer one (below). */
+    const uint64_t spin_ns = opts->spin_ns ? opts->spin_ns : s->spin_ns;
+    /* One large payload: split over the lanes (stream_proto.h), each lane
+     * given its part before the frame leaves.  A lane spins only the short
+     * spin, then sleeps in poll until its bytes come: a download may wait
+     * for a long graph, through which a lane's spin would hold a core. */
+    const bool lane_down = s->n_lanes && n_out == 1 && s->out[0].size >= s->lane_min;
+    const bool lane_up = s->n_lanes && n_in == 1 && n_out == 0 && s->in[0].size >= s->lane_min;
+    size_t first_here = SIZE_MAX;
+    if (lane_down || lane_up) {
+        const struct staged *one = lane_down ? &s->out[0] : &s->in[0];
+        head.f.lanes = s->n_lanes;
+        for (uint32_t k = 1; k <= s->n_lanes; k++) {
+            uint64_t off, len;
+            apir_stream_lane_part(one->size, s->n_lanes, k, &off, &len);
+            apir_lanes_post(s->lanes, k - 1, lane_up, (uint8_t *)one->ptr + off, (size_t)len, s->spin_ns);
+        }
+        uint64_t off0, len0;
+        apir_stream_lane_part(one->size, s->n_lanes, 0, &off0, &len0);
+        first_here = (size_t)len0;
+        s->lane_payloads++;
+        s->lane_bytes += one->size - len0;
+        if (lane_up)
+            iov[n_iov - 1].iov_len = first_here;
+    }
+    const int sent = apir_net_send(s->fd, s->tls, iov, n_iov, -1);
+    /* An upload's lanes are done before the call returns: the program may
+     * reuse its memory then. */
+    if (sent == 0 && lane_up && apir_lanes_wait(s->lanes, spin_ns) != 0) {
+        broken(s, "cannot send on a lane");
+        return -1;
+    }
+    if (sent != 0) {
+        if (lane_down || lane_up) {
+            apir_lanes_break(s->lanes, errno);
+            (void)apir_lanes_wait(s->lanes, 0);
+        }
         broken(s, "cannot send");
         return -1;
     }
@@ -208,8 +263,13 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
         apir_decoder_init(reply, s->reply + 4, 0);
         return drain_posted(s, MAX_POSTED - 1);
     }
-    if (drain_posted(s, 0) != 0)
+    if (drain_posted(s, 0) != 0) {
+        if (lane_down) {
+            apir_lanes_break(s->lanes, EPIPE);
+            (void)apir_lanes_wait(s->lanes, 0);
+        }
         return -1;
+    }
     int timeout_ms = opts->timeout_ns ? (int)(opts->timeout_ns / 1000000ull) : -1;
     /* A reply: the short spin, then sleep; a graph on a device with its own
      * memory the caller's longer spin (opts->spin_ns, as on shared memory: a
@@ -218,10 +278,19 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
      * The caller leaves it 0 for a CPU host, which over loopback computes on
      * the cores a long spin would take (tg32 0.94 of native with it, 0.99
      * without, 2 cores). */
-    s->rd.spin_ns = opts->spin_ns ? opts->spin_ns : s->spin_ns;
+    s->rd.spin_ns = spin_ns;
     uint32_t len;
-    if (read_reply(s, s->out, n_out, timeout_ms, ret, &len) != 0)
+    if (read_reply(s, s->out, n_out, first_here, timeout_ms, ret, &len) != 0) {
+        if (lane_down) {
+            apir_lanes_break(s->lanes, EPIPE);
+            (void)apir_lanes_wait(s->lanes, 0);
+        }
         return -1;
+    }
+    if (lane_down && apir_lanes_wait(s->lanes, spin_ns) != 0) {
+        broken(s, "download cut short on a lane");
+        return -1;
+    }
     apir_decoder_init(reply, s->reply + 4, len);
     return 0;
 }
@@ -267,10 +336,16 @@ static void stream_blob_destroy(struct apir_transport *t, uint32_t res_id, void 
  * logits; the records are opened as it fills. */
 #define TLS_READ_RING (256u * 1024u)
 
-/* tls: what the session's records cost (counted with APIR_PROFILE=1). */
+/* Its lanes: how many, what went over them; tls: what the session's
+ * records cost (counted with APIR_PROFILE=1). */
 static bool stream_describe_profile(struct apir_transport *t, char *out, size_t len)
 {
     struct stream_transport *s = (struct stream_transport *)t;
+    if (s->n_lanes) {
+        snprintf(out, len, "lanes: %u, %llu payloads split over them, %.1f MiB on them", s->n_lanes,
+                 (unsigned long long)s->lane_payloads, s->lane_bytes / 1048576.0);
+        return true;
+    }
     if (!s->tls || !s->profile)
         return false;
     char counts[512];
@@ -282,6 +357,7 @@ static bool stream_describe_profile(struct apir_transport *t, char *out, size_t 
 static void stream_close(struct apir_transport *t)
 {
     struct stream_transport *s = (struct stream_transport *)t;
+    apir_lanes_free(s->lanes);
     apir_tls_free(s->tls);
     close(s->fd);
     apir_net_reader_free(&s->rd);
@@ -365,6 +441,98 @@ static struct apir_tls_keys *guest_tls_keys(char *err, size_t err_len)
     return apir_tls_keys_add_certs(NULL, cert, key, ca, err, err_len);
 }
 
+/* Lanes asked for: APIR_STREAM_LANES (0 to APIR_STREAM_MAX_LANES), else
+ * LANES_DEFAULT where this process may use 4 CPUs or more (each lane's
+ * copies want a core of their own), else none. */
+static uint32_t lanes_wanted(void)
+{
+    const char *v = getenv("APIR_STREAM_LANES");
+    if (v && *v) {
+        char *end;
+        unsigned long n = strtoul(v, &end, 10);
+        if (*end || n > APIR_STREAM_MAX_LANES) {
+            APIR_WARN("guest", "APIR_STREAM_LANES=%s: not 0 to %u; none used", v, APIR_STREAM_MAX_LANES);
+            return 0;
+        }
+        return (uint32_t)n;
+    }
+    return apir_usable_cpus() >= 4 ? LANES_DEFAULT : 0;
+}
+
+/* APIR_STREAM_LANE_MIN_KB (4 KiB to 1 GiB), else LANE_MIN_DEFAULT_BYTES. */
+static uint64_t lane_min_bytes(void)
+{
+    const char *v = getenv("APIR_STREAM_LANE_MIN_KB");
+    if (v && *v) {
+        char *end;
+        unsigned long kb = strtoul(v, &end, 10);
+        if (!*end && kb >= 4 && kb <= (1ul << 20))
+            return (uint64_t)kb * 1024u;
+        APIR_WARN("guest", "APIR_STREAM_LANE_MIN_KB=%s: not 4 to %lu; %u used", v, 1ul << 20,
+                  LANE_MIN_DEFAULT_BYTES / 1024u);
+    }
+    return LANE_MIN_DEFAULT_BYTES;
+}
+
+/* Joins the lanes the host grants (stream_proto.h).  Without them (an
+ * older host, one that has none, a join refused) the session goes on with
+ * what joined, or on its one connection. */
+static void open_lanes(struct stream_transport *s, const struct apir_net_addr *addr)
+{
+    const uint32_t want = lanes_wanted();
+    if (!want)
+        return;
+    s->lane_min = lane_min_bytes();
+    struct apir_encoder *enc = stream_begin(&s->base);
+    apir_encode_u32(enc, want);
+    uint32_t ret, granted = 0;
+    struct apir_stream_hello join = { .magic = APIR_STREAM_JOIN_MAGIC, .version = APIR_STREAM_VERSION,
+                                      .token_len = APIR_STREAM_TICKET_BYTES };
+    struct apir_decoder dec;
+    if (stream_submit(&s->base, APIR_CMD_TYPE_STREAM_LANES, 0, NULL, &ret, &dec) != 0 || ret != 0) {
+        APIR_DEBUG("guest", "host at %s has no lanes: one connection", s->base.endpoint);
+        return;
+    }
+    granted = apir_decode_u32(&dec);
+    apir_decode_bytes(&dec, join.token, APIR_STREAM_TICKET_BYTES);
+    if (dec.fatal || !granted || granted > APIR_STREAM_MAX_LANES) {
+        APIR_WARN("guest", "host at %s: a malformed answer about lanes: one connection", s->base.endpoint);
+        return;
+    }
+    s->lanes = apir_lanes_new(-1);
+    for (uint32_t k = 1; s->lanes && k <= granted; k++) {
+        char err[256];
+        const int fd = apir_net_connect(addr, CONNECT_MS, err, sizeof(err));
+        if (fd < 0) {
+            APIR_WARN("guest", "lane %u: %s", k, err);
+            break;
+        }
+        join.pid = (int32_t)k;
+        struct iovec iov = { &join, sizeof(join) };
+        struct apir_stream_hello_reply r = { 0 };
+        struct apir_net_reader rd;
+        bool answered = false;
+        if (apir_net_write(fd, &iov, 1, HELLO_MS) == 0 && apir_net_reader_init(&rd, fd, sizeof(r))) {
+            answered = apir_net_read(&rd, &r, sizeof(r), HELLO_MS, NULL) == 0;
+            apir_net_reader_free(&rd);
+        }
+        if (!answered || r.magic != APIR_STREAM_MAGIC || r.status != 0) {
+            r.message[sizeof(r.message) - 1] = '\0';
+            APIR_WARN("guest", "host at %s did not take lane %u (%s)", s->base.endpoint, k,
+                      answered ? r.message : strerror(errno));
+            close(fd);
+            break;
+        }
+        if (!apir_lanes_add(s->lanes, fd)) {
+            APIR_WARN("guest", "lane %u: no thread (%s)", k, strerror(errno));
+            break;
+        }
+    }
+    explicit_bzero(join.token, sizeof(join.token));
+    s->n_lanes = apir_lanes_count(s->lanes);
+    APIR_DEBUG("guest", "host at %s: %u lanes of %u granted", s->base.endpoint, s->n_lanes, granted);
+}
+
 struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size_t err_len)
 {
     struct apir_net_addr addr;
@@ -446,6 +614,10 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
     snprintf(s->base.endpoint, sizeof(s->base.endpoint), "%s", endpoint);
     s->next_res_id = APIR_STREAM_FIRST_RES_ID;
     s->spin_ns = (uint64_t)apir_spin_us() * 1000;
+    /* Lanes (plain tcp:, vsock:; a tls: session's records would need a
+     * TLS session per lane). */
+    if (!s->tls)
+        open_lanes(s, &addr);
     return &s->base;
 fail:
     apir_tls_free(s->tls);

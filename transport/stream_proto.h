@@ -25,6 +25,26 @@
  * Limits are hard and checked on both sides: the command area's size, a
  * handful of segments per frame, segments only inside blobs that exist.
  * Everything is little-endian, sent as these packed structs.
+ *
+ * Lanes (plain tcp: and vsock:; an extension a guest asks for): extra
+ * connections of the same session, so that a large payload crosses on
+ * several cores at once (transport/lanes.h says why).  The guest sends
+ * APIR_CMD_TYPE_STREAM_LANES (u32: lanes wanted) on its connection; a host
+ * that has them answers 0 with u32 granted (at most APIR_STREAM_MAX_LANES)
+ * and the session's ticket (APIR_STREAM_TICKET_BYTES random bytes); an
+ * older host answers APIR_FORWARD_NO_DISPATCH, a host without them 1.  The
+ * guest then connects to the same endpoint once per lane and sends a join:
+ * a hello whose magic is APIR_STREAM_JOIN_MAGIC, pid the lane's number
+ * (1..granted, for log lines), token the ticket; the host answers with a
+ * hello reply once the lane is the session's.  The ticket stands for the
+ * token (it was given to a guest that presented one), and a join is taken
+ * only from the session's own tenant (its address).
+ * A frame whose `lanes` is L > 0 (at most the lanes that joined) has
+ * exactly one payload to split - its out range if it has one (n_out == 1),
+ * else its in range (n_in == 1, n_out == 0) - cut by apir_stream_lane_part
+ * into L + 1 parts: part 0 travels in the frame or reply as before, part i
+ * alone on lane i, in frame order.  Everything else stays on the first
+ * connection.
  */
 #ifndef APIR_STREAM_PROTO_H
 #define APIR_STREAM_PROTO_H
@@ -41,6 +61,9 @@
 #define APIR_STREAM_REPLY_MAGIC  0x52524941u  /* "AIRR": its reply */
 #define APIR_STREAM_MAX_SEGMENTS 8u           /* in + out, per frame */
 #define APIR_STREAM_TOKEN_MAX    64u
+#define APIR_STREAM_JOIN_MAGIC   0x4c524941u  /* "AIRL": a lane's hello */
+#define APIR_STREAM_MAX_LANES    4u           /* lanes a session may have */
+#define APIR_STREAM_TICKET_BYTES 32u          /* a join's ticket, in the hello's token */
 /* Blob ids: the reply blob is the host's own (its reply page); the guest
  * numbers the rest from APIR_STREAM_FIRST_RES_ID. */
 #define APIR_STREAM_REPLY_RES_ID 2u
@@ -69,7 +92,7 @@ struct apir_stream_frame {
     uint32_t cmd_len;            /* APIR header + items, at most APIR_MAX_COMMAND_SIZE */
     uint16_t n_in;
     uint16_t n_out;
-    uint32_t reserved;           /* 0 */
+    uint32_t lanes;              /* 0, or the lanes its one payload is split over (above) */
 };
 _Static_assert(sizeof(struct apir_stream_frame) == 16, "frame layout");
 
@@ -92,5 +115,18 @@ _Static_assert(sizeof(struct apir_stream_reply) == 24, "reply layout");
 
 /* Blob commands on a stream: the host allocates its copy (no descriptor
  * travels).  Same numbers as the shm transport's. */
+
+/* Part i (0..lanes) of a payload of `total` bytes split over `lanes`
+ * lanes: [*off, *off + *len).  Parts are whole 4 KiB pages but the last,
+ * in order; a small payload leaves the last parts empty. */
+static inline void apir_stream_lane_part(uint64_t total, uint32_t lanes, uint32_t i, uint64_t *off, uint64_t *len)
+{
+    const uint64_t parts = (uint64_t)lanes + 1;
+    const uint64_t part = ((total + parts - 1) / parts + 4095u) & ~(uint64_t)4095u;
+    const uint64_t lo = part * i < total ? part * i : total;
+    const uint64_t hi = part * (i + 1) < total ? part * (i + 1) : total;
+    *off = lo;
+    *len = hi - lo;
+}
 
 #endif

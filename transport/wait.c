@@ -1,6 +1,7 @@
 #include "wait.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -93,4 +94,9 @@ bool apir_futex_wait(_Atomic uint32_t *word, uint32_t old, uint64_t timeout_ns)
 void apir_futex_wake(_Atomic uint32_t *word)
 {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+void apir_futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }

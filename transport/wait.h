@@ -35,5 +35,7 @@ uint32_t apir_spin_while_equal(_Atomic uint32_t *word, uint32_t old, uint64_t sp
  * false on timeout.  Spurious returns are possible: re-check the word. */
 bool apir_futex_wait(_Atomic uint32_t *word, uint32_t old, uint64_t timeout_ns);
 void apir_futex_wake(_Atomic uint32_t *word);
+/* Wakes every sleeper on word (several threads wait for one event). */
+void apir_futex_wake_all(_Atomic uint32_t *word);
 
 #endif

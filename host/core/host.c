@@ -4,6 +4,7 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "cpus.h"
+#include "stream_proto.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -254,6 +255,9 @@ void apir_host_config_default(struct apir_host_config *cfg)
         cfg->send_piece_bytes = (size_t)n * 1024u;
     const char *st = getenv("APIR_HOST_TLS_SEND_THREAD");
     cfg->tls_send_thread = st && *st ? strcmp(st, "0") != 0 : apir_host_default_threads() >= 4;
+    cfg->max_lanes = apir_host_default_threads() >= 4 ? APIR_STREAM_MAX_LANES : 0;
+    if (env_number("APIR_HOST_LANES", APIR_STREAM_MAX_LANES + 1, &n))
+        cfg->max_lanes = (uint32_t)n;
     /* The weight cache (weight_cache.h): opt-in, a directory. */
     const char *wc = getenv("APIR_HOST_WEIGHT_CACHE");
     cfg->weight_cache_dir = wc && *wc ? wc : NULL;

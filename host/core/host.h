@@ -81,6 +81,11 @@ struct apir_host_config {
      * (the thread needs a core beside the one sealing):
      * APIR_HOST_TLS_SEND_THREAD=1 always, =0 never. */
     bool tls_send_thread;
+    /* Lanes a tcp:/vsock: guest may join to its session (stream_proto.h,
+     * transport/lanes.h): APIR_HOST_LANES, at most APIR_STREAM_MAX_LANES;
+     * by default all of them where this process has 4 CPUs or more (each
+     * lane's copies need a core), else none. */
+    uint32_t max_lanes;
     /* The weight cache (weight_cache.h; --weight-cache, APIR_HOST_WEIGHT_CACHE): NULL: none */
     const char *weight_cache_dir;
     uint64_t weight_cache_max_bytes;   /* --weight-cache-max-gib, APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound */

@@ -140,6 +140,7 @@ struct args {
     const char *tls_psk_file;    /* --tls-psk-file: IDENTITY:HEXKEY lines */
     const char *tls_cert, *tls_key, *tls_client_ca;  /* --tls-cert, --tls-key, --tls-client-ca (PEM) */
     bool stream_tls;             /* a worker: handshake first (--stream-tls) */
+    int lane_fd;                 /* a worker: the daemon's socket passing its guest's lanes (--lane-fd), or -1 */
     int weight_cache_fd;         /* a worker's line to the daemon's weight cache (weight_cache.h), or -1 */
     int log_fd;                  /* a worker: the pipe to put on its stderr (--log-fd), or -1 */
     unsigned long long worker_slot, client_id;
@@ -359,6 +360,7 @@ static const struct host_option host_options[] = {
     NUMBER("serve-stream-fd", 0, serve_stream_fd, 0, INT_MAX, NULL),
     STRING("peer-name", 0, "NAME", peer_name, NULL),
     FLAG("stream-tls", 0, stream_tls, NULL),
+    NUMBER("lane-fd", 0, lane_fd, 0, INT_MAX, NULL),
     NUMBER("client-id", 0, client_id, 0, UINT64_MAX, NULL),
     NUMBER("worker-slot", 0, worker_slot, 0, UINT32_MAX, NULL),
     NUMBER("worker-uid", 0, worker_uid, 1, 0xFFFFFFFEull, NULL),
@@ -928,6 +930,7 @@ int main(int argc, char **argv)
     a.isolate = true;
     a.serve_fd = -1;
     a.serve_stream_fd = -1;
+    a.lane_fd = -1;
     a.stats_fd = -1;
     a.weight_cache_fd = -1;
     a.log_fd = -1;
@@ -1058,7 +1061,7 @@ int main(int argc, char **argv)
         const struct ucred *peer = a.peer_given ? &a.peer : NULL;
         int wrc = (a.serve_fd >= 0 ? apir_server_serve_shm_fd(&host, a.serve_fd, a.client_id, stats, peer)
                                    : apir_server_serve_stream_fd(&host, a.serve_stream_fd, a.client_id, stats, a.peer_name,
-                                                          tls_keys)) == 0
+                                                          tls_keys, a.lane_fd)) == 0
                       ? 0
                       : 1;
         /* Ends without exit-time handlers: what they may do is no longer

@@ -14,6 +14,7 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "fdpass.h"
+#include "lanes.h"
 #include "service.h"
 #include "dispatcher.h"
 #include "net.h"
@@ -58,11 +59,14 @@ void apir_client_put(struct apir_client *c)
                   (unsigned long long)c->session->stats.n_refused, c->session->n_buffers);
     if (c->session)
         apir_session_log_profile(c->session);
+    /* Its lanes first: none reads a blob the session frees. */
+    apir_lanes_free(c->lanes);
     apir_session_free(c->session);
     if (c->stats_owned)
         free(c->stats);
     if (c->ctrl)
         munmap(c->ctrl, sizeof(*c->ctrl));
+    explicit_bzero(c->lane_ticket, sizeof(c->lane_ticket));
     apir_tls_free(c->tls);
     close(c->fd);
     atomic_fetch_sub(&c->srv->n_clients, 1);

@@ -366,6 +366,7 @@ static struct apir_server *server_alloc(struct apir_host *host, char *err, size_
     clock_gettime(CLOCK_REALTIME, &wall);
     srv->start_unix_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000;
     srv->listen_fd = -1;
+    srv->lane_in_fd = -1;
     srv->stop_pipe[0] = srv->stop_pipe[1] = -1;
     srv->child_pipe[0] = srv->child_pipe[1] = -1;
     if (pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0 || pipe2(srv->child_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -595,14 +596,26 @@ int apir_server_serve_shm_fd(struct apir_host *host, int fd, uint64_t client_id,
 }
 
 int apir_server_serve_stream_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats,
-                         const char *peer_name, struct apir_tls_keys *tls_keys)
+                         const char *peer_name, struct apir_tls_keys *tls_keys, int lane_fd)
 {
     struct apir_server *srv = worker_server(host, fd, client_id, stats);
     if (!srv) {
         apir_tls_keys_free(tls_keys);
+        if (lane_fd >= 0)
+            close(lane_fd);
         return -1;
     }
     srv->tls_keys = tls_keys;
+    /* Its lanes: the daemon wrote the ticket first (workers.c). */
+    if (lane_fd >= 0) {
+        fcntl(lane_fd, F_SETFD, FD_CLOEXEC);
+        if (recv(lane_fd, srv->lane_ticket, sizeof(srv->lane_ticket), MSG_DONTWAIT) == (ssize_t)sizeof(srv->lane_ticket)) {
+            srv->lane_in_fd = lane_fd;
+        } else {
+            APIR_WARN("host", "worker: no lane ticket from the daemon: its guest gets no lanes");
+            close(lane_fd);
+        }
+    }
     apir_stream_start_client(srv, fd, peer_name && *peer_name ? peer_name : "stream peer", 0, tls_keys != NULL);
     return worker_serve(srv);
 }
@@ -645,7 +658,7 @@ int apir_server_run(struct apir_server *srv)
             free(pfds);
             return 0;
         }
-        size_t n = 3 + srv->n_net + srv->n_lingering + srv->n_pending + (srv->control ? APIR_CONTROL_MAX_POLL : 0);
+        size_t n = 4 + srv->n_net + srv->n_lingering + srv->n_pending + (srv->control ? APIR_CONTROL_MAX_POLL : 0);
         for (struct apir_client *c = srv->clients; c; c = c->next)
             n++;
         if (n > pcap) {
@@ -681,6 +694,9 @@ int apir_server_run(struct apir_server *srv)
         const size_t net_at = i;
         for (uint32_t k = 0; k < srv->n_net; k++)
             pfds[i++] = (struct pollfd){ .fd = srv->net[k].fd, .events = POLLIN };
+        /* A worker: its guest's lanes, passed by the daemon. */
+        const size_t lane_at = i;
+        pfds[i++] = (struct pollfd){ .fd = srv->lane_in_fd, .events = POLLIN };
         int timeout = poll_timeout_ms(srv), control_timeout = apir_control_timeout_ms(srv->control);
         if (control_timeout >= 0 && (timeout < 0 || control_timeout < timeout))
             timeout = control_timeout;
@@ -722,6 +738,8 @@ int apir_server_run(struct apir_server *srv)
         for (uint32_t k = 0; k < srv->n_net; k++)
             if (pfds[net_at + k].revents & POLLIN)
                 apir_stream_accept(srv, k);
+        if (pfds[lane_at].revents)
+            apir_stream_lane_intake(srv);
         apir_control_poll_done(srv->control, pfds + control_at, n_control, render_view, srv);
     }
 }
@@ -750,6 +768,8 @@ void apir_server_free(struct apir_server *srv)
     for (uint32_t i = 0; i < srv->n_net; i++)
         close(srv->net[i].fd);
     explicit_bzero(srv->token, sizeof(srv->token));
+    if (srv->lane_in_fd >= 0)
+        close(srv->lane_in_fd);
     apir_tls_keys_free(srv->tls_keys);
     free(srv->tenants);
     server_discard(srv);

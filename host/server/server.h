@@ -83,9 +83,10 @@ bool apir_server_set_tls_keys(struct apir_server *srv, struct apir_tls_keys *key
 bool apir_server_listen_stream(struct apir_server *srv, const char *endpoint, char *err, size_t err_len);
 /* A worker process: serves one stream connection the daemon accepted and
  * authenticated (its hello already read there), or, with tls_keys, one it
- * handshakes with itself first. */
+ * handshakes with itself first.  lane_fd: the daemon's socket that passes
+ * the guest's lanes (its ticket first), or -1. */
 int apir_server_serve_stream_fd(struct apir_host *host, int fd, uint64_t client_id, struct apir_stats_page *stats,
-                         const char *peer_name, struct apir_tls_keys *tls_keys);
+                         const char *peer_name, struct apir_tls_keys *tls_keys, int lane_fd);
 /* Disconnects every guest, frees everything, removes the socket file (not
  * a passed one). */
 void apir_server_free(struct apir_server *srv);

@@ -61,6 +61,12 @@ struct apir_client {
     bool tls_pending;               /* tls: its serving thread handshakes first */
     struct apir_tls *tls;           /* tls: the session, once handshaken */
     char peer_name[64];             /* a stream peer's address, for log lines */
+    /* Its lanes (tcp:, vsock:; stream_proto.h): NULL where it may have
+     * none; the ticket a join presents, set before it is served; how many
+     * its guest asked for and was granted (the joins taken, at most). */
+    struct apir_lanes *lanes;
+    uint8_t lane_ticket[APIR_STREAM_TICKET_BYTES];
+    atomic_uint lanes_granted;
     struct apir_session *session;
     struct apir_client *next;
     /* What the daemon shows of it (apir stat); set before it is listed. */
@@ -93,6 +99,10 @@ struct apir_server {
         struct apir_stats_page *stats;  /* shared with the worker (--stats-fd); NULL if none */
         uint64_t tenant;          /* its tenant's key (set by admission once spawned) */
         int64_t uid;              /* its uid of the pool (apir_worker_uid_take), or -1 */
+        /* A tcp:/vsock: guest's lanes: the socket its joins are passed on
+         * (SCM_RIGHTS; -1: none) and the ticket they present. */
+        int lane_sock;
+        uint8_t lane_ticket[APIR_STREAM_TICKET_BYTES];
     } *children;                  /* max_clients slots */
     uint32_t n_children;
     int child_pipe[2];
@@ -136,6 +146,10 @@ struct apir_server {
         bool tls;                 /* tls: - the handshake authenticates; no token */
     } net[APIR_MAX_NET_LISTENERS];
     struct apir_tls_keys *tls_keys;  /* --tls-psk-file: who may connect over tls: */
+    /* A worker serving a tcp:/vsock: guest: the daemon's socket that passes
+     * its lanes (--lane-fd; -1: none) and the ticket the daemon gave it. */
+    int lane_in_fd;
+    uint8_t lane_ticket[APIR_STREAM_TICKET_BYTES];
     uint32_t n_net;
     uint8_t token[APIR_STREAM_TOKEN_MAX];
     uint32_t token_len;           /* 0: none */
@@ -208,6 +222,8 @@ bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short 
 /* Serves a stream connection: one whose hello the daemon read and
  * checked, or (tls) one whose serving thread handshakes and reads it. */
 void apir_stream_start_client(struct apir_server *srv, int fd, const char *peer_name, uint64_t tenant, bool tls);
+/* A worker: a lane the daemon passed on lane_in_fd is readable. */
+void apir_stream_lane_intake(struct apir_server *srv);
 
 /* admission.c: refusing a connection with a message it can read (the log
  * line names the peer by its credentials; counted by apir_server_refuse);

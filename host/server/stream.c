@@ -42,6 +42,8 @@
 #include "apir_codec.h"
 #include "apir_log.h"
 #include "apir_proto.h"
+#include "fdpass.h"
+#include "lanes.h"
 #include "net.h"
 #include "stream_proto.h"
 #include "tls.h"
@@ -56,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -280,6 +283,9 @@ static bool token_matches(const struct apir_server *srv, const struct apir_strea
     return diff == 0;
 }
 
+static void lane_join(struct apir_server *srv, struct pending_conn *p, const struct apir_stream_hello *h,
+                      const char *name);
+
 bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short revents, uint64_t now)
 {
     char name[64];
@@ -308,6 +314,11 @@ bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short 
     struct apir_stream_hello h;
     memcpy(&h, p->hello, sizeof(h));
     explicit_bzero(p->hello, sizeof(p->hello));
+    if (h.magic == APIR_STREAM_JOIN_MAGIC) {
+        lane_join(srv, p, &h, name);
+        explicit_bzero(&h, sizeof(h));
+        return true;
+    }
     const char *why = NULL;
     if (h.magic != APIR_STREAM_MAGIC)
         why = "not an apir stream hello";
@@ -375,6 +386,183 @@ static int send_to_guest(void *ctx, struct iovec *iov, int n)
     return apir_net_send(c->fd, c->tls, iov, n, FRAME_IDLE_MS);
 }
 
+/* ---- lanes (stream_proto.h, transport/lanes.h) ---------------------------- */
+
+/* Constant time over the ticket: a join learns nothing from how long a
+ * wrong one took. */
+static bool ticket_matches(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t diff = 0;
+    for (uint32_t i = 0; i < APIR_STREAM_TICKET_BYTES; i++)
+        diff |= (uint8_t)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Makes fd the next lane of c's session and answers its join (both
+ * isolations: this daemon's thread mode, a worker's intake); fd is taken
+ * either way.  Beyond the lanes its guest was granted: refused. */
+static void lane_attach(struct apir_client *c, int fd, uint32_t lane, const char *peer_name)
+{
+    struct apir_stream_hello_reply r = { .magic = APIR_STREAM_MAGIC, .status = 0 };
+    struct iovec iov = { &r, sizeof(r) };
+    const uint32_t have = apir_lanes_count(c->lanes);
+    if (have >= atomic_load(&c->lanes_granted)) {
+        APIR_WARN("host", "%s: a lane from %s beyond the %u granted: refused", c->session->name, peer_name,
+                  atomic_load(&c->lanes_granted));
+        r.status = -1;
+        snprintf(r.message, sizeof(r.message), "more lanes than granted");
+        (void)apir_net_write(fd, &iov, 1, 1000);
+        close(fd);
+        return;
+    }
+    /* Counted first, answered after: the guest uses a lane once answered,
+     * and the serving thread takes a frame over lanes it counts. */
+    if (!apir_lanes_add(c->lanes, fd)) {
+        APIR_WARN("host", "%s: a lane from %s not taken (%s)", c->session->name, peer_name, strerror(errno));
+        return;
+    }
+    if (apir_net_write(fd, &iov, 1, 1000) != 0)
+        APIR_WARN("host", "%s: lane %u: cannot answer its join (%s)", c->session->name, lane, strerror(errno));
+    else
+        APIR_INFO("host", "%s: lane %u joined from %s (%u of %u)", c->session->name, lane, peer_name, have + 1,
+                  atomic_load(&c->lanes_granted));
+}
+
+/* A join, in the daemon: its ticket names a live session of the same
+ * tenant (address); the connection goes to it - its worker (over the
+ * worker's lane socket, never blocking here: a worker that does not take
+ * it loses the lane) or, thread mode, its client. */
+static void lane_join(struct apir_server *srv, struct pending_conn *p, const struct apir_stream_hello *h,
+                      const char *name)
+{
+    const char *why = NULL;
+    if (h->version != APIR_STREAM_VERSION)
+        why = "unsupported stream transport version";
+    else if (h->token_len != APIR_STREAM_TICKET_BYTES)
+        why = "malformed join";
+    else if (!srv->host->cfg.max_lanes)
+        why = "this host takes no lanes";
+    if (!why && srv->worker_argv) {
+        const uint32_t n_slots = srv->host->cfg.limits.max_clients;
+        uint32_t found = UINT32_MAX;
+        for (uint32_t i = 0; i < n_slots; i++) {
+            const struct worker_slot *w = &srv->children[i];
+            if (w->pid && w->lane_sock >= 0 && w->tenant == p->tenant && ticket_matches(w->lane_ticket, h->token))
+                found = i;
+        }
+        if (found != UINT32_MAX) {
+            const uint32_t lane = (uint32_t)h->pid;
+            if (apir_send_fds(srv->children[found].lane_sock, &lane, sizeof(lane), &p->fd, 1) == (ssize_t)sizeof(lane)) {
+                APIR_DEBUG("host", "guest#%llu: lane %u from %s passed to its worker",
+                           (unsigned long long)srv->children[found].client_id, lane, name);
+                close(p->fd);
+                return;
+            }
+            why = "the session takes no lane now";
+        }
+    } else if (!why) {
+        struct apir_client *found = NULL;
+        for (struct apir_client *c = srv->clients; c; c = c->next)
+            if (c->lanes && c->tenant == p->tenant && ticket_matches(c->lane_ticket, h->token))
+                found = c;
+        if (found) {
+            lane_attach(found, p->fd, (uint32_t)h->pid, name);
+            return;
+        }
+    }
+    apir_stream_refuse(srv, p->fd, name, false, why ? why : "no session has this ticket");
+}
+
+void apir_stream_lane_intake(struct apir_server *srv)
+{
+    uint32_t lane = 0;
+    int fd = -1, n_fds = 0;
+    const ssize_t n = apir_recv_fds(srv->lane_in_fd, &lane, sizeof(lane), &fd, 1, &n_fds, 0);
+    if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            close(srv->lane_in_fd);  /* the daemon is gone: no more lanes */
+            srv->lane_in_fd = -1;
+        }
+        return;
+    }
+    if (n_fds != 1)
+        return;
+    struct apir_client *c = srv->clients;
+    if (!c || !c->lanes) {
+        close(fd);
+        return;
+    }
+    char name[64];
+    apir_net_peer_name(fd, name, sizeof(name));
+    lane_attach(c, fd, lane, name);
+}
+
+/* APIR_CMD_TYPE_STREAM_LANES: u32 wanted -> u32 granted, the ticket. */
+static uint32_t lanes_grant(struct apir_client *c, struct apir_decoder *req, struct apir_encoder *reply)
+{
+    const uint32_t want = apir_decode_u32(req);
+    const uint32_t max = c->srv->host->cfg.max_lanes < APIR_STREAM_MAX_LANES ? c->srv->host->cfg.max_lanes
+                                                                             : APIR_STREAM_MAX_LANES;
+    if (req->fatal || !c->lanes || !want || !max)
+        return 1;
+    /* Asked again: never fewer than before (lanes may have joined). */
+    uint32_t granted = want < max ? want : max;
+    if (granted < atomic_load(&c->lanes_granted))
+        granted = atomic_load(&c->lanes_granted);
+    atomic_store(&c->lanes_granted, granted);
+    apir_encode_u32(reply, granted);
+    apir_encode_bytes(reply, c->lane_ticket, sizeof(c->lane_ticket));
+    return 0;
+}
+
+/* A frame's lanes are given up: each stops, and none touches the blob
+ * after this returns (the session may unmap it next). */
+static void lanes_abandon(struct apir_client *c)
+{
+    apir_lanes_break(c->lanes, EPIPE);
+    (void)apir_lanes_wait(c->lanes, 0);
+}
+
+/* A reply whose one download is split over lanes: the head and part 0 here,
+ * part k on lane k (posted, gated at its start, before the command ran);
+ * the gate moves as the device's pieces land (download_pieces.h). */
+static int send_reply_lanes(struct apir_client *c, const struct iovec *head, int n_head, const uint8_t *src,
+                            uint64_t size, uint32_t lanes)
+{
+    struct apir_download_pieces *p = c->session->pieces;
+    uint64_t off0, len0;
+    apir_stream_lane_part(size, lanes, 0, &off0, &len0);
+    const uint8_t *const end = src + size, *own = src, *const own_end = src + len0;
+    const uint8_t *at = src;
+    struct iovec iov[4];
+    int n_iov = 0;
+    for (int i = 0; i < n_head; i++)
+        iov[n_iov++] = head[i];
+    while (at < end || n_iov) {
+        const uint8_t *ready = at < end ? apir_download_pieces_ready(p, at, end) : end;
+        if (ready == at && at < end) {
+            if (n_iov && send_to_guest(c, iov, n_iov) != 0)
+                return -1;
+            n_iov = 0;
+            apir_download_pieces_wait(p, at);
+            continue;
+        }
+        if (ready > at) {
+            at = ready;
+            apir_lanes_ready(c->lanes, at);
+        }
+        const uint8_t *upto = at < own_end ? at : own_end;
+        if (upto > own) {
+            iov[n_iov++] = (struct iovec){ (void *)own, (size_t)(upto - own) };
+            own = upto;
+        }
+        if (n_iov && send_to_guest(c, iov, n_iov) != 0)
+            return -1;
+        n_iov = 0;
+    }
+    return 0;
+}
+
 struct stream_io {
     struct apir_net_reader rd;
     uint8_t cmd[APIR_MAX_COMMAND_SIZE];
@@ -389,10 +577,13 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
 {
     struct apir_session *s = c->session;
     const uint32_t n_seg = (uint32_t)f->n_in + f->n_out;
+    /* Lanes: at most those that joined, for a frame with one payload. */
+    const uint32_t lanes = f->lanes;
+    const bool lanes_ok = !lanes || (lanes <= apir_lanes_count(c->lanes) && (f->n_out == 1 || (f->n_in == 1 && !f->n_out)));
     if (f->magic != APIR_STREAM_FRAME_MAGIC || f->cmd_len < APIR_CMD_HEADER_SIZE || f->cmd_len > APIR_MAX_COMMAND_SIZE ||
-        n_seg > APIR_STREAM_MAX_SEGMENTS || f->reserved != 0) {
-        APIR_WARN("host", "%s: malformed frame (magic %08x, %u command bytes, %u ranges): hanging up", s->name,
-                  f->magic, f->cmd_len, n_seg);
+        n_seg > APIR_STREAM_MAX_SEGMENTS || !lanes_ok) {
+        APIR_WARN("host", "%s: malformed frame (magic %08x, %u command bytes, %u ranges, %u lanes): hanging up",
+                  s->name, f->magic, f->cmd_len, n_seg, lanes);
         return false;
     }
     struct apir_stream_segment seg[APIR_STREAM_MAX_SEGMENTS];
@@ -410,8 +601,23 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
         }
     for (uint32_t i = 0; i < f->n_in; i++) {
         uint8_t *dst = apir_session_blob_range(s, seg[i].res_id, seg[i].offset, seg[i].size);
-        if (apir_net_read(&io->rd, dst, (size_t)seg[i].size, FRAME_IDLE_MS, NULL) != 0) {
+        uint64_t off = 0, len = seg[i].size;
+        /* Split over lanes: part k lands from lane k while part 0 comes here. */
+        for (uint32_t k = 1; lanes && !f->n_out && k <= lanes; k++) {
+            uint64_t part_off, part_len;
+            apir_stream_lane_part(seg[i].size, lanes, k, &part_off, &part_len);
+            apir_lanes_post(c->lanes, k - 1, false, dst + part_off, (size_t)part_len, io->rd.spin_ns);
+        }
+        if (lanes && !f->n_out)
+            apir_stream_lane_part(seg[i].size, lanes, 0, &off, &len);
+        if (apir_net_read(&io->rd, dst + off, (size_t)len, FRAME_IDLE_MS, NULL) != 0) {
             APIR_WARN("host", "%s: upload cut short (%s): hanging up", s->name, strerror(errno));
+            if (lanes && !f->n_out)
+                lanes_abandon(c);
+            return false;
+        }
+        if (lanes && !f->n_out && apir_lanes_wait(c->lanes, io->rd.spin_ns) != 0) {
+            APIR_WARN("host", "%s: upload cut short on a lane (%s): hanging up", s->name, strerror(errno));
             return false;
         }
     }
@@ -435,6 +641,9 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
             ret = !req.fatal && res_id >= APIR_STREAM_FIRST_RES_ID && apir_session_blob_remove(s, res_id) ? 0 : 1;
             break;
         }
+        case APIR_CMD_TYPE_STREAM_LANES:
+            ret = lanes_grant(c, &req, &reply);
+            break;
         default:
             APIR_WARN("host", "%s: command type %d is not served on a stream", s->name, hdr.cmd_type);
             ret = APIR_FORWARD_NO_DISPATCH;
@@ -458,7 +667,29 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
     /* The reply; a download the device still copies leaves piece by piece
      * as it lands (download_pieces.h). */
     const struct iovec head[2] = { { &rh, sizeof(rh) }, { io->reply, rh.reply_len } };
-    const int sent = apir_download_pieces_send(s->pieces, head, 2, outs, f->n_out, send_to_guest, c);
+    int sent;
+    if (lanes && f->n_out) {
+        /* Over lanes: each lane is given its part now, after the command
+         * (posted before it, the lanes spun or slept through the device's
+         * work for nothing: docs/MEASUREMENTS.md), gated at the range's
+         * start: what the device still copies goes as it lands.  Every lane
+         * done before the frame ends: the next frame may free the blob they
+         * read. */
+        uint8_t *src = (uint8_t *)outs[0].iov_base;
+        apir_lanes_gate(c->lanes, src);
+        for (uint32_t k = 1; k <= lanes; k++) {
+            uint64_t part_off, part_len;
+            apir_stream_lane_part(rh.out_bytes, lanes, k, &part_off, &part_len);
+            apir_lanes_post(c->lanes, k - 1, true, src + part_off, (size_t)part_len, io->rd.spin_ns);
+        }
+        sent = send_reply_lanes(c, head, 2, src, rh.out_bytes, lanes);
+        if (sent != 0)
+            lanes_abandon(c);
+        else
+            sent = apir_lanes_wait(c->lanes, io->rd.spin_ns);
+    } else {
+        sent = apir_download_pieces_send(s->pieces, head, 2, outs, f->n_out, send_to_guest, c);
+    }
     const int send_errno = errno;
     /* Sent or not, no device copy outlives its frame. */
     apir_download_pieces_finish(s->pieces);
@@ -598,6 +829,20 @@ void apir_stream_start_client(struct apir_server *srv, int fd, const char *peer_
     c->session->defer_sync_graphs = true;
     c->id = id;
     c->tenant = tenant;
+    /* Lanes (plain tcp:, vsock:): a worker has the ticket its daemon gave
+     * it (joins come through the daemon); this daemon in thread mode makes
+     * one and takes the joins itself.  Set before the client is served. */
+    if (!tls && srv->host->cfg.max_lanes) {
+        bool ticket = false;
+        if (srv->lane_in_fd >= 0) {
+            memcpy(c->lane_ticket, srv->lane_ticket, sizeof(c->lane_ticket));
+            ticket = true;
+        } else if (!srv->worker_argv && srv->listen_fd >= 0) {
+            ticket = getrandom(c->lane_ticket, sizeof(c->lane_ticket), 0) == (ssize_t)sizeof(c->lane_ticket);
+        }
+        if (ticket)
+            c->lanes = apir_lanes_new(FRAME_IDLE_MS);
+    }
     snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
     snprintf(c->comm, sizeof(c->comm), "%s", peer_name);  /* apir ps: its address (cut to fit) */
     if (tls) {

@@ -36,7 +36,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -119,8 +121,9 @@ void apir_workers_spawn(struct apir_server *srv, int fd, const struct ucred *pee
     const int cache_fd = apir_wcache_service_connect();
     char cache_arg[16];
     snprintf(cache_arg, sizeof(cache_arg), "%d", cache_fd);
-    /* + 2: --weight-cache-fd N; + 1: --stream-tls; + 2: --worker-uid N; + 2: --peer-cred C; + 2: --log-fd N */
-    char **argv = calloc((size_t)argc + 20, sizeof(char *));
+    /* + 2: --weight-cache-fd N; + 1: --stream-tls; + 2: --worker-uid N; + 2: --peer-cred C; + 2: --log-fd N;
+     * + 2: --lane-fd N */
+    char **argv = calloc((size_t)argc + 24, sizeof(char *));
     if (!argv) {
         if (stream_peer) {
             apir_stream_refuse(srv, fd, stream_peer, stream_tls, "out of memory");
@@ -164,6 +167,31 @@ void apir_workers_spawn(struct apir_server *srv, int fd, const struct ucred *pee
         argv[argc++] = "--peer-cred";
         argv[argc++] = cred_arg;
     }
+    /* A tcp:/vsock: guest's lanes (stream_proto.h): the joins this daemon
+     * takes for it are passed on a socket of its own, whose first message
+     * is the ticket they must present.  This daemon only writes to it: a
+     * worker running a guest's code can tell it nothing. */
+    int lane_pair[2] = { -1, -1 };
+    uint8_t ticket[APIR_STREAM_TICKET_BYTES];
+    if (stream_peer && !stream_tls && srv->host->cfg.max_lanes > 0) {
+        if (getrandom(ticket, sizeof(ticket), 0) != (ssize_t)sizeof(ticket) ||
+            socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, lane_pair) != 0 ||
+            send(lane_pair[0], ticket, sizeof(ticket), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(ticket) ||
+            shutdown(lane_pair[0], SHUT_RD) != 0 || fcntl(lane_pair[0], F_SETFL, O_NONBLOCK) != 0) {
+            APIR_WARN("host", "guest#%llu: no lanes (%s)", (unsigned long long)id, strerror(errno));
+            if (lane_pair[0] >= 0) {
+                close(lane_pair[0]);
+                close(lane_pair[1]);
+            }
+            lane_pair[0] = lane_pair[1] = -1;
+        }
+    }
+    char lane_arg[16];
+    snprintf(lane_arg, sizeof(lane_arg), "%d", lane_pair[1]);
+    if (lane_pair[1] >= 0) {
+        argv[argc++] = "--lane-fd";
+        argv[argc++] = lane_arg;
+    }
     /* Its stderr, read by this daemon (worker_log.h); -1: this daemon's stderr. */
     const int log_fd = apir_worker_log_open(id, srv->host->cfg.limits.guest_log_per_s,
                                             srv->host->cfg.limits.guest_log_burst);
@@ -181,7 +209,7 @@ void apir_workers_spawn(struct apir_server *srv, int fd, const struct ucred *pee
         argv[argc++] = uid_arg;
     }
     /* The worker inherits these descriptors only. */
-    int keep[4], n_keep = 0;
+    int keep[5], n_keep = 0;
     keep[n_keep++] = fd;
     if (stats_fd >= 0)
         keep[n_keep++] = stats_fd;
@@ -189,6 +217,8 @@ void apir_workers_spawn(struct apir_server *srv, int fd, const struct ucred *pee
         keep[n_keep++] = cache_fd;
     if (log_fd >= 0)
         keep[n_keep++] = log_fd;
+    if (lane_pair[1] >= 0)
+        keep[n_keep++] = lane_pair[1];
     const struct apir_worker_exec exec = { .argv = argv, .keep = keep, .n_keep = (unsigned)n_keep, .stdin_fd = -1,
                                            .uid = uid };
     pid_t pid = apir_worker_exec(&exec);
@@ -200,14 +230,22 @@ void apir_workers_spawn(struct apir_server *srv, int fd, const struct ucred *pee
         close(cache_fd);
     if (log_fd >= 0)  /* its stderr: the worker's end */
         close(log_fd);
+    if (lane_pair[1] >= 0)  /* lanes: the worker's end */
+        close(lane_pair[1]);
     if (pid < 0) {
         APIR_ERROR("host", "cannot start a worker process: %s", strerror(errno));
         stats_page_free(page);
         apir_worker_uid_release(uid);
+        if (lane_pair[0] >= 0)
+            close(lane_pair[0]);
+        explicit_bzero(ticket, sizeof(ticket));
         return;
     }
     srv->children[slot] = (struct worker_slot){ .pid = pid, .client_id = id, .peer = *peer,
-                                                .started_ns = apir_now_ns(), .stats = page, .uid = uid };
+                                                .started_ns = apir_now_ns(), .stats = page, .uid = uid,
+                                                .lane_sock = lane_pair[0] };
+    memcpy(srv->children[slot].lane_ticket, ticket, sizeof(ticket));
+    explicit_bzero(ticket, sizeof(ticket));
     if (stream_peer)  /* no process to name: its address instead (cut to fit) */
         snprintf(srv->children[slot].comm, sizeof(srv->children[slot].comm), "%s", stream_peer);
     else
@@ -243,6 +281,10 @@ void apir_workers_reap(struct apir_server *srv)
             apir_stats_retire(&srv->retired, &last);
             stats_page_free(srv->children[i].stats);
             srv->children[i].stats = NULL;
+            if (srv->children[i].lane_sock >= 0)
+                close(srv->children[i].lane_sock);
+            srv->children[i].lane_sock = -1;
+            explicit_bzero(srv->children[i].lane_ticket, sizeof(srv->children[i].lane_ticket));
             /* The first process of its PID namespace ends an abort with
              * abort's status (sandbox.c). */
             const int sig = WIFSIGNALED(status) ? WTERMSIG(status)
@@ -345,8 +387,11 @@ void apir_workers_stop(struct apir_server *srv)
             usleep(10000);
     }
     for (uint32_t i = 0; i < n_slots; i++) {
-        if (srv->children[i].pid)
+        if (srv->children[i].pid) {
             kill(srv->children[i].pid, SIGKILL);
+            if (srv->children[i].lane_sock >= 0)
+                close(srv->children[i].lane_sock);
+        }
         stats_page_free(srv->children[i].stats);
     }
     free(srv->children);
