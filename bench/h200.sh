@@ -51,8 +51,9 @@
 #                              (TPROF_ROUNDS=0: not); TPROF_TLS=1 over TLS too, with its records' costs each side,
 #                              and an A/B of the guest's TLS read thread (APIR_TLS_READ_THREAD) on read-back and tg
 #   bench/h200.sh lanes        issue 26 item 1: lanes (APIR_STREAM_LANES) on and off (APIR_HOST_LANES=0), alternated:
-#                              apir-bench over TCP (upload, download, the 513 KiB read-back), then 8B pp512/tg128
-#                              over TCP (LANES_MIN_KB: the guest's APIR_STREAM_LANE_MIN_KB; LANES_ROUNDS)
+#                              apir-bench over TCP and TLS (upload, download, the 513 KiB read-back), then 8B
+#                              pp512/tg128 over TCP and TLS (LANES_MIN_KB: the guest's APIR_STREAM_LANE_MIN_KB;
+#                              LANES_ROUNDS; LANES_TLS=0)
 #   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
 #                              vs as many native processes (1B Q4_0): wall time, aggregate t/s, memory per
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
@@ -486,12 +487,13 @@ netab)
 lanes)
   # Issue 26 item 1, lanes (transport/lanes.c): apir-bench over TCP and TLS against a host with
   # lanes and one without (APIR_HOST_LANES=0), alternated LANES_ROUNDS rounds (default 2); then
-  # 8B Q4_0 pp512/tg128 over TCP to both (the tcp and tcpb columns), interleaved, the guest
-  # splitting payloads from LANES_MIN_KB (default 1024, the guest's default; 256 puts a token's
-  # 513 KB of logits over lanes).  After `build`, about 280 s.
+  # 8B Q4_0 pp512/tg128 over TCP and TLS to both (the tcp/tcpb and tls/tlsb columns; LANES_TLS=0:
+  # TCP only), interleaved, the guest splitting payloads from LANES_MIN_KB (default 1024, the
+  # guest's default; 256 puts a token's 513 KB of logits over lanes).  After `build`, about 400 s.
   H200_BUDGET_S=$(left) NETAB_ENV=APIR_HOST_LANES=0 NETAB_ROUNDS=${LANES_ROUNDS:-2} bash "$0" netab
   H200_BUDGET_S=$(left) APIR_STREAM_LANE_MIN_KB=${LANES_MIN_KB:-1024} NET_PARTS=8b-q4_0 NET_TCPB=APIR_HOST_LANES=0 \
-    NET_TLS=0 NET_RPC=0 NET_P=512 NET_PHASE_S=${LANES_PHASE_S:-200} ROUNDS=${LANES_ROUNDS:-2} REPS=3 bash "$0" net
+    NET_TLS=${LANES_TLS:-1} NET_RPC=0 NET_P=512 NET_PHASE_S=${LANES_PHASE_S:-300} ROUNDS=${LANES_ROUNDS:-2} REPS=3 \
+    bash "$0" net
   log "done, $(left) s left"
   ;;
 tcpprof)

@@ -65,7 +65,7 @@ static void both_ways(void)
     int sv[3][2];
     for (int i = 0; i < 3; i++) {
         pair(sv[i]);
-        CHECK(apir_lanes_add(tx, sv[i][0]) && apir_lanes_add(rx, sv[i][1]));
+        CHECK(apir_lanes_add(tx, sv[i][0], NULL) && apir_lanes_add(rx, sv[i][1], NULL));
     }
     CHECK(apir_lanes_count(tx) == 3 && apir_lanes_count(rx) == 3);
     uint8_t *src = malloc(3 * PART), *dst = malloc(3 * PART);
@@ -111,7 +111,7 @@ static void gated(void)
     struct apir_lanes *tx = apir_lanes_new(5000);
     int sv[2];
     pair(sv);
-    CHECK(apir_lanes_add(tx, sv[0]));
+    CHECK(apir_lanes_add(tx, sv[0], NULL));
     enum { N = 64 * 1024 };
     static uint8_t src[N], dst[N];
     for (uint32_t i = 0; i < N; i++)
@@ -151,7 +151,7 @@ static void failures(void)
     struct apir_lanes *rx = apir_lanes_new(5000);
     int sv[2];
     pair(sv);
-    CHECK(apir_lanes_add(rx, sv[1]));
+    CHECK(apir_lanes_add(rx, sv[1], NULL));
     static uint8_t dst[4096];
     apir_lanes_post(rx, 0, false, dst, sizeof(dst), 0);
     CHECK(send(sv[0], "abc", 3, 0) == 3);
@@ -166,7 +166,7 @@ static void failures(void)
     /* A break from another thread ends a lane asleep on a silent peer. */
     rx = apir_lanes_new(-1);
     pair(sv);
-    CHECK(apir_lanes_add(rx, sv[1]));
+    CHECK(apir_lanes_add(rx, sv[1], NULL));
     apir_lanes_post(rx, 0, false, dst, sizeof(dst), 0);
     struct breaker b = { rx };
     pthread_t th;
@@ -189,9 +189,9 @@ static void limits_and_free(void)
     for (uint32_t i = 0; i <= APIR_STREAM_MAX_LANES; i++)
         pair(sv[i]);
     for (uint32_t i = 0; i < APIR_STREAM_MAX_LANES; i++)
-        CHECK(apir_lanes_add(l, sv[i][0]));
+        CHECK(apir_lanes_add(l, sv[i][0], NULL));
     errno = 0;
-    CHECK(!apir_lanes_add(l, sv[APIR_STREAM_MAX_LANES][0]) && errno == ENOSPC);
+    CHECK(!apir_lanes_add(l, sv[APIR_STREAM_MAX_LANES][0], NULL) && errno == ENOSPC);
     CHECK(apir_lanes_count(l) == APIR_STREAM_MAX_LANES);
     usleep(100000);  /* the lanes are asleep by now */
     const uint64_t t0 = apir_now_ns();

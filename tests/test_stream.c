@@ -28,11 +28,13 @@
 #include "apir_proto.h"
 #include "calls.h"
 #include "ggml.h"
+#include "net.h"
 #include "remote.h"
 #include "shm_proto.h"
 #include "stream_proto.h"
 #include "test_host.h"
 #include "test_util.h"
+#include "tls.h"
 #include "transport.h"
 #include "wait.h"
 
@@ -181,6 +183,8 @@ static bool start_host(struct host *h, const char *name, const char *tcp_listen,
     while (ms_since(t0) < 20000) {
         char *t = text_read(h->log);
         const char *p = strstr(t, "serving tcp:");
+        if (!p)
+            p = strstr(t, "serving tls:");
         if (p) {
             const char *sp = strchr(p + 12, ' ');
             const char *colon = sp ? sp : p + strlen(p);
@@ -1032,8 +1036,9 @@ static int join_lane(const uint8_t *ticket, int32_t lane, struct apir_stream_hel
 /* 7. Lanes on raw TCP: granted with a ticket; a join with a wrong ticket
  * or beyond the lanes granted is refused; an upload and a download split
  * over two lanes arrive whole; a frame over more lanes than joined is hung
- * up on.  Then the guest library with lanes: random tensor I/O comes back
- * whole, and its profile says the payloads went over the lanes.  A host
+ * up on.  Then the guest library with lanes: none joined before a payload
+ * needs them; random tensor I/O comes back whole, and its profile says the
+ * payloads went over the lanes.  A host
  * without lanes (APIR_HOST_LANES=0) answers 1 and its guests go on with
  * one connection. */
 static void test_lanes(void)
@@ -1118,6 +1123,11 @@ static void test_lanes(void)
         return;
     enum { SIZE = 5 << 20 };
     uint64_t buf = guest_alloc(&r, SIZE);
+    /* Asked for at connect, joined only when a payload needs them. */
+    int32_t n_dev = 0;
+    CHECK(apir_call_DEVICE_GET_DEVICE_COUNT(&r, &n_dev) == APIR_HANDLER_OK && n_dev == 1);
+    usleep(100000);
+    CHECK_MSG(log_count(&main_host, "lane 1 joined") == 1, "lanes joined before a payload needed them");
     uint8_t *big = malloc(SIZE), *big_back = malloc(SIZE);
     if (buf && big && big_back) {
         const struct apir_tensor_rec t = rec_f32(1, buf, 0, SIZE / 4);
@@ -1155,6 +1165,196 @@ static void test_lanes(void)
     setenv("APIR_STREAM_LANES", "0", 1);
     CHECK(log_count(&plain, "joined") == 0);
     stop_host(&plain, SIGTERM);
+}
+
+/* ---- lanes over TLS --------------------------------------------------------- */
+
+/* A raw TLS connection to host h as the key "ID:HEX": the socket, its
+ * session in *tls; -1 when the handshake failed. */
+static int tls_connect(const struct host *h, const char *key, struct apir_tls **tls)
+{
+    *tls = NULL;
+    int fd = raw_connect(h->port);
+    char err[256];
+    struct apir_tls_keys *k = fd >= 0 ? apir_tls_keys_parse(key, err, sizeof(err)) : NULL;
+    if (k)
+        *tls = apir_tls_client(fd, k, "127.0.0.1", 5000, err, sizeof(err));
+    apir_tls_keys_free(k);
+    if (!*tls && fd >= 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static bool tls_send(int fd, struct apir_tls *tls, const void *p, size_t n)
+{
+    struct iovec iov = { (void *)p, n };
+    return apir_net_send(fd, tls, &iov, 1, 5000) == 0;
+}
+
+/* Reads n bytes through rd (one reader a connection: what it read ahead
+ * stays for the next read). */
+static bool tls_read(struct apir_net_reader *rd, void *p, size_t n)
+{
+    return apir_net_read(rd, p, n, 5000, NULL) == 0;
+}
+
+/* A command through TLS: frame, segments, command, payload; the reply's
+ * header and items (out bytes left unread). */
+static bool tls_command(int fd, struct apir_tls *tls, struct apir_net_reader *rd, struct apir_stream_frame f,
+                        const struct apir_stream_segment *seg, int32_t type, const void *items, size_t items_len,
+                        const void *payload, size_t payload_len, struct apir_stream_reply *rh, uint8_t *reply,
+                        size_t reply_cap)
+{
+    uint8_t cmd[256];
+    const size_t n = cmd_bytes(cmd, sizeof(cmd), type, 0, items, items_len);
+    f.cmd_len = (uint32_t)n;
+    const uint32_t n_seg = (uint32_t)f.n_in + f.n_out;
+    return tls_send(fd, tls, &f, sizeof(f)) && (!n_seg || tls_send(fd, tls, seg, n_seg * sizeof(*seg))) &&
+           tls_send(fd, tls, cmd, n) && (!payload_len || tls_send(fd, tls, payload, payload_len)) &&
+           tls_read(rd, rh, sizeof(*rh)) && rh->magic == APIR_STREAM_REPLY_MAGIC && rh->reply_len <= reply_cap &&
+           tls_read(rd, reply, rh->reply_len);
+}
+
+/* A tls: join: its clear half-ticket (route), then, over its own TLS as
+ * key, the whole ticket.  The host's answer: status into *status (-1: no
+ * answer came - closed); the lane's fd and session when taken. */
+static int tls_join(const struct host *h, const uint8_t *route, const char *key, const uint8_t *ticket, int *status,
+                    struct apir_tls **tls, struct apir_net_reader *rd)
+{
+    *status = -1;
+    *tls = NULL;
+    int fd = raw_connect(h->port);
+    struct apir_stream_hello j = { .magic = APIR_STREAM_JOIN_MAGIC, .version = APIR_STREAM_VERSION, .pid = 1,
+                                   .token_len = APIR_STREAM_TICKET_BYTES / 2 };
+    memcpy(j.token, route, APIR_STREAM_TICKET_BYTES / 2);
+    char err[256];
+    struct apir_tls_keys *k = apir_tls_keys_parse(key, err, sizeof(err));
+    struct apir_stream_hello_reply r;
+    apir_net_reader_init(rd, fd, 4096);
+    if (fd >= 0 && k && send_all(fd, &j, sizeof(j)) &&
+        (*tls = apir_tls_client(fd, k, "127.0.0.1", 5000, err, sizeof(err))) &&
+        tls_send(fd, *tls, ticket, APIR_STREAM_TICKET_BYTES)) {
+        rd->tls = *tls;
+        if (tls_read(rd, &r, sizeof(r)) && r.magic == APIR_STREAM_MAGIC)
+            *status = r.status;
+    }
+    apir_tls_keys_free(k);
+    return fd;
+}
+
+/* 8. Lanes over TLS (with workers only): granted inside the session; a join
+ * whose clear route names no session is closed before any handshake; one
+ * with the right route but another key's identity, or the right identity
+ * but a wrong second half of the ticket, is refused in the worker; the
+ * right one is taken, and a download split over it arrives whole.  With
+ * threads, a tls: session has no lanes (asking gets 1). */
+static void test_lanes_tls(void)
+{
+    char keys[160], alice[160], bob[160];
+    snprintf(keys, sizeof(keys), "%s/keys", dir);
+    snprintf(alice, sizeof(alice), "alice:%s", "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
+    snprintf(bob, sizeof(bob), "bob:%s", "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100");
+    FILE *f = fopen(keys, "w");
+    if (f) {
+        fprintf(f, "%s\n%s\n", alice, bob);
+        fclose(f);
+    }
+    chmod(keys, 0600);
+    struct host th;
+    const char *extra[] = { "--tls-psk-file", keys, NULL };
+    CHECK(start_host(&th, "tls", "tls:127.0.0.1:0", extra));
+    if (!th.port)
+        return;
+    struct apir_tls *tls = NULL;
+    int fd = tls_connect(&th, alice, &tls);
+    CHECK(fd >= 0);
+    struct apir_net_reader rd;
+    apir_net_reader_init(&rd, fd, 4096);
+    rd.tls = tls;
+    struct apir_stream_hello h = good_hello(NULL);
+    struct apir_stream_hello_reply hr;
+    struct apir_stream_reply rh;
+    uint8_t reply[256];
+    bool ok = fd >= 0 && tls_send(fd, tls, &h, sizeof(h)) && tls_read(&rd, &hr, sizeof(hr)) && hr.status == 0;
+    CHECK(ok);
+    const uint32_t want = 1;
+    ok = ok && tls_command(fd, tls, &rd, frame(0, 0, 0), NULL, APIR_CMD_TYPE_STREAM_LANES, &want, sizeof(want), NULL, 0, &rh,
+                           reply, sizeof(reply));
+    const bool threads = !strcmp(isolation, "thread");
+    const bool granted = ok && rh.ret == 0 && rh.reply_len == 4 + APIR_STREAM_TICKET_BYTES;
+    if (threads)
+        CHECK_MSG(ok && rh.ret == 1, "a tls: session's lanes in thread mode: ret %u", rh.ret);
+    else
+        CHECK_MSG(granted, "lanes: ret %u, %u reply bytes", rh.ret, rh.reply_len);
+    if (!threads && granted) {
+        uint8_t ticket[APIR_STREAM_TICKET_BYTES], wrong[APIR_STREAM_TICKET_BYTES];
+        memcpy(ticket, reply + 4, sizeof(ticket));
+        int status;
+        struct apir_tls *lt;
+        struct apir_net_reader lrd;
+        /* a route no session has: closed before the handshake */
+        memcpy(wrong, ticket, sizeof(wrong));
+        wrong[3] ^= 1;
+        int lf = tls_join(&th, wrong, alice, ticket, &status, &lt, &lrd);
+        CHECK_MSG(status == -1 && !lt, "a wrong route was answered (%d)", status);
+        if (lf >= 0)
+            close(lf);
+        apir_tls_free(lt);
+        apir_net_reader_free(&lrd);
+        /* the right route, another identity */
+        lf = tls_join(&th, ticket, bob, ticket, &status, &lt, &lrd);
+        CHECK_MSG(status == -1, "bob's join of alice's session was answered (%d)", status);
+        CHECK(wait_log(&th, "(key \"bob\") refused: not the session's ticket and identity", 1, 5000));
+        if (lf >= 0)
+            close(lf);
+        apir_tls_free(lt);
+        apir_net_reader_free(&lrd);
+        /* the right route and identity, a wrong second half */
+        memcpy(wrong, ticket, sizeof(wrong));
+        wrong[APIR_STREAM_TICKET_BYTES - 1] ^= 1;
+        lf = tls_join(&th, ticket, alice, wrong, &status, &lt, &lrd);
+        CHECK_MSG(status == -1, "a wrong ticket's join was answered (%d)", status);
+        CHECK(wait_log(&th, "(key \"alice\") refused: not the session's ticket and identity", 1, 5000));
+        if (lf >= 0)
+            close(lf);
+        apir_tls_free(lt);
+        apir_net_reader_free(&lrd);
+        /* the right one, then a download over it */
+        lf = tls_join(&th, ticket, alice, ticket, &status, &lt, &lrd);
+        CHECK_MSG(status == 0, "the session's own join: %d", status);
+        uint8_t items[12];
+        const uint32_t id = RAW_BLOB_ID;
+        const uint64_t size = RAW_BLOB_SIZE;
+        memcpy(items, &id, 4);
+        memcpy(items + 4, &size, 8);
+        static uint8_t data[RAW_BLOB_SIZE], back[RAW_BLOB_SIZE];
+        fill_random(data, sizeof(data));
+        const struct apir_stream_segment seg = { .res_id = RAW_BLOB_ID, .offset = 0, .size = RAW_BLOB_SIZE };
+        struct apir_stream_frame up = frame(0, 1, 0), down = frame(0, 0, 1);
+        down.lanes = 1;
+        uint64_t off[2], len[2];
+        for (uint32_t k = 0; k < 2; k++)
+            apir_stream_lane_part(RAW_BLOB_SIZE, 1, k, &off[k], &len[k]);
+        ok = status == 0 &&
+             tls_command(fd, tls, &rd, frame(0, 0, 0), NULL, APIR_CMD_TYPE_SHM_BLOB_CREATE, items, sizeof(items), NULL,
+                         0, &rh, reply, sizeof(reply)) && rh.ret == 0 &&
+             tls_command(fd, tls, &rd, up, &seg, 3, NULL, 0, data, sizeof(data), &rh, reply, sizeof(reply)) &&
+             tls_command(fd, tls, &rd, down, &seg, 3, NULL, 0, NULL, 0, &rh, reply, sizeof(reply)) &&
+             rh.out_bytes == RAW_BLOB_SIZE && tls_read(&rd, back, (size_t)len[0]) &&
+             tls_read(&lrd, back + off[1], (size_t)len[1]);
+        CHECK_MSG(ok && memcmp(back, data, sizeof(data)) == 0, "a download over a TLS lane came back changed");
+        if (lf >= 0)
+            close(lf);
+        apir_tls_free(lt);
+        apir_net_reader_free(&lrd);
+    }
+    apir_net_reader_free(&rd);
+    apir_tls_free(tls);
+    if (fd >= 0)
+        close(fd);
+    stop_host(&th, SIGTERM);
 }
 
 /* Endpoints: malformed ones and unreachable ones fail promptly with the
@@ -1532,6 +1732,7 @@ int main(int argc, char **argv)
         TEST(test_hostile_frames),
         TEST(test_slow_upload),
         TEST(test_lanes),
+        TEST(test_lanes_tls),
         TEST(test_endpoints),
         TEST(test_nonloopback_needs_token),
         TEST(test_token),
@@ -1543,7 +1744,7 @@ int main(int argc, char **argv)
     };
     int rc = test_run("stream", cases, (int)(sizeof(cases) / sizeof(cases[0])));
     if (rc == 0) {
-        const char *names[] = { "main.log", "token.log", "open.log", "slow.log", "v6.log", "nolanes.log", "token", "guest-token", "wrong-token" };
+        const char *names[] = { "main.log", "token.log", "open.log", "slow.log", "v6.log", "nolanes.log", "tls.log", "keys", "token", "guest-token", "wrong-token" };
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
             char p[160];
             snprintf(p, sizeof(p), "%s/%s", dir, names[i]);

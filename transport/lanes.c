@@ -2,6 +2,7 @@
 
 #include "net.h"
 #include "stream_proto.h"
+#include "tls.h"
 #include "wait.h"
 
 #include <errno.h>
@@ -23,6 +24,7 @@
 struct lane {
     struct apir_lanes *set;
     int fd;
+    struct apir_tls *tls;           /* a tls: session's lane: its own TLS session; NULL: plain */
     pthread_t thread;
     struct apir_net_reader rd;
     /* Bumped by each post (and by the stop); the lane sleeps on it. */
@@ -123,7 +125,7 @@ static int run_job(struct lane *ln)
                 upto = (uint8_t *)r;
         }
         struct iovec iov = { at, (size_t)(upto - at) };
-        if (apir_net_write(ln->fd, &iov, 1, l->timeout_ms) != 0)
+        if (apir_net_send(ln->fd, ln->tls, &iov, 1, l->timeout_ms) != 0)
             return -1;
         at = upto;
     }
@@ -161,7 +163,7 @@ static void *lane_main(void *arg)
     return NULL;
 }
 
-bool apir_lanes_add(struct apir_lanes *l, int fd)
+bool apir_lanes_add(struct apir_lanes *l, int fd, struct apir_tls *tls)
 {
     pthread_mutex_lock(&l->add_lock);
     const uint32_t i = atomic_load(&l->n);
@@ -173,9 +175,11 @@ bool apir_lanes_add(struct apir_lanes *l, int fd)
         memset(ln, 0, sizeof(*ln));
         ln->set = l;
         ln->fd = fd;
+        ln->tls = tls;
         if (!apir_net_reader_init(&ln->rd, fd, LANE_READER_BYTES)) {
             err = ENOMEM;
         } else {
+            ln->rd.tls = tls;
             /* The thread takes no signals: the process's own threads do. */
             sigset_t all, old;
             sigfillset(&all);
@@ -190,6 +194,7 @@ bool apir_lanes_add(struct apir_lanes *l, int fd)
         atomic_store_explicit(&l->n, i + 1, memory_order_release);
     pthread_mutex_unlock(&l->add_lock);
     if (err) {
+        apir_tls_free(tls);
         close(fd);
         errno = err;
         return false;
@@ -262,6 +267,7 @@ void apir_lanes_free(struct apir_lanes *l)
         apir_futex_wake(&ln->job_word);
         pthread_join(ln->thread, NULL);
         apir_net_reader_free(&ln->rd);
+        apir_tls_free(ln->tls);
         close(ln->fd);
     }
     pthread_mutex_destroy(&l->add_lock);

@@ -4,7 +4,8 @@
  * cores at once (stream_proto.h has the wire rules).
  *
  * Why: over one TCP connection a payload costs two kernel copies, one on
- * each side, on one core each; a token's 513 KB of logits took 110-140 us
+ * each side, on one core each (over TLS, sealing and opening each record
+ * too); a token's 513 KB of logits took 110-140 us
  * through loopback on an H200 where the device's own copy takes 54
  * (docs/MEASUREMENTS.md).  Cut in parts, one per connection, the copies
  * run side by side.
@@ -33,11 +34,13 @@ struct apir_lanes;
 struct apir_lanes *apir_lanes_new(int timeout_ms);
 
 /* Adds a connected stream socket as the next lane and starts its thread;
- * the socket is the set's from then (closed by apir_lanes_free).  Any
- * thread may add while the owner works: the owner sees the lane once
- * apir_lanes_count counts it.  False (errno; fd closed) at the limit or
- * without a thread. */
-bool apir_lanes_add(struct apir_lanes *l, int fd);
+ * the socket, and tls (the lane's own TLS session over it, for a tls:
+ * session; NULL: plain), are the set's from then (freed by
+ * apir_lanes_free).  Any thread may add while the owner works: the owner
+ * sees the lane once apir_lanes_count counts it.  False (errno; fd closed,
+ * tls freed) at the limit or without a thread. */
+struct apir_tls;
+bool apir_lanes_add(struct apir_lanes *l, int fd, struct apir_tls *tls);
 uint32_t apir_lanes_count(const struct apir_lanes *l);
 
 /* The owner.  Lane i sends or receives [p, p + n); spin_ns: how long its

@@ -60,6 +60,8 @@ struct stream_transport {
     struct apir_transport base;
     int fd;
     struct apir_tls *tls;      /* tls: endpoints; NULL for tcp:, vsock: */
+    struct apir_tls_keys *tls_keys;  /* tls: its key or certificates, for its lanes' handshakes */
+    char tls_name[96];         /* tls: the name the host's certificate must carry */
     bool profile;              /* APIR_PROFILE=1: the session's records counted */
     struct apir_net_reader rd;
     uint8_t cmd[APIR_MAX_COMMAND_SIZE];
@@ -72,8 +74,11 @@ struct stream_transport {
     uint32_t posted_ok[MAX_POSTED];  /* what each one returns on success */
     uint32_t next_res_id;
     uint64_t spin_ns;          /* a reply's default spin (APIR_SPIN_US) */
-    struct apir_lanes *lanes;  /* its lanes (lanes.h), NULL: none */
+    struct apir_net_addr addr; /* where it connected: its lanes connect there too */
+    struct apir_lanes *lanes;  /* its lanes (lanes.h), NULL: none (yet) */
     uint32_t n_lanes;
+    uint32_t lanes_granted;    /* granted, not joined yet (ask_lanes); 0 after join_lanes */
+    uint8_t lane_ticket[APIR_STREAM_TICKET_BYTES];
     uint64_t lane_min;         /* payloads of this many bytes or more go over them */
     uint64_t lane_payloads, lane_bytes;  /* payloads split over them; the bytes that went on them */
 };
@@ -113,6 +118,8 @@ static void stream_unstage(struct apir_transport *t)
     struct stream_transport *s = (struct stream_transport *)t;
     s->n_in = s->n_out = 0;
 }
+
+static void join_lanes(struct stream_transport *s);
 
 static void broken(struct stream_transport *s, const char *what)
 {
@@ -221,8 +228,12 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
      * given its part before the frame leaves.  A lane spins only the short
      * spin, then sleeps in poll until its bytes come: a download may wait
      * for a long graph, through which a lane's spin would hold a core. */
-    const bool lane_down = s->n_lanes && n_out == 1 && s->out[0].size >= s->lane_min;
-    const bool lane_up = s->n_lanes && n_in == 1 && n_out == 0 && s->in[0].size >= s->lane_min;
+    const bool lane_down_size = n_out == 1 && s->out[0].size >= s->lane_min;
+    const bool lane_up_size = n_in == 1 && n_out == 0 && s->in[0].size >= s->lane_min;
+    if (s->lanes_granted && (lane_down_size || lane_up_size))
+        join_lanes(s);
+    const bool lane_down = s->n_lanes && lane_down_size;
+    const bool lane_up = s->n_lanes && lane_up_size;
     size_t first_here = SIZE_MAX;
     if (lane_down || lane_up) {
         const struct staged *one = lane_down ? &s->out[0] : &s->in[0];
@@ -341,16 +352,16 @@ static void stream_blob_destroy(struct apir_transport *t, uint32_t res_id, void 
 static bool stream_describe_profile(struct apir_transport *t, char *out, size_t len)
 {
     struct stream_transport *s = (struct stream_transport *)t;
-    if (s->n_lanes) {
-        snprintf(out, len, "lanes: %u, %llu payloads split over them, %.1f MiB on them", s->n_lanes,
-                 (unsigned long long)s->lane_payloads, s->lane_bytes / 1048576.0);
-        return true;
-    }
-    if (!s->tls || !s->profile)
+    const bool tls = s->tls && s->profile;
+    if (!s->n_lanes && !tls)
         return false;
-    char counts[512];
-    apir_tls_describe_counts(s->tls, counts, sizeof(counts));
-    snprintf(out, len, "tls: %s", counts);
+    char lanes[128] = "", counts[512] = "";
+    if (s->n_lanes)
+        snprintf(lanes, sizeof(lanes), "lanes: %u, %llu payloads split over them, %.1f MiB on them%s", s->n_lanes,
+                 (unsigned long long)s->lane_payloads, s->lane_bytes / 1048576.0, tls ? "; " : "");
+    if (tls)
+        apir_tls_describe_counts(s->tls, counts, sizeof(counts));
+    snprintf(out, len, "%s%s%s", lanes, tls ? "tls: " : "", counts);
     return true;
 }
 
@@ -358,6 +369,8 @@ static void stream_close(struct apir_transport *t)
 {
     struct stream_transport *s = (struct stream_transport *)t;
     apir_lanes_free(s->lanes);
+    explicit_bzero(s->lane_ticket, sizeof(s->lane_ticket));
+    apir_tls_keys_free(s->tls_keys);
     apir_tls_free(s->tls);
     close(s->fd);
     apir_net_reader_free(&s->rd);
@@ -474,35 +487,51 @@ static uint64_t lane_min_bytes(void)
     return LANE_MIN_DEFAULT_BYTES;
 }
 
-/* Joins the lanes the host grants (stream_proto.h).  Without them (an
- * older host, one that has none, a join refused) the session goes on with
- * what joined, or on its one connection. */
-static void open_lanes(struct stream_transport *s, const struct apir_net_addr *addr)
+/* Asks the host for lanes (stream_proto.h) and keeps its grant and ticket;
+ * they are joined when the first payload that would go over them comes
+ * (join_lanes): a session that never moves one - `apir ping`, a small
+ * model's tokens - opens no connection more.  Without lanes (an older
+ * host, one that has none) the session goes on with its one connection. */
+static void ask_lanes(struct stream_transport *s)
 {
     const uint32_t want = lanes_wanted();
     if (!want)
         return;
-    s->lane_min = lane_min_bytes();
     struct apir_encoder *enc = stream_begin(&s->base);
     apir_encode_u32(enc, want);
-    uint32_t ret, granted = 0;
-    struct apir_stream_hello join = { .magic = APIR_STREAM_JOIN_MAGIC, .version = APIR_STREAM_VERSION,
-                                      .token_len = APIR_STREAM_TICKET_BYTES };
+    uint32_t ret, granted;
     struct apir_decoder dec;
     if (stream_submit(&s->base, APIR_CMD_TYPE_STREAM_LANES, 0, NULL, &ret, &dec) != 0 || ret != 0) {
         APIR_DEBUG("guest", "host at %s has no lanes: one connection", s->base.endpoint);
         return;
     }
     granted = apir_decode_u32(&dec);
-    apir_decode_bytes(&dec, join.token, APIR_STREAM_TICKET_BYTES);
+    apir_decode_bytes(&dec, s->lane_ticket, sizeof(s->lane_ticket));
     if (dec.fatal || !granted || granted > APIR_STREAM_MAX_LANES) {
         APIR_WARN("guest", "host at %s: a malformed answer about lanes: one connection", s->base.endpoint);
         return;
     }
+    s->lanes_granted = granted;
+    s->lane_min = lane_min_bytes();
+}
+
+/* Joins the lanes granted, once: a connection each, its join answered.  A
+ * lane refused or not reached ends the joining; the session uses those
+ * that joined. */
+static void join_lanes(struct stream_transport *s)
+{
+    const uint32_t granted = s->lanes_granted;
+    s->lanes_granted = 0;  /* once */
+    /* A tls: join's clear bytes carry half the ticket (which session); the
+     * whole ticket goes inside the lane's own TLS session. */
+    const uint32_t clear = s->tls ? APIR_STREAM_TICKET_BYTES / 2 : APIR_STREAM_TICKET_BYTES;
+    struct apir_stream_hello join = { .magic = APIR_STREAM_JOIN_MAGIC, .version = APIR_STREAM_VERSION,
+                                      .token_len = clear };
+    memcpy(join.token, s->lane_ticket, clear);
     s->lanes = apir_lanes_new(-1);
     for (uint32_t k = 1; s->lanes && k <= granted; k++) {
         char err[256];
-        const int fd = apir_net_connect(addr, CONNECT_MS, err, sizeof(err));
+        const int fd = apir_net_connect(&s->addr, CONNECT_MS, err, sizeof(err));
         if (fd < 0) {
             APIR_WARN("guest", "lane %u: %s", k, err);
             break;
@@ -511,24 +540,35 @@ static void open_lanes(struct stream_transport *s, const struct apir_net_addr *a
         struct iovec iov = { &join, sizeof(join) };
         struct apir_stream_hello_reply r = { 0 };
         struct apir_net_reader rd;
+        struct apir_tls *tls = NULL;
         bool answered = false;
-        if (apir_net_write(fd, &iov, 1, HELLO_MS) == 0 && apir_net_reader_init(&rd, fd, sizeof(r))) {
+        char why[512] = "";
+        bool sent = apir_net_write(fd, &iov, 1, HELLO_MS) == 0;
+        if (sent && s->tls) {
+            tls = apir_tls_client(fd, s->tls_keys, s->tls_name, HELLO_MS, why, sizeof(why));
+            struct iovec whole = { s->lane_ticket, sizeof(s->lane_ticket) };
+            sent = tls && apir_net_send(fd, tls, &whole, 1, HELLO_MS) == 0;
+        }
+        if (sent && apir_net_reader_init(&rd, fd, sizeof(r))) {
+            rd.tls = tls;
             answered = apir_net_read(&rd, &r, sizeof(r), HELLO_MS, NULL) == 0;
             apir_net_reader_free(&rd);
         }
         if (!answered || r.magic != APIR_STREAM_MAGIC || r.status != 0) {
             r.message[sizeof(r.message) - 1] = '\0';
             APIR_WARN("guest", "host at %s did not take lane %u (%s)", s->base.endpoint, k,
-                      answered ? r.message : strerror(errno));
+                      answered ? r.message : why[0] ? why : strerror(errno));
+            apir_tls_free(tls);
             close(fd);
             break;
         }
-        if (!apir_lanes_add(s->lanes, fd)) {
+        if (!apir_lanes_add(s->lanes, fd, tls)) {
             APIR_WARN("guest", "lane %u: no thread (%s)", k, strerror(errno));
             break;
         }
     }
     explicit_bzero(join.token, sizeof(join.token));
+    explicit_bzero(s->lane_ticket, sizeof(s->lane_ticket));
     s->n_lanes = apir_lanes_count(s->lanes);
     APIR_DEBUG("guest", "host at %s: %u lanes of %u granted", s->base.endpoint, s->n_lanes, granted);
 }
@@ -565,7 +605,9 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
         const char *name = env_set("APIR_TLS_SERVER_NAME") ? env_set("APIR_TLS_SERVER_NAME") : addr.host;
         struct apir_tls_keys *keys = guest_tls_keys(why, sizeof(why));
         s->tls = keys ? apir_tls_client(s->fd, keys, name, HELLO_MS, why, sizeof(why)) : NULL;
-        apir_tls_keys_free(keys);
+        /* Kept for the lanes' own handshakes (join_lanes). */
+        s->tls_keys = keys;
+        snprintf(s->tls_name, sizeof(s->tls_name), "%s", name);
         if (!s->tls) {
             snprintf(err, err_len, "%s: %s", endpoint, why);
             goto fail;
@@ -614,13 +656,14 @@ struct apir_transport *apir_stream_connect(const char *endpoint, char *err, size
     snprintf(s->base.endpoint, sizeof(s->base.endpoint), "%s", endpoint);
     s->next_res_id = APIR_STREAM_FIRST_RES_ID;
     s->spin_ns = (uint64_t)apir_spin_us() * 1000;
-    /* Lanes (plain tcp:, vsock:; a tls: session's records would need a
-     * TLS session per lane). */
-    if (!s->tls)
-        open_lanes(s, &addr);
+    /* Lanes (a tls: session's each with a TLS session of its own). */
+    s->addr = addr;
+    s->lane_min = UINT64_MAX;
+    ask_lanes(s);
     return &s->base;
 fail:
     apir_tls_free(s->tls);
+    apir_tls_keys_free(s->tls_keys);
     apir_net_reader_free(&s->rd);
     close(s->fd);
     free(s);

@@ -134,14 +134,14 @@ static void linger_service(struct apir_server *srv, uint32_t i, short revents)
 
 /* A new connection waits for its hello among the polled (either isolation). */
 void apir_server_add_pending(struct apir_server *srv, int fd, const struct ucred *peer, uint64_t tenant,
-                             bool stream)
+                             bool stream, bool tls)
 {
     if (srv->n_pending == APIR_MAX_PENDING) {
         const char *why = "too many connections waiting for their hello";
         if (stream) {
             char name[64];
             apir_net_peer_name(fd, name, sizeof(name));
-            apir_stream_refuse(srv, fd, name, false, why);
+            apir_stream_refuse(srv, fd, name, tls, why);
         } else {
             apir_server_refuse(srv, fd, why);
             apir_server_linger_close(srv, fd);
@@ -150,7 +150,7 @@ void apir_server_add_pending(struct apir_server *srv, int fd, const struct ucred
     }
     uint64_t deadline = apir_now_ns() + (uint64_t)srv->host->cfg.limits.handshake_timeout_ms * 1000000ull;
     srv->pending[srv->n_pending++] = (struct pending_conn){ .fd = fd, .peer = *peer, .tenant = tenant,
-                                                            .deadline_ns = deadline, .stream = stream };
+                                                            .deadline_ns = deadline, .stream = stream, .tls = tls };
 }
 
 /*
@@ -231,7 +231,7 @@ static void accept_new(struct apir_server *srv)
         apir_server_refuse(srv, fd, why);
         apir_server_linger_close(srv, fd);
     } else {
-        apir_server_add_pending(srv, fd, &peer, key, false);
+        apir_server_add_pending(srv, fd, &peer, key, false, false);
     }
     apir_tenant_leave(srv);
 }

@@ -121,6 +121,7 @@ struct apir_server {
         uint64_t tenant;
         uint64_t deadline_ns;
         bool stream;              /* its hello is read (and checked) here, with either isolation */
+        bool tls;                 /* a tls: listener's: a TLS guest (handed on at its first byte) or a lane's join */
         uint8_t hello_len;        /* stream: bytes of its hello received so far */
         uint8_t hello[sizeof(struct apir_stream_hello)];
     } pending[APIR_MAX_PENDING];
@@ -207,7 +208,7 @@ void apir_tenant_spawned(struct apir_server *srv, uint64_t tenant, uint32_t chil
 /* A new connection waits among the polled for its hello, until its
  * deadline (--handshake-timeout-ms). */
 void apir_server_add_pending(struct apir_server *srv, int fd, const struct ucred *peer, uint64_t tenant,
-                             bool stream);
+                             bool stream, bool tls);
 
 /* stream.c */
 void apir_stream_accept(struct apir_server *srv, uint32_t listener);

@@ -249,26 +249,30 @@ void apir_stream_accept(struct apir_server *srv, uint32_t listener)
     const struct ucred peer = { .pid = 0, .uid = peer_uid(fd), .gid = (gid_t)-1 };
     const bool tls = srv->net[listener].tls;
     const char *why = apir_admit_connection(srv, t);
-    /* TLS: the handshake is the hello's check; it runs where the guest is
-     * served (its worker process, sandboxed, or its thread), never in this
-     * loop - so the guest's spawn is paid now, before it has proved
-     * anything (its connect bucket and count bound how often). */
-    if (!why && tls)
-        why = apir_admit_guest(srv, t);
-    if (why) {
+    if (why)
         apir_stream_refuse(srv, fd, name, tls, why);
-    } else if (tls) {
-        if (srv->worker_argv) {
-            const uint32_t before = srv->n_children;
-            apir_workers_spawn(srv, fd, &peer, name, true);
-            apir_tenant_spawned(srv, key, before);
-        } else {
-            apir_stream_start_client(srv, fd, name, key, true);
-        }
-    } else {
-        apir_server_add_pending(srv, fd, &peer, key, true);
-    }
+    else
+        apir_server_add_pending(srv, fd, &peer, key, true, tls);
     apir_tenant_leave(srv);
+}
+
+/* A tls: connection whose first byte came and is not a lane's join: a TLS
+ * guest.  Its handshake is the hello's check; it runs where the guest is
+ * served (its worker process, sandboxed, or its thread), never in this
+ * loop - so the guest's spawn is paid now, before it has proved anything
+ * (its connect bucket and count bound how often). */
+static void tls_guest(struct apir_server *srv, struct pending_conn *p, const char *name)
+{
+    const char *why = apir_admit_guest(srv, srv->tenant_now);
+    if (why) {
+        apir_stream_refuse(srv, p->fd, name, true, why);
+    } else if (srv->worker_argv) {
+        const uint32_t before = srv->n_children;
+        apir_workers_spawn(srv, p->fd, &p->peer, name, true);
+        apir_tenant_spawned(srv, p->tenant, before);
+    } else {
+        apir_stream_start_client(srv, p->fd, name, p->tenant, true);
+    }
 }
 
 /* Constant time in the token's length: a guest learns nothing from how
@@ -290,6 +294,25 @@ bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short 
 {
     char name[64];
     apir_net_peer_name(p->fd, name, sizeof(name));
+    /* tls: its first byte tells: a TLS record (a guest's ClientHello: the
+     * worker reads it, this loop does not) or a lane's join, whose 80
+     * clear bytes come before its own handshake.  One byte peeked, none
+     * taken: a connection is never left readable and unread here. */
+    if (p->tls && p->hello_len == 0 && (revents & POLLIN)) {
+        uint8_t first = 0;
+        const ssize_t n = recv(p->fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            APIR_INFO("host", "connection (%s) closed before its hello", name);
+            close(p->fd);
+            return true;
+        }
+        if (n == 1 && first != (uint8_t)(APIR_STREAM_JOIN_MAGIC & 0xff)) {
+            tls_guest(srv, p, name);
+            return true;
+        }
+        if (n != 1)
+            return false;
+    }
     if (revents & POLLIN) {
         ssize_t n = recv(p->fd, p->hello + p->hello_len, sizeof(p->hello) - p->hello_len, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -306,7 +329,8 @@ bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short 
     if (p->hello_len < sizeof(p->hello)) {
         if (now < p->deadline_ns)
             return false;
-        APIR_WARN("host", "connection (%s) sent no hello in %u ms: closed", name,
+        APIR_WARN("host", "connection (%s) sent %s in %u ms: closed", name,
+                  p->tls ? "no answer (a TLS handshake or a lane's join)" : "no hello",
                   srv->host->cfg.limits.handshake_timeout_ms);
         close(p->fd);
         return true;
@@ -317,6 +341,10 @@ bool apir_stream_pending(struct apir_server *srv, struct pending_conn *p, short 
     if (h.magic == APIR_STREAM_JOIN_MAGIC) {
         lane_join(srv, p, &h, name);
         explicit_bzero(&h, sizeof(h));
+        return true;
+    }
+    if (p->tls) {  /* began as a join, is not one */
+        apir_stream_refuse(srv, p->fd, name, true, "not a lane's join");
         return true;
     }
     const char *why = NULL;
@@ -388,20 +416,32 @@ static int send_to_guest(void *ctx, struct iovec *iov, int n)
 
 /* ---- lanes (stream_proto.h, transport/lanes.h) ---------------------------- */
 
-/* Constant time over the ticket: a join learns nothing from how long a
- * wrong one took. */
-static bool ticket_matches(const uint8_t *a, const uint8_t *b)
+/* Constant time over n bytes of the ticket: a join learns nothing from how
+ * long a wrong one took. */
+static bool ticket_matches(const uint8_t *a, const uint8_t *b, uint32_t n)
 {
     uint8_t diff = 0;
-    for (uint32_t i = 0; i < APIR_STREAM_TICKET_BYTES; i++)
+    for (uint32_t i = 0; i < n; i++)
         diff |= (uint8_t)(a[i] ^ b[i]);
     return diff == 0;
 }
 
+/* What the daemon passes a worker with a lane's connection. */
+struct lane_pass {
+    uint32_t lane;
+    uint32_t tls;               /* a tls: listener's join: its handshake comes next */
+};
+
+/* A plain join's ticket is the whole ticket; a tls: join's clear bytes are
+ * its first half only (which session: the route), the rest comes inside
+ * the lane's own TLS session (lane_tls_welcome). */
+#define LANE_ROUTE_BYTES (APIR_STREAM_TICKET_BYTES / 2)
+
 /* Makes fd the next lane of c's session and answers its join (both
- * isolations: this daemon's thread mode, a worker's intake); fd is taken
- * either way.  Beyond the lanes its guest was granted: refused. */
-static void lane_attach(struct apir_client *c, int fd, uint32_t lane, const char *peer_name)
+ * isolations: this daemon's thread mode, a worker's intake), through tls
+ * when the lane has its own session; fd and tls are taken either way.
+ * Beyond the lanes its guest was granted: refused. */
+static void lane_attach(struct apir_client *c, int fd, struct apir_tls *tls, uint32_t lane, const char *peer_name)
 {
     struct apir_stream_hello_reply r = { .magic = APIR_STREAM_MAGIC, .status = 0 };
     struct iovec iov = { &r, sizeof(r) };
@@ -411,34 +451,37 @@ static void lane_attach(struct apir_client *c, int fd, uint32_t lane, const char
                   atomic_load(&c->lanes_granted));
         r.status = -1;
         snprintf(r.message, sizeof(r.message), "more lanes than granted");
-        (void)apir_net_write(fd, &iov, 1, 1000);
+        (void)apir_net_send(fd, tls, &iov, 1, 1000);
+        apir_tls_free(tls);
         close(fd);
         return;
     }
     /* Counted first, answered after: the guest uses a lane once answered,
      * and the serving thread takes a frame over lanes it counts. */
-    if (!apir_lanes_add(c->lanes, fd)) {
+    if (!apir_lanes_add(c->lanes, fd, tls)) {
         APIR_WARN("host", "%s: a lane from %s not taken (%s)", c->session->name, peer_name, strerror(errno));
         return;
     }
-    if (apir_net_write(fd, &iov, 1, 1000) != 0)
+    if (apir_net_send(fd, tls, &iov, 1, 1000) != 0)
         APIR_WARN("host", "%s: lane %u: cannot answer its join (%s)", c->session->name, lane, strerror(errno));
     else
-        APIR_INFO("host", "%s: lane %u joined from %s (%u of %u)", c->session->name, lane, peer_name, have + 1,
-                  atomic_load(&c->lanes_granted));
+        APIR_INFO("host", "%s: lane %u joined from %s (%u of %u%s)", c->session->name, lane, peer_name, have + 1,
+                  atomic_load(&c->lanes_granted), tls ? ", TLS" : "");
 }
 
-/* A join, in the daemon: its ticket names a live session of the same
- * tenant (address); the connection goes to it - its worker (over the
- * worker's lane socket, never blocking here: a worker that does not take
- * it loses the lane) or, thread mode, its client. */
+/* A join, in the daemon: its ticket (a tls: join: the ticket's route)
+ * names a live session of the same tenant (address); the connection goes
+ * to it - its worker (over the worker's lane socket, never blocking here:
+ * a worker that does not take it loses the lane) or, thread mode, its
+ * client (plain joins only: a tls: session has lanes in a worker only). */
 static void lane_join(struct apir_server *srv, struct pending_conn *p, const struct apir_stream_hello *h,
                       const char *name)
 {
+    const uint32_t ticket_len = p->tls ? LANE_ROUTE_BYTES : APIR_STREAM_TICKET_BYTES;
     const char *why = NULL;
     if (h->version != APIR_STREAM_VERSION)
         why = "unsupported stream transport version";
-    else if (h->token_len != APIR_STREAM_TICKET_BYTES)
+    else if (h->token_len != ticket_len)
         why = "malformed join";
     else if (!srv->host->cfg.max_lanes)
         why = "this host takes no lanes";
@@ -447,37 +490,76 @@ static void lane_join(struct apir_server *srv, struct pending_conn *p, const str
         uint32_t found = UINT32_MAX;
         for (uint32_t i = 0; i < n_slots; i++) {
             const struct worker_slot *w = &srv->children[i];
-            if (w->pid && w->lane_sock >= 0 && w->tenant == p->tenant && ticket_matches(w->lane_ticket, h->token))
+            if (w->pid && w->lane_sock >= 0 && w->tenant == p->tenant &&
+                ticket_matches(w->lane_ticket, h->token, ticket_len))
                 found = i;
         }
         if (found != UINT32_MAX) {
-            const uint32_t lane = (uint32_t)h->pid;
-            if (apir_send_fds(srv->children[found].lane_sock, &lane, sizeof(lane), &p->fd, 1) == (ssize_t)sizeof(lane)) {
+            const struct lane_pass pass = { .lane = (uint32_t)h->pid, .tls = p->tls };
+            if (apir_send_fds(srv->children[found].lane_sock, &pass, sizeof(pass), &p->fd, 1) == (ssize_t)sizeof(pass)) {
                 APIR_DEBUG("host", "guest#%llu: lane %u from %s passed to its worker",
-                           (unsigned long long)srv->children[found].client_id, lane, name);
+                           (unsigned long long)srv->children[found].client_id, pass.lane, name);
                 close(p->fd);
                 return;
             }
             why = "the session takes no lane now";
         }
-    } else if (!why) {
+    } else if (!why && !p->tls) {
         struct apir_client *found = NULL;
         for (struct apir_client *c = srv->clients; c; c = c->next)
-            if (c->lanes && c->tenant == p->tenant && ticket_matches(c->lane_ticket, h->token))
+            if (c->lanes && !c->tls_pending && c->tenant == p->tenant &&
+                ticket_matches(c->lane_ticket, h->token, ticket_len))
                 found = c;
         if (found) {
-            lane_attach(found, p->fd, (uint32_t)h->pid, name);
+            lane_attach(found, p->fd, NULL, (uint32_t)h->pid, name);
             return;
         }
     }
-    apir_stream_refuse(srv, p->fd, name, false, why ? why : "no session has this ticket");
+    /* A tls: join expects TLS next, not a clear answer: closed. */
+    apir_stream_refuse(srv, p->fd, name, p->tls, why ? why : "no session has this ticket");
+}
+
+/* A tls: lane in its session's worker: its own handshake (the same keys),
+ * then the whole ticket inside it, from the same identity as the session's.
+ * On this loop, under a short deadline: only a peer that had the ticket's
+ * route (from this tenant's address) reaches it.  The lane's TLS session,
+ * or NULL (fd untouched; why logged). */
+#define LANE_TLS_HANDSHAKE_MS 2000
+static struct apir_tls *lane_tls_welcome(struct apir_client *c, int fd, const char *peer_name)
+{
+    char err[512];
+    const uint32_t limit = c->srv->host->cfg.limits.handshake_timeout_ms;
+    const int timeout_ms = limit && limit < LANE_TLS_HANDSHAKE_MS ? (int)limit : LANE_TLS_HANDSHAKE_MS;
+    struct apir_tls *tls = apir_tls_server(fd, c->srv->tls_keys, timeout_ms, err, sizeof(err));
+    if (!tls) {
+        APIR_WARN("host", "%s: a lane from %s: %s", c->session->name, peer_name, err);
+        return NULL;
+    }
+    uint8_t ticket[APIR_STREAM_TICKET_BYTES];
+    struct apir_net_reader rd;
+    bool ok = apir_net_reader_init(&rd, fd, sizeof(ticket));
+    if (ok) {
+        rd.tls = tls;
+        ok = apir_net_read(&rd, ticket, sizeof(ticket), timeout_ms, NULL) == 0;
+        apir_net_reader_free(&rd);
+    }
+    const bool same = ok && ticket_matches(ticket, c->lane_ticket, sizeof(ticket)) &&
+                      !strcmp(apir_tls_identity(tls), apir_tls_identity(c->tls));
+    explicit_bzero(ticket, sizeof(ticket));
+    if (!same) {
+        APIR_WARN("host", "%s: a lane from %s (%s) refused: %s", c->session->name, peer_name, apir_tls_identity(tls),
+                  ok ? "not the session's ticket and identity" : "no ticket");
+        apir_tls_free(tls);
+        return NULL;
+    }
+    return tls;
 }
 
 void apir_stream_lane_intake(struct apir_server *srv)
 {
-    uint32_t lane = 0;
+    struct lane_pass pass = { 0 };
     int fd = -1, n_fds = 0;
-    const ssize_t n = apir_recv_fds(srv->lane_in_fd, &lane, sizeof(lane), &fd, 1, &n_fds, 0);
+    const ssize_t n = apir_recv_fds(srv->lane_in_fd, &pass, sizeof(pass), &fd, 1, &n_fds, 0);
     if (n <= 0) {
         if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
             close(srv->lane_in_fd);  /* the daemon is gone: no more lanes */
@@ -487,14 +569,23 @@ void apir_stream_lane_intake(struct apir_server *srv)
     }
     if (n_fds != 1)
         return;
+    char name[64];
+    apir_net_peer_name(fd, name, sizeof(name));
     struct apir_client *c = srv->clients;
-    if (!c || !c->lanes) {
+    /* Granted is stored after the session's own handshake (lanes_grant):
+     * c->tls is read only after it. */
+    if (!c || !c->lanes || n != (ssize_t)sizeof(pass) || !atomic_load(&c->lanes_granted) ||
+        (pass.tls != 0) != (c->tls != NULL)) {
+        APIR_WARN("host", "%s: a lane from %s it did not ask for: closed", c ? c->session->name : "worker", name);
         close(fd);
         return;
     }
-    char name[64];
-    apir_net_peer_name(fd, name, sizeof(name));
-    lane_attach(c, fd, lane, name);
+    struct apir_tls *tls = NULL;
+    if (pass.tls && !(tls = lane_tls_welcome(c, fd, name))) {
+        close(fd);
+        return;
+    }
+    lane_attach(c, fd, tls, pass.lane, name);
 }
 
 /* APIR_CMD_TYPE_STREAM_LANES: u32 wanted -> u32 granted, the ticket. */
@@ -829,10 +920,11 @@ void apir_stream_start_client(struct apir_server *srv, int fd, const char *peer_
     c->session->defer_sync_graphs = true;
     c->id = id;
     c->tenant = tenant;
-    /* Lanes (plain tcp:, vsock:): a worker has the ticket its daemon gave
-     * it (joins come through the daemon); this daemon in thread mode makes
-     * one and takes the joins itself.  Set before the client is served. */
-    if (!tls && srv->host->cfg.max_lanes) {
+    /* Lanes: a worker has the ticket its daemon gave it (joins come
+     * through the daemon); this daemon in thread mode makes one and takes
+     * the joins itself, plain ones only (a tls: lane's handshake would
+     * stall this loop).  Set before the client is served. */
+    if (srv->host->cfg.max_lanes && (!tls || srv->lane_in_fd >= 0)) {
         bool ticket = false;
         if (srv->lane_in_fd >= 0) {
             memcpy(c->lane_ticket, srv->lane_ticket, sizeof(c->lane_ticket));

@@ -167,13 +167,13 @@ void apir_workers_spawn(struct apir_server *srv, int fd, const struct ucred *pee
         argv[argc++] = "--peer-cred";
         argv[argc++] = cred_arg;
     }
-    /* A tcp:/vsock: guest's lanes (stream_proto.h): the joins this daemon
+    /* A stream guest's lanes (stream_proto.h): the joins this daemon
      * takes for it are passed on a socket of its own, whose first message
      * is the ticket they must present.  This daemon only writes to it: a
      * worker running a guest's code can tell it nothing. */
     int lane_pair[2] = { -1, -1 };
     uint8_t ticket[APIR_STREAM_TICKET_BYTES];
-    if (stream_peer && !stream_tls && srv->host->cfg.max_lanes > 0) {
+    if (stream_peer && srv->host->cfg.max_lanes > 0) {
         if (getrandom(ticket, sizeof(ticket), 0) != (ssize_t)sizeof(ticket) ||
             socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, lane_pair) != 0 ||
             send(lane_pair[0], ticket, sizeof(ticket), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(ticket) ||
