@@ -183,14 +183,21 @@ static int exchange(bool sender_thread, bool read_thread)
 
     /* "first" and "second" were sent back to back: one recv of the socket
      * takes both records.  Read "first" - then "second" is pending, and
-     * the socket itself has nothing to say. */
+     * the socket itself has nothing to say.  With a read thread, which
+     * read the socket while the payload was armed, the thread may have
+     * stopped at the record between them or inside the second: some or
+     * all of "second" is then still the socket's (it is somewhere). */
     char small[16] = { 0 };
     CHECK(recv_exact(cli.tls, cli.fd, (uint8_t *)small, 5, 5) && memcmp(small, "first", 5) == 0);
     struct pollfd p = { .fd = cli.fd, .events = POLLIN };
     const int readable = poll(&p, 1, 0);
     printf("after the first message: pending %d, socket readable %d\n", apir_tls_pending(cli.tls), readable);
-    CHECK(apir_tls_pending(cli.tls));
-    CHECK(readable == 0);
+    if (read_thread) {
+        CHECK(apir_tls_pending(cli.tls) || readable == 1);
+    } else {
+        CHECK(apir_tls_pending(cli.tls));
+        CHECK(readable == 0);
+    }
     /* Read in two parts: the record's rest is kept between them. */
     memset(small, 0, sizeof(small));
     CHECK(apir_tls_recv(cli.tls, small, 2) == 2 && memcmp(small, "se", 2) == 0);
