@@ -488,10 +488,12 @@ lanes)
   # Issue 26 item 1, lanes (transport/lanes.c): apir-bench over TCP and TLS against a host with
   # lanes and one without (APIR_HOST_LANES=0), alternated LANES_ROUNDS rounds (default 2); then
   # 8B Q4_0 pp512/tg128 over TCP and TLS to both (the tcp/tcpb and tls/tlsb columns; LANES_TLS=0:
-  # TCP only), interleaved, the guest splitting payloads from LANES_MIN_KB (default 1024, the
-  # guest's default; 256 puts a token's 513 KB of logits over lanes).  After `build`, about 400 s.
-  H200_BUDGET_S=$(left) NETAB_ENV=APIR_HOST_LANES=0 NETAB_ROUNDS=${LANES_ROUNDS:-2} bash "$0" netab
-  H200_BUDGET_S=$(left) APIR_STREAM_LANE_MIN_KB=${LANES_MIN_KB:-1024} NET_PARTS=8b-q4_0 NET_TCPB=APIR_HOST_LANES=0 \
+  # TCP only), interleaved, the guest splitting payloads from LANES_MIN_KB (its
+  # APIR_STREAM_LANE_MIN_KB; unset: the guest's defaults, 1024 over TCP and 256 over TLS, where a
+  # token's 513 KB of logits go over lanes).  LANES_NETAB=0 leaves out apir-bench.  After `build`,
+  # about 400 s.
+  [ "${LANES_NETAB:-1}" = 1 ] && H200_BUDGET_S=$(left) NETAB_ENV=APIR_HOST_LANES=0 NETAB_ROUNDS=${LANES_ROUNDS:-2} bash "$0" netab
+  env ${LANES_MIN_KB:+APIR_STREAM_LANE_MIN_KB=$LANES_MIN_KB} H200_BUDGET_S=$(left) NET_PARTS=8b-q4_0 NET_TCPB=APIR_HOST_LANES=0 \
     NET_TLS=${LANES_TLS:-1} NET_RPC=0 NET_P=512 NET_PHASE_S=${LANES_PHASE_S:-300} ROUNDS=${LANES_ROUNDS:-2} REPS=3 \
     bash "$0" net
   log "done, $(left) s left"

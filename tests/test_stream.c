@@ -1041,6 +1041,41 @@ static int join_lane(const uint8_t *ticket, int32_t lane, struct apir_stream_hel
  * payloads went over the lanes.  A host
  * without lanes (APIR_HOST_LANES=0) answers 1 and its guests go on with
  * one connection. */
+/* A guest of endpoint with `lanes` lanes and the default threshold sets
+ * and gets a token's logits (513 KiB, a 128256-word vocabulary) through
+ * the guest library: the payloads its profile says went over lanes, or
+ * -1 when it could not. */
+static long long logits_split(const char *endpoint, const char *lanes)
+{
+    setenv("APIR_STREAM_LANES", lanes, 1);
+    struct apir_remote r;
+    const bool opened = guest_open(&r, endpoint, NULL, 0);
+    setenv("APIR_STREAM_LANES", "0", 1);
+    if (!opened)
+        return -1;
+    enum { LOGITS = 128256 * 4 };
+    long long split = -1;
+    const uint64_t buf = guest_alloc(&r, LOGITS);
+    uint8_t *data = malloc(LOGITS), *back = malloc(LOGITS);
+    if (buf && data && back) {
+        const struct apir_tensor_rec t = rec_f32(1, buf, 0, LOGITS / 4);
+        fill_random(data, LOGITS);
+        char line[256] = "";
+        unsigned n = 0;
+        if (tensor_io(&r, true, buf, &t, 0, data, LOGITS, NULL) == APIR_HANDLER_OK &&
+            tensor_io(&r, false, buf, &t, 0, back, LOGITS, NULL) == APIR_HANDLER_OK && !memcmp(data, back, LOGITS)) {
+            split = 0;
+            if (r.t->ops->describe_profile && r.t->ops->describe_profile(r.t, line, sizeof(line)) &&
+                sscanf(line, "lanes: %u, %lld payloads", &n, &split) != 2)
+                split = 0;
+        }
+    }
+    free(data);
+    free(back);
+    apir_remote_close(&r);
+    return split;
+}
+
 static void test_lanes(void)
 {
     int fd = raw_session(main_host.port, NULL);
@@ -1150,6 +1185,10 @@ static void test_lanes(void)
     free(big_back);
     apir_remote_close(&r);
     CHECK(wait_log(&main_host, "lane 2 joined", 2, 5000));
+    /* By default a token's logits stay on one plain connection (the lanes'
+     * wake-ups cost what they save: stream_client.c). */
+    const long long logits = logits_split(main_host.endpoint, "2");
+    CHECK_MSG(logits == 0, "513 KiB of logits over plain TCP: %lld payloads split over lanes", logits);
 
     /* A host without lanes. */
     struct host plain;
@@ -1354,6 +1393,17 @@ static void test_lanes_tls(void)
     apir_tls_free(tls);
     if (fd >= 0)
         close(fd);
+    /* The guest library over TLS: there a token's logits go over the lanes
+     * by default (sealing and opening them on one core a side is what
+     * lanes save), the upload and the download both. */
+    if (granted) {
+        char ep[64];
+        snprintf(ep, sizeof(ep), "tls:127.0.0.1:%u", (unsigned)th.port);
+        setenv("APIR_TLS_PSK", alice, 1);
+        const long long logits = logits_split(ep, "2");
+        unsetenv("APIR_TLS_PSK");
+        CHECK_MSG(logits == 2, "513 KiB of logits over TLS: %lld payloads split over lanes", logits);
+    }
     stop_host(&th, SIGTERM);
 }
 

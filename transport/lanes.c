@@ -216,6 +216,18 @@ void apir_lanes_post(struct apir_lanes *l, uint32_t i, bool send, void *p, size_
         apir_futex_wake(&ln->job_word);
 }
 
+size_t apir_lanes_post_parts(struct apir_lanes *l, bool send, uint8_t *p, uint64_t total, uint32_t lanes,
+                             uint64_t spin_ns)
+{
+    uint64_t off, len;
+    for (uint32_t k = 1; k <= lanes; k++) {
+        apir_stream_lane_part(total, lanes, k, &off, &len);
+        apir_lanes_post(l, k - 1, send, p + off, (size_t)len, spin_ns);
+    }
+    apir_stream_lane_part(total, lanes, 0, &off, &len);
+    return (size_t)len;
+}
+
 void apir_lanes_gate(struct apir_lanes *l, const uint8_t *ready_end)
 {
     l->gate_on = ready_end != NULL;
@@ -250,6 +262,12 @@ int apir_lanes_wait(struct apir_lanes *l, uint64_t spin_ns)
         return -1;
     }
     return 0;
+}
+
+void apir_lanes_abandon(struct apir_lanes *l, int err)
+{
+    apir_lanes_break(l, err);
+    (void)apir_lanes_wait(l, 0);
 }
 
 void apir_lanes_free(struct apir_lanes *l)

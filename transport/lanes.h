@@ -46,6 +46,12 @@ uint32_t apir_lanes_count(const struct apir_lanes *l);
 /* The owner.  Lane i sends or receives [p, p + n); spin_ns: how long its
  * waits for the socket spin before they sleep. */
 void apir_lanes_post(struct apir_lanes *l, uint32_t i, bool send, void *p, size_t n, uint64_t spin_ns);
+/* One payload [p, p + total) split over the first `lanes` lanes as the
+ * wire says (apir_stream_lane_part): part k posted to lane k - 1 for k in
+ * 1..lanes.  Returns part 0's length: the part the owner moves on its own
+ * connection, from p. */
+size_t apir_lanes_post_parts(struct apir_lanes *l, bool send, uint8_t *p, uint64_t total, uint32_t lanes,
+                             uint64_t spin_ns);
 /* Gates the sends posted after this: nothing at or past ready_end goes out
  * until apir_lanes_ready moves it.  NULL: no gate (the default). */
 void apir_lanes_gate(struct apir_lanes *l, const uint8_t *ready_end);
@@ -57,6 +63,9 @@ int apir_lanes_wait(struct apir_lanes *l, uint64_t spin_ns);
 /* Fails the set: lanes in a job stop (their sockets shut down), waiters
  * return -1.  What an owner does before it gives up on a frame. */
 void apir_lanes_break(struct apir_lanes *l, int err);
+/* apir_lanes_break, then the wait for every lane to stop: after it no lane
+ * touches a job's memory (the owner may free or reuse it). */
+void apir_lanes_abandon(struct apir_lanes *l, int err);
 
 /* Ends the threads, closes the sockets, frees.  NULL: nothing. */
 void apir_lanes_free(struct apir_lanes *l);

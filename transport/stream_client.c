@@ -38,13 +38,18 @@
 /* The hello answer waits for a worker process to start its backend. */
 #define HELLO_MS       30000
 /* A payload split over lanes: at least this big (APIR_STREAM_LANE_MIN_KB).
- * Bulk data is (a model's weights, a large download); a token's 513 KB of
- * logits (a 128256-word vocabulary) is not: on an H200 its read-back over
- * 3 lanes took 63-68 us against 101-107 on one connection, yet 8B Q4_0 tg
- * ran at 0.974-0.990 of the rate without lanes in five interleaved A/Bs
- * (lanes spinning through the compute or sleeping, 1 or 3 of them;
- * docs/MEASUREMENTS.md), so the token path stays on one connection. */
-#define LANE_MIN_DEFAULT_BYTES (1024u * 1024u)
+ * Bulk data is (a model's weights, a large download).  A token's 513 KB of
+ * logits (a 128256-word vocabulary) is not over plain TCP: on an H200 its
+ * read-back over 3 lanes took 63-68 us against 101-107 on one connection,
+ * yet 8B Q4_0 tg ran at 0.974-0.990 of the rate without lanes in five
+ * interleaved A/Bs (a lane sleeps through the compute and is woken for its
+ * part; spinning there instead did no better), so the token path stays on
+ * one connection.  Over TLS each record is sealed and opened on one core a
+ * side, which costs the logits ~300 us on one connection: there the wake-up
+ * is worth it (8B tg +1.8 % and +2.9 %, the token's read-back 67-121 us
+ * shorter; docs/MEASUREMENTS.md), and the smaller default lets them cross. */
+#define LANE_MIN_DEFAULT_BYTES     (1024u * 1024u)
+#define LANE_MIN_DEFAULT_TLS_BYTES (256u * 1024u)
 /* Lanes asked for by default where the guest may use 4 CPUs or more: with
  * the first connection, a payload in 4 parts. */
 #define LANES_DEFAULT  3u
@@ -238,16 +243,9 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     if (lane_down || lane_up) {
         const struct staged *one = lane_down ? &s->out[0] : &s->in[0];
         head.f.lanes = s->n_lanes;
-        for (uint32_t k = 1; k <= s->n_lanes; k++) {
-            uint64_t off, len;
-            apir_stream_lane_part(one->size, s->n_lanes, k, &off, &len);
-            apir_lanes_post(s->lanes, k - 1, lane_up, (uint8_t *)one->ptr + off, (size_t)len, s->spin_ns);
-        }
-        uint64_t off0, len0;
-        apir_stream_lane_part(one->size, s->n_lanes, 0, &off0, &len0);
-        first_here = (size_t)len0;
+        first_here = apir_lanes_post_parts(s->lanes, lane_up, one->ptr, one->size, s->n_lanes, s->spin_ns);
         s->lane_payloads++;
-        s->lane_bytes += one->size - len0;
+        s->lane_bytes += one->size - first_here;
         if (lane_up)
             iov[n_iov - 1].iov_len = first_here;
     }
@@ -260,8 +258,7 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     }
     if (sent != 0) {
         if (lane_down || lane_up) {
-            apir_lanes_break(s->lanes, errno);
-            (void)apir_lanes_wait(s->lanes, 0);
+            apir_lanes_abandon(s->lanes, errno);
         }
         broken(s, "cannot send");
         return -1;
@@ -276,8 +273,7 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     }
     if (drain_posted(s, 0) != 0) {
         if (lane_down) {
-            apir_lanes_break(s->lanes, EPIPE);
-            (void)apir_lanes_wait(s->lanes, 0);
+            apir_lanes_abandon(s->lanes, EPIPE);
         }
         return -1;
     }
@@ -293,8 +289,7 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     uint32_t len;
     if (read_reply(s, s->out, n_out, first_here, timeout_ms, ret, &len) != 0) {
         if (lane_down) {
-            apir_lanes_break(s->lanes, EPIPE);
-            (void)apir_lanes_wait(s->lanes, 0);
+            apir_lanes_abandon(s->lanes, EPIPE);
         }
         return -1;
     }
@@ -472,19 +467,21 @@ static uint32_t lanes_wanted(void)
     return apir_usable_cpus() >= 4 ? LANES_DEFAULT : 0;
 }
 
-/* APIR_STREAM_LANE_MIN_KB (4 KiB to 1 GiB), else LANE_MIN_DEFAULT_BYTES. */
-static uint64_t lane_min_bytes(void)
+/* APIR_STREAM_LANE_MIN_KB (4 KiB to 1 GiB), else the default for a plain
+ * or a TLS session. */
+static uint64_t lane_min_bytes(bool tls)
 {
+    const uint64_t dflt = tls ? LANE_MIN_DEFAULT_TLS_BYTES : LANE_MIN_DEFAULT_BYTES;
     const char *v = getenv("APIR_STREAM_LANE_MIN_KB");
     if (v && *v) {
         char *end;
         unsigned long kb = strtoul(v, &end, 10);
         if (!*end && kb >= 4 && kb <= (1ul << 20))
             return (uint64_t)kb * 1024u;
-        APIR_WARN("guest", "APIR_STREAM_LANE_MIN_KB=%s: not 4 to %lu; %u used", v, 1ul << 20,
-                  LANE_MIN_DEFAULT_BYTES / 1024u);
+        APIR_WARN("guest", "APIR_STREAM_LANE_MIN_KB=%s: not 4 to %lu; %llu used", v, 1ul << 20,
+                  (unsigned long long)(dflt / 1024u));
     }
-    return LANE_MIN_DEFAULT_BYTES;
+    return dflt;
 }
 
 /* Asks the host for lanes (stream_proto.h) and keeps its grant and ticket;
@@ -512,7 +509,7 @@ static void ask_lanes(struct stream_transport *s)
         return;
     }
     s->lanes_granted = granted;
-    s->lane_min = lane_min_bytes();
+    s->lane_min = lane_min_bytes(s->tls != NULL);
 }
 
 /* Joins the lanes granted, once: a connection each, its join answered.  A

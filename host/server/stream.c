@@ -606,24 +606,15 @@ static uint32_t lanes_grant(struct apir_client *c, struct apir_decoder *req, str
     return 0;
 }
 
-/* A frame's lanes are given up: each stops, and none touches the blob
- * after this returns (the session may unmap it next). */
-static void lanes_abandon(struct apir_client *c)
-{
-    apir_lanes_break(c->lanes, EPIPE);
-    (void)apir_lanes_wait(c->lanes, 0);
-}
-
-/* A reply whose one download is split over lanes: the head and part 0 here,
- * part k on lane k (posted, gated at its start, before the command ran);
- * the gate moves as the device's pieces land (download_pieces.h). */
+/* A reply whose one download is split over lanes: the head and part 0 (its
+ * first `own_len` bytes) here, part k on lane k (posted after the command
+ * ran, gated at the range's start); the gate moves as the device's pieces
+ * land (download_pieces.h). */
 static int send_reply_lanes(struct apir_client *c, const struct iovec *head, int n_head, const uint8_t *src,
-                            uint64_t size, uint32_t lanes)
+                            uint64_t size, size_t own_len)
 {
     struct apir_download_pieces *p = c->session->pieces;
-    uint64_t off0, len0;
-    apir_stream_lane_part(size, lanes, 0, &off0, &len0);
-    const uint8_t *const end = src + size, *own = src, *const own_end = src + len0;
+    const uint8_t *const end = src + size, *own = src, *const own_end = src + own_len;
     const uint8_t *at = src;
     struct iovec iov[4];
     int n_iov = 0;
@@ -692,19 +683,14 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
         }
     for (uint32_t i = 0; i < f->n_in; i++) {
         uint8_t *dst = apir_session_blob_range(s, seg[i].res_id, seg[i].offset, seg[i].size);
-        uint64_t off = 0, len = seg[i].size;
         /* Split over lanes: part k lands from lane k while part 0 comes here. */
-        for (uint32_t k = 1; lanes && !f->n_out && k <= lanes; k++) {
-            uint64_t part_off, part_len;
-            apir_stream_lane_part(seg[i].size, lanes, k, &part_off, &part_len);
-            apir_lanes_post(c->lanes, k - 1, false, dst + part_off, (size_t)part_len, io->rd.spin_ns);
-        }
-        if (lanes && !f->n_out)
-            apir_stream_lane_part(seg[i].size, lanes, 0, &off, &len);
-        if (apir_net_read(&io->rd, dst + off, (size_t)len, FRAME_IDLE_MS, NULL) != 0) {
+        const size_t here = lanes && !f->n_out
+                                ? apir_lanes_post_parts(c->lanes, false, dst, seg[i].size, lanes, io->rd.spin_ns)
+                                : (size_t)seg[i].size;
+        if (apir_net_read(&io->rd, dst, here, FRAME_IDLE_MS, NULL) != 0) {
             APIR_WARN("host", "%s: upload cut short (%s): hanging up", s->name, strerror(errno));
             if (lanes && !f->n_out)
-                lanes_abandon(c);
+                apir_lanes_abandon(c->lanes, EPIPE);
             return false;
         }
         if (lanes && !f->n_out && apir_lanes_wait(c->lanes, io->rd.spin_ns) != 0) {
@@ -768,14 +754,10 @@ static bool serve_frame(struct apir_client *c, struct stream_io *io, const struc
          * read. */
         uint8_t *src = (uint8_t *)outs[0].iov_base;
         apir_lanes_gate(c->lanes, src);
-        for (uint32_t k = 1; k <= lanes; k++) {
-            uint64_t part_off, part_len;
-            apir_stream_lane_part(rh.out_bytes, lanes, k, &part_off, &part_len);
-            apir_lanes_post(c->lanes, k - 1, true, src + part_off, (size_t)part_len, io->rd.spin_ns);
-        }
-        sent = send_reply_lanes(c, head, 2, src, rh.out_bytes, lanes);
+        const size_t here = apir_lanes_post_parts(c->lanes, true, src, rh.out_bytes, lanes, io->rd.spin_ns);
+        sent = send_reply_lanes(c, head, 2, src, rh.out_bytes, here);
         if (sent != 0)
-            lanes_abandon(c);
+            apir_lanes_abandon(c->lanes, EPIPE);
         else
             sent = apir_lanes_wait(c->lanes, io->rd.spin_ns);
     } else {
