@@ -33,7 +33,8 @@
 #   bench/h200.sh net          issue 17 on one H200: apir over loopback TCP and TLS (NET_TLS=0: not) vs native
 #                              CUDA vs ggml-rpc (1B F16, 8B Q4_0, pp2048/tg128 and load), apir-bench over TCP
 #                              and TLS (null call, upload/download), a reload of the 8B model against a weight cache;
-#                              NET_TCPB=VAR=VAL adds a second TCP host started with that setting (an interleaved A/B);
+#                              NET_TCPB=VAR=VAL adds a second TCP host started with that setting (an interleaved A/B;
+#                              NET_HOSTB_BIN=PATH: that host is another build's apir-host, e.g. build-old/);
 #                              NET_P (pp length, 2048), NET_RPC=0 (no ggml-rpc), NET_PHASE_S (a model's limit, 240 s)
 #   bench/h200.sh io           tensor I/O through APIR0 on a CUDA host (issue 16): apir-bench over the Unix
 #                              socket, download/native ratio: downloads in pieces that the guest copies out
@@ -331,10 +332,12 @@ issue13|server)
   ;;
 net)
   M=/tmp/models; mkdir -p $M
-  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
-  [ -f $M/8b-q4_0.gguf ] || build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
-  # NET_PARTS picks the steps (a device call is 10 minutes; after a build, split them over two calls).
+  # NET_PARTS picks the steps (a device call is 10 minutes; after a build, split them over two calls),
+  # and the models made for them (the 8B one takes two minutes).
   parts=" ${NET_PARTS:-bench 1b-f16 8b-q4_0 wcache} "
+  [[ $parts == *" 1b-f16 "* ]] && [ ! -f $M/1b-f16.gguf ] && build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
+  [[ $parts == *" 8b-q4_0 "* || $parts == *" wcache "* ]] && [ ! -f $M/8b-q4_0.gguf ] &&
+    build/apir-gguf-gen -o $M/8b-q4_0.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null
   if [[ $parts == *" bench "* ]]; then
   (umask 077; echo "bench:$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >/tmp/apir-net.psk)
   build/apir-host --listen unix:/tmp/apir-net.sock --listen tcp:127.0.0.1:0 --listen tls:127.0.0.1:0 \
@@ -364,6 +367,7 @@ net)
     room 120 && APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout "${NET_PHASE_S:-240}")" bash bench/llama_bench_compare.sh \
       --model $M/$m.gguf --backend CUDA --fa 1 -p "${NET_P:-2048}" -n 128 -r ${REPS:-3} --rounds ${ROUNDS:-1} -t 8 --tcp \
       $([ "${NET_TLS:-1}" = 1 ] && echo --tls) $([ -n "${NET_TCPB:-}" ] && echo --tcp-b "$NET_TCPB") \
+      $([ -n "${NET_HOSTB_BIN:-}" ] && echo --host-b-bin "$NET_HOSTB_BIN") \
       $([ "${NET_RPC:-1}" = 0 ] && echo --no-rpc) 2>&1 | tee -a "$OUT/h200.log"
   done
   [[ $parts == *" wcache "* ]] || { log "done, $(left) s left"; exit 0; }

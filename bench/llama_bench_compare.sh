@@ -22,17 +22,19 @@
 #                     the rest): the tcpb column, and tcp/tcpb with --tcp; with
 #                     --tls the second host serves TLS too: the tlsb column,
 #                     and tls/tlsb
+#   --host-b-bin PATH the second host is that apir-host binary (another build:
+#                     an A/B of a host change), with --tcp-b's setting
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
-P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0 TCPB=
+P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0 TCPB= HOSTB_BIN=
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=$2; shift;; --deps-bin) DEPS_BIN=$2; shift;; --model) MODEL=$2; shift;;
     --size) SIZE=$2; shift;; --type) TYPE=$2; shift;; --backend) BACKEND=$2; shift;;
     -p) P=$2; shift;; -n) N=$2; shift;; -r) R=$2; shift;; -t) T=$2; shift;;
     --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;; --tcp) TCP=1;; --tls) TLS=1;;
-    --tcp-b) TCPB=$2; shift;;
+    --tcp-b) TCPB=$2; shift;; --host-b-bin) HOSTB_BIN=$2; shift;;
     *) echo "unknown option $1"; exit 2;;
   esac
   shift
@@ -60,7 +62,7 @@ fi
 host_pid=$!
 if [ -n "$TCPB" ]; then
   tlsb=(); [ "$TLS" = 1 ] && tlsb=(--listen tls:127.0.0.1:0 --tls-psk-file "$work/psk")
-  env "$TCPB" "$BUILD/apir-host" --listen tcp:127.0.0.1:0 "${tlsb[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
+  env "$TCPB" "${HOSTB_BIN:-$BUILD/apir-host}" --listen tcp:127.0.0.1:0 "${tlsb[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
     >"$work/hostb.log" 2>&1 &
   hostb_pid=$!
 fi
