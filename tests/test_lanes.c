@@ -5,6 +5,10 @@
  *    payload exactly, for payloads of every kind of size and 1-4 lanes;
  *  - 3 lanes sending and 3 receiving 1 MiB each at once, three rounds:
  *    every byte where it belongs;
+ *  - one payload split by apir_lanes_post_parts on both sides, part 0
+ *    moved by the owner: whole again, for a token's logits over 3 lanes
+ *    and a payload too small to fill them all over 2 of 3, and a receive
+ *    abandoned with its sender gone returns at once, failing what follows;
  *  - a gated send: nothing leaves before the gate moves, then exactly what
  *    lies before it, then the rest;
  *  - a lane whose peer closes, and a break from another thread, fail the
@@ -59,14 +63,22 @@ static void split(void)
     CHECK(len > 0 && len <= 132u * 1024u);
 }
 
+/* Two sets of 3 lanes, lane k of one connected to lane k of the other. */
+static void three_lanes(struct apir_lanes **tx, struct apir_lanes **rx)
+{
+    *tx = apir_lanes_new(5000);
+    *rx = apir_lanes_new(5000);
+    for (int i = 0; i < 3; i++) {
+        int sv[2];
+        pair(sv);
+        CHECK(apir_lanes_add(*tx, sv[0], NULL) && apir_lanes_add(*rx, sv[1], NULL));
+    }
+}
+
 static void both_ways(void)
 {
-    struct apir_lanes *tx = apir_lanes_new(5000), *rx = apir_lanes_new(5000);
-    int sv[3][2];
-    for (int i = 0; i < 3; i++) {
-        pair(sv[i]);
-        CHECK(apir_lanes_add(tx, sv[i][0], NULL) && apir_lanes_add(rx, sv[i][1], NULL));
-    }
+    struct apir_lanes *tx, *rx;
+    three_lanes(&tx, &rx);
     CHECK(apir_lanes_count(tx) == 3 && apir_lanes_count(rx) == 3);
     uint8_t *src = malloc(3 * PART), *dst = malloc(3 * PART);
     for (int round = 0; round < 3; round++) {
@@ -84,6 +96,49 @@ static void both_ways(void)
     }
     free(src);
     free(dst);
+    apir_lanes_free(tx);
+    apir_lanes_free(rx);
+}
+
+/* total bytes over the first `lanes` of 3 lanes a side, as a frame's one
+ * payload goes: part 0 copied by the owner, the rest by the lanes. */
+static void one_payload(struct apir_lanes *tx, struct apir_lanes *rx, uint64_t total, uint32_t lanes)
+{
+    uint8_t *src = malloc(total), *dst = malloc(total);
+    for (uint64_t i = 0; i < total; i++)
+        src[i] = (uint8_t)(i * 2654435761u >> 11);
+    memset(dst, 0xcd, total);
+    const size_t here_rx = apir_lanes_post_parts(rx, false, dst, total, lanes, 20000);
+    const size_t here_tx = apir_lanes_post_parts(tx, true, src, total, lanes, 20000);
+    uint64_t off0, len0;
+    apir_stream_lane_part(total, lanes, 0, &off0, &len0);
+    CHECK_MSG(here_rx == len0 && here_tx == len0 && off0 == 0, "%llu bytes over %u lanes: part 0 %zu/%zu, expected %llu",
+              (unsigned long long)total, lanes, here_rx, here_tx, (unsigned long long)len0);
+    memcpy(dst, src, here_tx);
+    CHECK(apir_lanes_wait(tx, 20000) == 0);
+    CHECK(apir_lanes_wait(rx, 20000) == 0);
+    CHECK_MSG(memcmp(src, dst, total) == 0, "%llu bytes over %u lanes came back changed", (unsigned long long)total, lanes);
+    free(src);
+    free(dst);
+}
+
+static void post_parts(void)
+{
+    struct apir_lanes *tx, *rx;
+    three_lanes(&tx, &rx);
+    one_payload(tx, rx, 513u * 1024u + 7, 3);
+    one_payload(tx, rx, 5000, 2);  /* part 2 empty; lane 2 not posted */
+    one_payload(tx, rx, 3u << 20, 3);
+    /* A receive whose sender never comes: abandoned, it ends at once (its
+     * socket shut down), and the set fails from then. */
+    uint8_t buf[8192];
+    (void)apir_lanes_post_parts(rx, false, buf, sizeof(buf), 1, 0);
+    const uint64_t t0 = apir_now_ns();
+    apir_lanes_abandon(rx, EPIPE);
+    const double ms = (apir_now_ns() - t0) / 1e6;
+    CHECK_MSG(ms < 1000, "an abandoned receive took %.0f ms to end", ms);
+    errno = 0;
+    CHECK(apir_lanes_wait(rx, 0) == -1 && errno == EPIPE);
     apir_lanes_free(tx);
     apir_lanes_free(rx);
 }
@@ -204,4 +259,4 @@ static void limits_and_free(void)
     apir_lanes_free(NULL);
 }
 
-TEST_MAIN("lanes", TEST(split), TEST(both_ways), TEST(gated), TEST(failures), TEST(limits_and_free))
+TEST_MAIN("lanes", TEST(split), TEST(both_ways), TEST(post_parts), TEST(gated), TEST(failures), TEST(limits_and_free))
