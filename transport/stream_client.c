@@ -257,9 +257,8 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
         return -1;
     }
     if (sent != 0) {
-        if (lane_down || lane_up) {
+        if (lane_down || lane_up)
             apir_lanes_abandon(s->lanes, errno);
-        }
         broken(s, "cannot send");
         return -1;
     }
@@ -272,9 +271,8 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
         return drain_posted(s, MAX_POSTED - 1);
     }
     if (drain_posted(s, 0) != 0) {
-        if (lane_down) {
+        if (lane_down)
             apir_lanes_abandon(s->lanes, EPIPE);
-        }
         return -1;
     }
     int timeout_ms = opts->timeout_ns ? (int)(opts->timeout_ns / 1000000ull) : -1;
@@ -288,9 +286,8 @@ static int stream_submit(struct apir_transport *t, int32_t cmd_type, int32_t cmd
     s->rd.spin_ns = spin_ns;
     uint32_t len;
     if (read_reply(s, s->out, n_out, first_here, timeout_ms, ret, &len) != 0) {
-        if (lane_down) {
+        if (lane_down)
             apir_lanes_abandon(s->lanes, EPIPE);
-        }
         return -1;
     }
     if (lane_down && apir_lanes_wait(s->lanes, spin_ns) != 0) {
