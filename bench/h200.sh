@@ -11,8 +11,9 @@
 #   bench/h200.sh check        CUDA smoke of the data paths, then 1B F16 pp2048/tg128: native, apir,
 #                              apir without queued uploads, and CUDA graphs off on either side;
 #                              per-graph host timings of one pp2048 (host log at debug)
-#   bench/h200.sh pp           where pp2048's time goes: native, apir with guest and host profiles,
-#                              apir with graphs computed before their reply
+#   bench/h200.sh pp           issue 26 item 3: pp2048 native vs apir vs apir with PP_HOSTB (default
+#                              APIR_HOST_STAGE_MB=0, no upload stage), interleaved, 1B F16 and 8B Q4_0;
+#                              the hosts' profiles (how long the device idled before each launch)
 #   bench/h200.sh sandbox      the worker sandbox on a CUDA host: --sandbox-log names every syscall it
 #                              refuses (test-backend-ops subset + a short llama-bench), then the same
 #                              enforcing: counts and tg/pp with the sandbox vs --no-sandbox
@@ -175,26 +176,37 @@ check)
   grep -E 'piece|warmup|update' $OUT/host-check.log | sed 's/^apir host: debug: //' | tail -24 | tee -a "$OUT/h200.log"
   ;;
 pp)
-  # Where pp2048's time goes: native, then apir with the guest's per-command
-  # profile (APIR_PROFILE=1) and the host's (info); then apir with graphs
-  # computed before their reply (APIR_HOST_DEFER=0) for comparison.
+  # issue 26 item 3: pp through the Unix socket against native, and an A/B
+  # of a host setting (PP_HOSTB, default APIR_HOST_STAGE_MB=0: larger uploads
+  # wait for the graph in flight, as before the stage), interleaved
+  # (bench/llama_bench_compare.sh --unix-b).  The host's profile lines say
+  # how long the device waited for the host: "device: waited for X ms, then
+  # idle Y ms before N launches".  PP_MODELS (1b-f16 8b-q4_0), PP_P (2048),
+  # PP_N (0; 128 adds tg128), PP_ROUNDS (2), PP_REPS (5).
   M=/tmp/models; mkdir -p $M
-  [ -f $M/1b-f16.gguf ] || build/apir-gguf-gen -o $M/1b-f16.gguf --size 1b --type f16 >/dev/null
-  sock=/tmp/apir-pp.sock
-  lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 0 -r 5 -o md)
-  guest=(env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock)
-  rows() { grep -E '^\| llama' | sed 's/ \+/ /g' | tee -a "$OUT/h200.log"; }
-  log "native";  (cd .deps/bin && ./llama-bench "${lb[@]}" 2>/dev/null | rows)
-  build/apir-host --listen unix:$sock --backend CUDA --log-level info >$OUT/host-pp.log 2>&1 & hp=$!; sleep 2
-  log "apir, guest APIR_PROFILE=1"
-  (cd .deps/bin && "${guest[@]}" APIR_PROFILE=1 ./llama-bench "${lb[@]}" -dev APIR0 2>$OUT/guest-pp.err | rows)
-  grep 'apir profile' $OUT/guest-pp.err | sort -k7 -n -r | head -14 | tee -a "$OUT/h200.log"
-  kill $hp; wait $hp 2>/dev/null
-  grep -E 'profile' $OUT/host-pp.log | sed 's/^apir host: info: //' | tail -8 | tee -a "$OUT/h200.log"
-  APIR_HOST_DEFER=0 build/apir-host --listen unix:$sock --backend CUDA --log-level warn >>$OUT/host-pp.log 2>&1 & hp=$!; sleep 2
-  log "apir, host APIR_HOST_DEFER=0"
-  (cd .deps/bin && "${guest[@]}" ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | rows)
-  kill $hp; wait $hp 2>/dev/null
+  for m in ${PP_MODELS:-1b-f16 8b-q4_0}; do
+    room 60 || break
+    case $m in
+      1b-f16) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 1b --type f16 >/dev/null;;
+      8b-q4_0) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null;;
+    esac
+    log "pp $m: native vs apir (apirb: ${PP_HOSTB:-APIR_HOST_STAGE_MB=0})"
+    APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 300)" bash bench/llama_bench_compare.sh \
+      --model $M/$m.gguf --backend CUDA --fa 1 -p ${PP_P:-2048} -n ${PP_N:-0} -r ${PP_REPS:-5} --rounds ${PP_ROUNDS:-2} -t 8 \
+      --no-rpc --unix-b "${PP_HOSTB:-APIR_HOST_STAGE_MB=0}" 2>&1 | tee -a "$OUT/h200.log"
+  done
+  # PP_TRACE=1: one 1B pp2048 -r 2 with the host at debug: which commands
+  # waited for the device, and how long it idled before each launch.
+  if [ "${PP_TRACE:-1}" = 1 ] && room 40; then
+    log "pp trace: 1b-f16 pp2048 -r 2, host at debug"
+    build/apir-host --listen unix:/tmp/apir-pptrace.sock --backend CUDA --log-level debug >$OUT/host-pptrace.log 2>&1 & hp=$!; sleep 2
+    (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-pptrace.sock \
+       timeout 60 ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 0 -r 2 -o md -dev APIR0 2>/dev/null | grep -E '^\| llama')
+    kill $hp; wait $hp 2>/dev/null
+    grep -oE '[A-Z_]+ waited [0-9.]+ us for the device' $OUT/host-pptrace.log |
+      awk '{ n[$1]++; t[$1] += $3 } END { for (c in n) printf "  %-30s waited %3d times, %9.1f us in all\n", c, n[c], t[c] }' | tee -a "$OUT/h200.log"
+    grep -oE '(launch|waited [0-9.]+ us|device idle [0-9.]+ us before)' $OUT/host-pptrace.log | tail -40 | tr '\n' ' ' | fold -w 160 | tee -a "$OUT/h200.log"; echo
+  fi
   ;;
 diag)
   M=/tmp/models; mkdir -p $M

@@ -24,17 +24,20 @@
 #                     and tls/tlsb
 #   --host-b-bin PATH the second host is that apir-host binary (another build:
 #                     an A/B of a host change), with --tcp-b's setting
+#   --unix-b VAR=VAL  also through a second apir-host on its own Unix socket,
+#                     started with that environment (an A/B of a host setting
+#                     on shared memory): the apirb column, and apir/apirb
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
-P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0 TCPB= HOSTB_BIN=
+P=64 N=32 R=3 T=2 NGL=99 FA=0 ROUNDS=1 RPC=1 TCP=0 TLS=0 TCPB= HOSTB_BIN= UNIXB=
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=$2; shift;; --deps-bin) DEPS_BIN=$2; shift;; --model) MODEL=$2; shift;;
     --size) SIZE=$2; shift;; --type) TYPE=$2; shift;; --backend) BACKEND=$2; shift;;
     -p) P=$2; shift;; -n) N=$2; shift;; -r) R=$2; shift;; -t) T=$2; shift;;
     --ngl) NGL=$2; shift;; --fa) FA=$2; shift;; --rounds) ROUNDS=$2; shift;; --no-rpc) RPC=0;; --tcp) TCP=1;; --tls) TLS=1;;
-    --tcp-b) TCPB=$2; shift;; --host-b-bin) HOSTB_BIN=$2; shift;;
+    --tcp-b) TCPB=$2; shift;; --host-b-bin) HOSTB_BIN=$2; shift;; --unix-b) UNIXB=$2; shift;;
     *) echo "unknown option $1"; exit 2;;
   esac
   shift
@@ -45,9 +48,10 @@ if [ -z "$MODEL" ]; then
   [ -f "$MODEL" ] || "$BUILD/apir-gguf-gen" -o "$MODEL" --size "$SIZE" --type "$TYPE"
 fi
 work=$(mktemp -d)
-host_pid= rpc_pid= hostb_pid=
+host_pid= rpc_pid= hostb_pid= unixb_pid=
 cleanup() { [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null; [ -n "$rpc_pid" ] && kill "$rpc_pid" 2>/dev/null
-            [ -n "$hostb_pid" ] && kill "$hostb_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+            [ -n "$hostb_pid" ] && kill "$hostb_pid" 2>/dev/null; [ -n "$unixb_pid" ] && kill "$unixb_pid" 2>/dev/null
+            wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
 stream=()
@@ -66,12 +70,17 @@ if [ -n "$TCPB" ]; then
     >"$work/hostb.log" 2>&1 &
   hostb_pid=$!
 fi
+if [ -n "$UNIXB" ]; then
+  env "$UNIXB" "$BUILD/apir-host" --listen "unix:$work/apirb.sock" --backend "$BACKEND" --threads "$T" --log-level info \
+    >"$work/unixb.log" 2>&1 &
+  unixb_pid=$!
+fi
 if [ "$RPC" = 1 ]; then
   port=$(( 20000 + RANDOM % 20000 ))
   (cd "$DEPS_BIN" && exec ./ggml-rpc-server -H 127.0.0.1 -p "$port" -t "$T" -d "$( [ "$BACKEND" = CPU ] && echo CPU || echo "${BACKEND}0")" >"$work/rpc.log" 2>&1) &
   rpc_pid=$!
 fi
-for _ in $(seq 1 300); do [ -S "$work/apir.sock" ] && break; sleep 0.02; done
+for _ in $(seq 1 300); do [ -S "$work/apir.sock" ] && { [ -z "$UNIXB" ] || [ -S "$work/apirb.sock" ]; } && break; sleep 0.02; done
 sleep 0.5
 tcp_ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$work/host.log" | head -1 | cut -d' ' -f2 || true)
 [ "$TCP" = 1 ] && [ -z "$tcp_ep" ] && { echo "apir-host did not listen on TCP:"; cat "$work/host.log"; exit 1; }
@@ -103,6 +112,8 @@ for round in $(seq 1 "$ROUNDS"); do
   # APIR_GUEST_ENV: e.g. CUDA_VISIBLE_DEVICES= so the guest sees no GPU itself
   run apir env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
+  [ -n "$UNIXB" ] && run apirb env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apirb.sock" \
+    ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TCP" = 1 ] && run tcp env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcp_ep" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ -n "$TCPB" ] && run tcpb env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcpb_ep" \
@@ -127,9 +138,11 @@ if [ -x "$BUILD/apir-load-bench" ]; then
 fi
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), host backend $BACKEND"
 echo "llama-bench ${common[*]}; $ROUNDS round(s), the configurations interleaved"
+[ -n "$UNIXB" ] && echo "apirb: through a second apir-host on its own Unix socket, started with $UNIXB"
 [ -n "$TCPB" ] && echo "tcpb$([ "$TLS" = 1 ] && echo ", tlsb"): over TCP$([ "$TLS" = 1 ] && echo " and TLS") to a second apir-host started with $TCPB"
 # One table per comparison, with only the columns that were measured.
 cols="native apir"
+[ -n "$UNIXB" ] && cols="$cols apirb"
 [ "$TCP" = 1 ] && cols="$cols tcp"
 [ -n "$TCPB" ] && cols="$cols tcpb"
 [ "$TLS" = 1 ] && cols="$cols tls"
@@ -149,6 +162,7 @@ awk -v cols="$cols" '
     if (cols ~ /tcp/ && cols ~ /tls/) line = line sprintf(" %9s", "tls/tcp");
     if (cols ~ /tcp / && cols ~ /tcpb/) line = line sprintf(" %9s", "tcp/tcpb");
     if (cols ~ /tlsb/) line = line sprintf(" %9s", "tls/tlsb");
+    if (cols ~ /apirb/) line = line sprintf(" %10s", "apir/apirb");
     print line;
     # pp rows first, then tg, each in the order measured
     for (pass = 1; pass <= 2; pass++) for (k = 1; k <= nt; k++) {
@@ -158,12 +172,14 @@ awk -v cols="$cols" '
                                   line = line (cnt[key] ? sprintf(" %11.2f", v[i]) : sprintf(" %11s", "-")) }
       for (i = 2; i <= nc; i++) line = line ((v[1] && v[i]) ? sprintf(" %10.3f", v[i] / v[1]) : sprintf(" %10s", "-"));
       for (i = 1; i <= nc; i++) { if (c[i] == "rpc") r = v[i]; if (c[i] == "tcp") tc = v[i]; if (c[i] == "apir") ap = v[i];
-                                  if (c[i] == "tls") tl = v[i]; if (c[i] == "tcpb") tb = v[i]; if (c[i] == "tlsb") lb = v[i] }
+                                  if (c[i] == "tls") tl = v[i]; if (c[i] == "tcpb") tb = v[i]; if (c[i] == "tlsb") lb = v[i]
+                                  if (c[i] == "apirb") ab = v[i] }
       if (cols ~ /tcp/ && cols ~ /rpc/) line = line ((r && tc) ? sprintf(" %9.3f", tc / r) : sprintf(" %9s", "-"));
       else if (cols ~ /rpc/) line = line ((r && ap) ? sprintf(" %9.3f", ap / r) : sprintf(" %9s", "-"));
       if (cols ~ /tcp/ && cols ~ /tls/) line = line ((tc && tl) ? sprintf(" %9.3f", tl / tc) : sprintf(" %9s", "-"));
       if (cols ~ /tcp / && cols ~ /tcpb/) line = line ((tc && tb) ? sprintf(" %9.3f", tc / tb) : sprintf(" %9s", "-"));
       if (cols ~ /tlsb/) line = line ((tl && lb) ? sprintf(" %9.3f", tl / lb) : sprintf(" %9s", "-"));
+      if (cols ~ /apirb/) line = line ((ap && ab) ? sprintf(" %10.3f", ap / ab) : sprintf(" %10s", "-"));
       print line;
     }
   }' "$work/results"
@@ -186,8 +202,15 @@ echo "  (0.8-0.95 on a busy 2-core machine); with a GPU host, or cores to spare,
 # The host's own account of each guest, the last guest of each kind only.
 echo
 echo "apir host's account of the last guest:"
-last=$(grep -oE 'guest#[0-9]+' "$work/host.log" | tail -1)
-[ -n "$last" ] && grep -E "$last[^0-9].*(disconnected after|profile:)" "$work/host.log" | tail -6 | sed 's/^.*apir host: info: /  /'
+# (the last that computed graphs: llama-bench's, not apir-load-bench's)
+last_guest() { { grep -E 'disconnected after' "$1" | tail -1; grep -E 'profile: graphs:' "$1" | tail -1; } | grep -oE 'guest#[0-9]+' | tail -1; }
+last=$(last_guest "$work/host.log")
+[ -n "$last" ] && grep -E "$last[^0-9].*(disconnected after|profile:)" "$work/host.log" | tail -7 | sed 's/^.*apir host: info: /  /'
+if [ -n "$UNIXB" ]; then
+  echo "the second host's ($UNIXB):"
+  last=$(last_guest "$work/unixb.log")
+  [ -n "$last" ] && grep -E "$last[^0-9].*(disconnected after|profile:)" "$work/unixb.log" | tail -7 | sed 's/^.*apir host: info: /  /'
+fi
 if [ ! -s "$work/results" ] || ! grep -q '^apir' "$work/results"; then
   echo "no apir results; errors:"; tail -5 "$work"/*.err "$work/host.log"; exit 1
 fi

@@ -1045,6 +1045,21 @@ static void test_sync_device_graphs(void)
     apir_session_free(s);
 }
 
+/* get_rows_setup's graph (rows 7 and 1) launched as keyed graph `key` and
+ * left in flight; its blob's size (at data_blob + 8192). */
+static size_t get_rows_in_flight(struct apir_session *s, uint64_t buf, struct apir_tensor_rec t[3], uint64_t key)
+{
+    get_rows_setup(s, buf, t);
+    int32_t ids[2] = { 7, 1 };
+    memcpy(data_blob, ids, 8);
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
+    size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
+    uint32_t status = 99;
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, key, &status) == APIR_HANDLER_OK &&
+          status == GGML_STATUS_SUCCESS);
+    return size;
+}
+
 /* A keyed graph is left in flight: queries and graphs do not wait for it,
  * anything touching memory does (apir_command_runs_beside_device). */
 static void test_graph_in_flight(void)
@@ -1052,14 +1067,8 @@ static void test_graph_in_flight(void)
     struct apir_session *s = new_session();
     uint64_t buf = alloc_buffer(s, 1 << 16);
     struct apir_tensor_rec t[3];
-    get_rows_setup(s, buf, t);
-    int32_t ids[2] = { 7, 1 };
-    memcpy(data_blob, ids, 8);
-    fwd_BUFFER_SET_TENSOR(s, buf, &t[1], DATA_RES, 0, 8);
-    size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
+    size_t size = get_rows_in_flight(s, buf, t, 77);
     uint32_t status = 99;
-    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 77, &status) == APIR_HANDLER_OK &&
-          status == GGML_STATUS_SUCCESS);
     CHECK(apir_graph_in_flight(s));
     bool yes = false;
     uint64_t free_mem = 0, total = 0;
@@ -1077,6 +1086,83 @@ static void test_graph_in_flight(void)
     CHECK(fwd_BUFFER_CLEAR(s, buf, 0) == APIR_HANDLER_OK && !apir_graph_in_flight(s));
     CHECK(fwd_BACKEND_GRAPH_RECOMPUTE(s, 77, &status) == APIR_HANDLER_OK && apir_graph_in_flight(s));
     CHECK(fwd_BACKEND_SYNCHRONIZE(s) == APIR_HANDLER_OK && !apir_graph_in_flight(s));
+    apir_session_free(s);
+}
+
+/* A new keyed graph takes the least recently used slot: it waits for the
+ * device only when that slot's graph may still run (launched since the last
+ * wait), not for every new graph of a prompt's batches. */
+static void test_graph_slot_reuse(void)
+{
+    struct apir_session *s = new_session();
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    /* An ADD: no index values to check (a check of host memory waits too). */
+    struct apir_tensor_rec t[2] = { f32_rec(21, buf, 0, 4), f32_rec(23, buf, 1024, 4) };
+    t[1].op = GGML_OP_ADD;
+    t[1].src[0] = t[1].src[1] = 21;
+    t[1].flags = GGML_TENSOR_FLAG_COMPUTE;
+    const float in[4] = { 1, 2, 3, 14 };
+    memcpy(data_blob, in, sizeof(in));
+    fwd_BUFFER_SET_TENSOR(s, buf, &t[0], DATA_RES, 0, sizeof(in));
+    size_t size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[1].id, 1, t, 2);
+    uint32_t status = 99;
+    const uint64_t settles0 = s->settles;
+    for (uint64_t key = 1; key <= APIR_GRAPH_CACHE_SLOTS; key++)
+        CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, key, &status) == APIR_HANDLER_OK);
+    CHECK(s->settles == settles0 && apir_graph_in_flight(s));  /* empty slots: no wait */
+    /* The slot of key 1, launched after the last wait: waited for. */
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 100, &status) == APIR_HANDLER_OK);
+    CHECK(s->settles == settles0 + 1 && apir_graph_in_flight(s));
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[1], DATA_RES, 0, 16) == APIR_HANDLER_OK);
+    CHECK(s->settles == settles0 + 2 && !apir_graph_in_flight(s));
+    /* Keys 2.. were launched before that read's wait: their slots are
+     * taken without another, the graphs in flight meanwhile. */
+    for (uint64_t key = 101; key < 100 + APIR_GRAPH_CACHE_SLOTS; key++) {
+        CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, key, &status) == APIR_HANDLER_OK &&
+              status == GGML_STATUS_SUCCESS);
+        CHECK(apir_graph_kept(s, key) != NULL);
+    }
+    CHECK(s->settles == settles0 + 2 && apir_graph_in_flight(s));
+    CHECK(apir_graph_kept(s, 100) != NULL && apir_graph_kept(s, 2) == NULL);
+    /* Key 100's slot is the oldest now, launched before that wait too;
+     * then key 101's, launched after it. */
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 200, &status) == APIR_HANDLER_OK);
+    CHECK(s->settles == settles0 + 2 && apir_graph_kept(s, 100) == NULL);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 201, &status) == APIR_HANDLER_OK);
+    CHECK(s->settles == settles0 + 3 && apir_graph_kept(s, 101) == NULL);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[1], DATA_RES, 0, 16) == APIR_HANDLER_OK &&
+          ((float *)data_blob)[3] == 28.0f);
+    apir_session_free(s);
+}
+
+/* A prompt batch that outputs no row (llama.cpp's GET_ROWS of 0 output ids)
+ * has no index to read: its graph does not wait for the one in flight, while
+ * one with ids in host memory does (the check reads what a graph may write). */
+static void test_empty_index_no_wait(void)
+{
+    struct apir_session *s = new_session();
+    uint64_t buf = alloc_buffer(s, 1 << 16);
+    struct apir_tensor_rec t[3];
+    size_t size = get_rows_in_flight(s, buf, t, 1);
+    uint32_t status = 99;
+    CHECK(apir_graph_in_flight(s));
+    const uint64_t settles0 = s->settles;
+    struct apir_tensor_rec e[3] = { t[0], i32_rec(32, buf, 2048, 0), f32_rec(33, buf, 4096, 4) };
+    e[2].ne[1] = 0;
+    e[2].nb[2] = e[2].nb[3] = 0;
+    e[2].op = GGML_OP_GET_ROWS;
+    e[2].src[0] = 21;
+    e[2].src[1] = 32;
+    e[2].flags = GGML_TENSOR_FLAG_COMPUTE;
+    size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &e[2].id, 1, e, 3);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 2, &status) == APIR_HANDLER_OK &&
+          status == GGML_STATUS_SUCCESS);
+    CHECK(s->settles == settles0 && apir_graph_in_flight(s));
+    size = graph_blob(data_blob + 8192, DATA_SIZE - 8192, &t[2].id, 1, t, 3);
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 8192, size, 3, &status) == APIR_HANDLER_OK);
+    CHECK(s->settles == settles0 + 1);
+    CHECK(fwd_BUFFER_GET_TENSOR(s, buf, &t[2], DATA_RES, 0, 32) == APIR_HANDLER_OK &&
+          ((float *)data_blob)[0] == 28.0f);
     apir_session_free(s);
 }
 
@@ -1322,7 +1408,7 @@ TEST_MAIN("dispatch",
           TEST(test_empty_views),
           TEST(test_deferred_graphs),
           TEST(test_sync_device_graphs),
-          TEST(test_graph_in_flight),
+          TEST(test_graph_in_flight), TEST(test_graph_slot_reuse), TEST(test_empty_index_no_wait),
           TEST(test_chunked_download),
           TEST(test_tensor_checks),
           TEST(test_malformed),

@@ -10,6 +10,7 @@
 #include "test_util.h"
 #include "upload_mirror.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static uint8_t device_mem[1 << 16];
@@ -162,4 +163,161 @@ static void test_async_uploads(void)
     apir_session_free(s);
 }
 
-TEST_MAIN("mirror", TEST(test_mirror), TEST(test_async_uploads))
+/*
+ * The stage (larger uploads while a graph runs): a fake stream whose copies
+ * happen only when it is synchronized or an event behind them is waited
+ * for, as a GPU's may; the guest's bytes change right after each upload
+ * (the next batch written there), and what arrives must be what was sent.
+ */
+#define STAGE_DEV_BYTES (8u << 20)
+static uint8_t *stage_dev;
+struct queued_copy {
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t size;
+};
+static struct queued_copy queue[128];
+static int queued, records, event_waits;
+static int event_mark[2];  /* per fake event: the queue length when recorded */
+
+static void run_queue(int upto)
+{
+    for (int i = 0; i < upto && i < queued; i++)
+        if (queue[i].dst) {
+            memcpy(queue[i].dst, queue[i].src, queue[i].size);
+            queue[i].dst = NULL;
+        }
+}
+static void queue_set_async(ggml_backend_t be, struct ggml_tensor *t, const void *data, size_t off, size_t size)
+{
+    (void)be;
+    if (queued < 128)
+        queue[queued++] = (struct queued_copy){ (uint8_t *)t->data + off, data, size };
+}
+static void queue_synchronize(ggml_backend_t be) { (void)be; run_queue(queued); syncs++; }
+static ggml_backend_event_t fake_event_new(ggml_backend_dev_t dev)
+{
+    static int n;
+    ggml_backend_event_t e = calloc(1, sizeof(*e));
+    e->device = dev;
+    e->context = &event_mark[n++ % 2];
+    return e;
+}
+static void fake_event_free(ggml_backend_dev_t dev, ggml_backend_event_t e) { (void)dev; free(e); }
+static void fake_event_record(ggml_backend_t be, ggml_backend_event_t e)
+{
+    (void)be;
+    *(int *)e->context = queued;
+    records++;
+}
+static void fake_event_sync(ggml_backend_dev_t dev, ggml_backend_event_t e)
+{
+    (void)dev;
+    run_queue(*(int *)e->context);
+    event_waits++;
+}
+static void *stage_get_base(ggml_backend_buffer_t b) { (void)b; return stage_dev; }
+
+static void test_stage(void)
+{
+    struct apir_host host;
+    memset(&host, 0, sizeof(host));
+    apir_host_config_default(&host.cfg);
+    host.cfg.stage_bytes = 2u << 20;  /* halves of 1 MiB */
+    host.device_memory = true;
+    struct apir_session *s = apir_session_new(&host, "stage");
+    struct ggml_backend_device dev = { .iface = { .get_buffer_type = fake_dev_buft, .event_new = fake_event_new,
+                                                  .event_free = fake_event_free,
+                                                  .event_synchronize = fake_event_sync } };
+    struct ggml_backend backend = {
+        .iface = { .free = fake_backend_free, .set_tensor_async = queue_set_async, .synchronize = queue_synchronize,
+                   .event_record = fake_event_record },
+        .device = &dev,
+    };
+    s->backends[0] = &backend;
+    s->backend_async[0] = true;
+    s->device = 0;
+    stage_dev = calloc(1, STAGE_DEV_BYTES);
+    struct ggml_backend_buffer_i iface = { .get_base = stage_get_base, .set_tensor = fake_set };
+    ggml_backend_buffer_t buf = ggml_backend_buffer_init(&fake_buft, iface, NULL, STAGE_DEV_BYTES);
+    struct ggml_init_params p = { .mem_size = 8 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    const size_t piece = 300u << 10;  /* three fit a half */
+    struct ggml_tensor *t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)piece);
+    t->buffer = buf;
+    static uint8_t guest[300u << 10];
+    uploads = syncs = queued = records = event_waits = 0;
+
+    /* Nothing in flight: not staged (a plain upload is cheaper). */
+    t->data = stage_dev;
+    CHECK(!apir_mirror_upload(s, t, guest, 0, piece));
+    s->graph_in_flight = &backend;  /* a graph launched on the stream */
+    for (int i = 0; i < 7; i++) {
+        t->data = stage_dev + i * piece;
+        memset(guest, 'a' + i, piece);
+        CHECK(apir_mirror_upload(s, t, guest, 0, piece));
+        memset(guest, 'z', piece);  /* the guest writes the next batch there */
+    }
+    /* 7 uploads: half 0 took 3, half 1 the next 3 (half 0's end recorded),
+     * the 7th waited for half 0's copies, not for the stream. */
+    CHECK(queued == 7 && uploads == 0 && syncs == 0);
+    CHECK(records == 2 && event_waits == 1);
+    CHECK(stage_dev[0] == 'a' && stage_dev[2 * piece + piece - 1] == 'c');  /* half 0's, done */
+    CHECK(stage_dev[3 * piece] == 0);                                       /* half 1's, queued */
+    CHECK(apir_mirror_uploads_in_flight(s) > 0);
+    apir_session_settle(s);
+    CHECK(syncs == 1 && apir_mirror_uploads_in_flight(s) == 0 && s->graph_in_flight == NULL);
+    int right = 0;
+    for (int i = 0; i < 7; i++)
+        right += stage_dev[i * piece] == 'a' + i && stage_dev[i * piece + piece - 1] == 'a' + i;
+    CHECK(right == 7);
+    /* Small uploads while graphs run: the mirror's two halves of entries
+     * take turns the same way, without waiting for the stream. */
+    s->graph_in_flight = &backend;
+    records = event_waits = 0;
+    struct ggml_tensor *idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 8);
+    idx->buffer = buf;
+    int32_t vals[8];
+    for (int i = 0; i < APIR_MIRROR_ENTRIES + 4; i++) {
+        idx->data = stage_dev + 4096 + 64 * i;
+        for (int k = 0; k < 8; k++)
+            vals[k] = 1000 * i + k;
+        CHECK(apir_mirror_upload(s, idx, (const uint8_t *)vals, 0, sizeof(vals)));
+        memset(vals, 0xff, sizeof(vals));
+    }
+    /* Into the second half (the first's end recorded), back into the first
+     * (the second's recorded, the first's waited for). */
+    CHECK(syncs == 1 && records == 2 && event_waits == 1);
+    apir_session_settle(s);
+    right = 0;
+    for (int i = 0; i < APIR_MIRROR_ENTRIES + 4; i++)
+        right += ((int32_t *)(stage_dev + 4096 + 64 * i))[7] == 1000 * i + 7;
+    CHECK(syncs == 2 && right == APIR_MIRROR_ENTRIES + 4);
+    /* Bigger than a half: the caller waits and uploads the plain way. */
+    s->graph_in_flight = &backend;
+    struct ggml_tensor *large = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)(1u << 20) + 1);
+    large->buffer = buf;
+    large->data = stage_dev;
+    static uint8_t big[(1u << 20) + 1];
+    CHECK(!apir_mirror_upload(s, large, big, 0, sizeof(big)));
+    /* A device that makes no events: never staged. */
+    apir_session_settle(s);
+    struct ggml_backend_device plain_dev = { .iface = { .get_buffer_type = fake_dev_buft } };
+    struct ggml_backend plain = backend;
+    plain.device = &plain_dev;
+    s->backends[0] = &plain;
+    s->graph_in_flight = &plain;
+    CHECK(!apir_mirror_upload(s, t, guest, 0, piece));
+    CHECK(!apir_mirror_upload(s, t, guest, 0, piece));
+    /* Its own device again: staged. */
+    s->backends[0] = &backend;
+    s->graph_in_flight = &backend;
+    CHECK(apir_mirror_upload(s, t, guest, 0, piece));
+    apir_session_settle(s);
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    apir_session_free(s);
+    free(stage_dev);
+}
+
+TEST_MAIN("mirror", TEST(test_mirror), TEST(test_async_uploads), TEST(test_stage))

@@ -253,6 +253,9 @@ void apir_host_config_default(struct apir_host_config *cfg)
     cfg->send_piece_bytes = 128u * 1024u;
     if (env_number("APIR_HOST_SEND_PIECE_KB", 1024u * 1024u + 1, &n))
         cfg->send_piece_bytes = (size_t)n * 1024u;
+    cfg->stage_bytes = (size_t)APIR_STAGE_MB_DEFAULT << 20;
+    if (env_number("APIR_HOST_STAGE_MB", 4096 + 1, &n))
+        cfg->stage_bytes = (size_t)n << 20;
     const char *st = getenv("APIR_HOST_TLS_SEND_THREAD");
     cfg->tls_send_thread = st && *st ? strcmp(st, "0") != 0 : apir_host_default_threads() >= 4;
     cfg->max_lanes = apir_host_default_threads() >= 4 ? APIR_STREAM_MAX_LANES : 0;

@@ -59,6 +59,11 @@ void apir_limits_default(struct apir_limits *l);
 /* The weight cache's bound when none is given (--weight-cache-max-gib). */
 #define APIR_WEIGHT_CACHE_MAX_GIB_DEFAULT 64
 
+/* A session's upload stage when none is given (APIR_HOST_STAGE_MB): two
+ * halves of 16 MiB, each a prompt batch's inputs on an 8B model (8 MiB of
+ * embeddings, a mask of up to 8 MiB). */
+#define APIR_STAGE_MB_DEFAULT 32
+
 struct apir_host_config {
     const char *backend_name;    /* registry name; NULL: first GPU, else CPU */
     int device;                  /* -1: every device of the backend */
@@ -76,6 +81,11 @@ struct apir_host_config {
      * device copies them (APIR_HOST_SEND_PIECE_KB, default 128; 0: after the
      * whole copy; download_pieces.h). */
     size_t send_piece_bytes;
+    /* Page-locked memory a session on a GPU may stage its larger uploads
+     * in while a graph runs (APIR_HOST_STAGE_MB, default 32; 0: none;
+     * upload_mirror.h): taken as a prompt's batches need it, kept until the
+     * session ends. */
+    size_t stage_bytes;
     /* A tls: guest's replies sealed on its serving thread and sent by one of
      * their own (transport/sender.h), where this process has 4 CPUs or more
      * (the thread needs a core beside the one sealing):

@@ -175,9 +175,6 @@ ggml_backend_t apir_session_backend(struct apir_session *s, uint32_t device)
     return be;
 }
 
-
-/* The entry with the most time among those not yet shown (and marks it), or
- * -1: the profile lines go from the largest down. */
 void apir_session_refuse_limit(struct apir_session *s, const char *fmt, ...)
 {
     va_list ap;

@@ -128,12 +128,17 @@ struct apir_session_stats {
     /* the weight cache (weight_cache.c): weights filled from it, asked for
      * and not there, kept after an upload */
     uint64_t wcache_hits, wcache_hit_bytes, wcache_misses, wcache_kept;
+    /* The device and the host thread (upload_mirror.c, graph_exec.c): time
+     * waited for a graph in flight, and from such a wait's end (the device
+     * known idle) to the next launch - what the device idled because of
+     * the host's serial steps, or the guest's. */
+    uint64_t settle_wait_ns, idle_before_launch_ns, n_idle_gaps;
 };
 
 /* The modules' own state: each is created and freed by its module
  * (apir_session_new, apir_session_free: host/dispatch/dispatcher.h) and read
  * only through its header. */
-struct apir_mirror;     /* upload_mirror.c: host copies of small uploads */
+struct apir_mirror;     /* upload_mirror.c: host copies of uploads */
 struct apir_download_pieces;  /* download_pieces.c: stream downloads sent as they land */
 struct apir_weights;    /* weight_copies.c: weights in the device's own layouts */
 struct apir_policy;     /* op_policy.c: index validation's scratch */
@@ -179,6 +184,11 @@ struct apir_session {
      * (graph_exec.c), NULL if none: apir_session_settle (upload_mirror.h)
      * waits for it before anything else may reach that memory. */
     ggml_backend_t graph_in_flight;
+    /* Graphs in flight waited for so far (apir_session_settle): a kept
+     * graph launched before the last wait is done (graph_exec.c). */
+    uint64_t settles;
+    uint64_t device_idle_since_ns;         /* the last such wait's end; 0: launched since */
+    uint32_t cmd;                          /* the command being served (dispatch.c), for log lines */
 
     struct apir_import_scratch scratch;    /* requests' tensors (requests.c) */
     struct apir_import_memo import_memo;   /* import.c: the last graph, as checked */

@@ -1,5 +1,6 @@
 /*
- * Host-side copies of small uploads into device memory.
+ * Host-side copies of uploads into device memory: the mirror of small ones,
+ * kept for the index checks, and the stage of larger ones (below).
  *
  * The index checks of op_policy.c must read index values before an op runs.
  * In host memory that is a plain read; in device memory (CUDA, Vulkan) it
@@ -27,8 +28,11 @@ struct apir_mirror *apir_mirror_new(void);
 void apir_mirror_free(struct apir_mirror *m);
 
 /* Uploads [offset, offset+size) of t from src (shared memory) through a
- * private copy it keeps.  False: not mirrored (too big, host memory); the
- * caller uploads the plain way. */
+ * private copy: up to APIR_MIRROR_MAX_BYTES one it keeps; larger, while a
+ * graph of the session is on a GPU, one in the stage (cfg.stage_bytes of
+ * page-locked memory), queued behind that graph instead of waiting for it.
+ * False: neither (host memory; too big; an idle device, where the plain
+ * copy is cheaper); the caller uploads the plain way. */
 bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uint8_t *src, uint64_t offset, uint64_t size);
 /* The kept copy of [data, data+len) of buf, or NULL. */
 const uint8_t *apir_mirror_find(struct apir_session *s, ggml_backend_buffer_t buf, const void *data, size_t len);
@@ -38,7 +42,8 @@ void apir_mirror_forget_buffer(struct apir_session *s, ggml_backend_buffer_t buf
 void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *graph);
 
 /* Uploads queued on a backend stream from mirror memory and not yet known
- * complete (their source may not be reused before). */
+ * complete (their source may not be reused before); a staged batch counts
+ * as one. */
 uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s);
 /* apir_session_settle: waits for those uploads.  synced: a stream the
  * caller has just synchronized (or NULL); uploads queued on it are done. */

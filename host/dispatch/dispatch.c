@@ -762,6 +762,7 @@ uint32_t apir_session_forward(struct apir_session *s, uint32_t cmd, struct apir_
                   apir_command_since(cmd), s->minor);
         return APIR_HANDLER_INVALID_INDEX;
     }
+    s->cmd = cmd;
     uint32_t result = apir_graph_before_command(s, cmd);
     if (result != APIR_HANDLER_OK) {
         s->stats.n_refused++;

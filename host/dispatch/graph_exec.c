@@ -28,6 +28,7 @@ struct apir_graph_slot {
     uint64_t key;            /* 0: empty */
     uint64_t epoch;          /* s->buffers_epoch when imported */
     uint64_t last_use;
+    uint64_t launched_at_settles;  /* s->settles when last launched: done once it grew */
     uint32_t device;
     struct ggml_cgraph *graph;
     struct apir_import_scratch scratch;
@@ -132,21 +133,43 @@ static enum ggml_status run_graph(struct apir_session *s, struct apir_import_scr
                                   ggml_backend_t backend, struct ggml_cgraph *graph, bool in_flight, uint32_t *result)
 {
     const char *why = NULL;
-    uint64_t t0 = apir_now_ns(), segments0 = s->stats.n_segments;
+    uint64_t t0 = apir_now_ns(), segments0 = s->stats.n_segments, idle_ns = 0;
+    if (s->device_idle_since_ns) {
+        idle_ns = t0 - s->device_idle_since_ns;
+        s->device_idle_since_ns = 0;
+        s->stats.idle_before_launch_ns += idle_ns;
+        s->stats.n_idle_gaps++;
+    }
     enum ggml_status status = apir_policy_compute(s, sc, backend, graph, &why);
     s->graph_in_flight = backend;
     if (!in_flight || status != GGML_STATUS_SUCCESS)
         apir_session_settle(s);
     uint64_t dt = apir_now_ns() - t0;
     s->stats.compute_ns += dt;
-    APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us%s", s->name, apir_command_name(cmd),
-               ggml_graph_n_nodes(graph), (unsigned long long)(s->stats.n_segments - segments0), dt / 1e3,
-               in_flight ? " (launch)" : "");
+    APIR_DEBUG("host", "%s: %s: %d nodes in %llu piece(s), %.1f us%s, device idle %.1f us before", s->name,
+               apir_command_name(cmd), ggml_graph_n_nodes(graph),
+               (unsigned long long)(s->stats.n_segments - segments0), dt / 1e3, in_flight ? " (launch)" : "",
+               idle_ns / 1e3);
     apir_mirror_forget_written(s, graph);
     s->stats.n_graphs++;
     if (why)
         *result = apir_refuse(s, cmd, why);
     return status;
+}
+
+/* run_graph for a kept graph: the slot remembers when it was launched. */
+static enum ggml_status run_slot(struct apir_session *s, struct apir_graph_slot *slot, uint32_t cmd,
+                                 ggml_backend_t backend, uint32_t *result)
+{
+    slot->launched_at_settles = s->settles;
+    return run_graph(s, &slot->scratch, cmd, backend, slot->graph, true, result);
+}
+
+/* Whether a kept graph may still be on the device: launched, and no wait
+ * for the device since (a wait drains the stream it ran on). */
+static bool slot_may_run(const struct apir_session *s, const struct apir_graph_slot *slot)
+{
+    return s->graph_in_flight && slot->launched_at_settles == s->settles;
 }
 
 /* Whether a keyed graph accepted now on the session's device (its backend
@@ -173,8 +196,10 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
     struct apir_graph_slot *slot = key ? graph_slot_for(graphs, key) : NULL;
     struct apir_import_scratch *sc = slot ? &slot->scratch : &s->scratch;
     if (slot) {
-        /* Its tensors may be those of the graph still in flight. */
-        if (slot->key)
+        /* Its tensors may be those of a graph still on the device (a long
+         * prompt's batches, APIR_GRAPH_CACHE_SLOTS of them launched without
+         * a wait between). */
+        if (slot->key && slot_may_run(s, slot))
             apir_session_settle(s);
         slot->key = 0;  /* until this import succeeds */
     }
@@ -210,8 +235,10 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
                 graphs->deferred = slot;
                 graphs->deferred_cmd = cmd;
                 status = GGML_STATUS_SUCCESS;
+            } else if (slot) {
+                status = run_slot(s, slot, cmd, backend, &result);
             } else {
-                status = run_graph(s, sc, cmd, backend, graph, slot != NULL, &result);
+                status = run_graph(s, sc, cmd, backend, graph, false, &result);
             }
         } else if (in.stale) {
             /* Not the guest's fault: it sends the whole graph. */
@@ -272,8 +299,7 @@ APIR_HANDLER(BACKEND_GRAPH_RECOMPUTE)
         return APIR_HANDLER_OK;
     }
     uint32_t result = APIR_HANDLER_OK;
-    rep->status = (uint32_t)run_graph(s, &slot->scratch, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, backend, slot->graph, true,
-                                      &result);
+    rep->status = (uint32_t)run_slot(s, slot, APIR_CMD_BACKEND_GRAPH_RECOMPUTE, backend, &result);
     return result;
 }
 
@@ -300,9 +326,7 @@ void apir_session_run_deferred(struct apir_session *s)
     uint64_t t0 = apir_now_ns();
     ggml_backend_t backend = apir_session_backend(s, slot->device);
     uint32_t result = APIR_HANDLER_OK;
-    enum ggml_status status = backend ? run_graph(s, &slot->scratch, graphs->deferred_cmd, backend, slot->graph, true,
-                                                  &result)
-                                      : GGML_STATUS_FAILED;
+    enum ggml_status status = backend ? run_slot(s, slot, graphs->deferred_cmd, backend, &result) : GGML_STATUS_FAILED;
     s->stats.cmd_ns[graphs->deferred_cmd] += apir_now_ns() - t0;
     if (result != APIR_HANDLER_OK || status != GGML_STATUS_SUCCESS) {
         graphs->deferred_error =

@@ -292,6 +292,10 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
     if (!u->idx->buffer || !u->idx->data)
         return "index tensor without memory";
     size_t nbytes = ggml_nbytes(t);
+    /* A walk over no index (a prompt batch that outputs no row: GET_ROWS
+     * of 0 ids): nothing to read, nothing to wait for. */
+    if (u->read.n[0] == 0 || u->read.n[1] == 0 || u->read.n[2] == 0 || u->read.n[3] == 0)
+        return NULL;
     const uint8_t *base = t->data;
     const uint8_t *kept = NULL;
     if (!u->shadow && !ggml_backend_buffer_is_host(t->buffer) && !u->late)

@@ -76,6 +76,8 @@ void apir_session_free(struct apir_session *s)
     apir_log_budget_flush(&s->log);
     free(s);
 }
+/* The entry with the most time among those not yet shown (and marks it), or
+ * -1: the profile lines go from the largest down. */
 static int next_largest(const uint64_t *ns, const uint64_t *count, bool *shown, int n)
 {
     int best = -1;
@@ -96,6 +98,11 @@ void apir_session_log_profile(const struct apir_session *s)
         APIR_INFO("host", "%s: profile: graphs: import %.1f ms, index checks + compute %.1f ms (%llu graphs, %llu pieces)",
                   s->name, st->import_ns / 1e6, st->compute_ns / 1e6, (unsigned long long)s->stats.n_graphs,
                   (unsigned long long)s->stats.n_segments);
+    /* A GPU's: a CPU computes on the host thread itself, nothing idles. */
+    if (st->n_idle_gaps && s->host->device_memory)
+        APIR_INFO("host", "%s: profile: device: waited for %.1f ms, then idle %.1f ms before %llu launches (%.1f us each)",
+                  s->name, st->settle_wait_ns / 1e6, st->idle_before_launch_ns / 1e6,
+                  (unsigned long long)st->n_idle_gaps, st->idle_before_launch_ns / 1e3 / (double)st->n_idle_gaps);
     apir_weights_log_profile(s);
     /* With cfg.op_profile each node was computed alone and waited for: where
      * the device's time goes, op by op (launch and wait costs included). */
