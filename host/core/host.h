@@ -60,8 +60,8 @@ void apir_limits_default(struct apir_limits *l);
 #define APIR_WEIGHT_CACHE_MAX_GIB_DEFAULT 64
 
 /* A session's upload stage when none is given (APIR_HOST_STAGE_MB): two
- * halves of 16 MiB, each a prompt batch's inputs on an 8B model (8 MiB of
- * embeddings, a mask of up to 8 MiB). */
+ * halves of at most 16 MiB each, sized to the largest upload staged; a half
+ * bounds it (an 8B model's 8 MiB of embeddings, a long context's mask). */
 #define APIR_STAGE_MB_DEFAULT 32
 
 struct apir_host_config {
