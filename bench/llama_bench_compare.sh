@@ -27,6 +27,8 @@
 #   --unix-b VAR=VAL  also through a second apir-host on its own Unix socket,
 #                     started with that environment (an A/B of a host setting
 #                     on shared memory): the apirb column, and apir/apirb
+#   APIR_GUEST_B_ENV=VAR=VAL (environment): the apirb and tcpb guests' own
+#                     settings (an A/B of a guest setting, or of both sides)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin MODEL= SIZE=1b TYPE=q4_0 BACKEND=CPU
@@ -112,11 +114,11 @@ for round in $(seq 1 "$ROUNDS"); do
   # APIR_GUEST_ENV: e.g. CUDA_VISIBLE_DEVICES= so the guest sees no GPU itself
   run apir env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apir.sock" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
-  [ -n "$UNIXB" ] && run apirb env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apirb.sock" \
+  [ -n "$UNIXB" ] && run apirb env ${APIR_GUEST_ENV:-} ${APIR_GUEST_B_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="unix:$work/apirb.sock" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TCP" = 1 ] && run tcp env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcp_ep" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
-  [ -n "$TCPB" ] && run tcpb env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcpb_ep" \
+  [ -n "$TCPB" ] && run tcpb env ${APIR_GUEST_ENV:-} ${APIR_GUEST_B_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tcpb_ep" \
     ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0
   [ "$TLS" = 1 ] && run tls env ${APIR_GUEST_ENV:-} GGML_BACKEND_PATH="$BUILD/libggml-apir.so" APIR_HOST="$tls_ep" \
     APIR_TLS_PSK_FILE="$work/psk" ./llama-bench "${common[@]}" -ngl "$NGL" -dev APIR0

@@ -15,13 +15,17 @@
 # --tcp: the guests reach their hosts over loopback TCP instead of Unix sockets; --link RATE (root,
 # with --tcp) shapes the loopback to RATE (tc tbf, e.g. 1gbit, MTU 1500 for the run: every local
 # connection of the machine meanwhile) as a link between two machines would be.
+# The hosts measured log at info: a line per graph at debug is a pipe write and a wake-up of the
+# daemon's log thread each decode step (on 2 vCPUs, on the cores the step runs on).  The step's
+# breakdown at the end comes from one more run against a third host at debug; --debug-hosts puts
+# hosts A and B at debug too, for the A/B's import medians.
 #   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]
-#                            [--host-b-bin PATH] [--guest-b VAR=VAL] [--tcp [--link RATE]]
+#                            [--host-b-bin PATH] [--guest-b VAR=VAL] [--tcp [--link RATE]] [--debug-hosts]
 # Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
 # WHISPER_DIR=DIR).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB= HOSTB_BIN= GUESTB= TCP= LINK=
+ROUNDS=3 BACKEND=CPU THREADS=2 OFF=1 HOSTB= HOSTB_BIN= GUESTB= TCP= LINK= HOST_LOG=info
 while [ $# -gt 0 ]; do
   case $1 in
   --rounds) ROUNDS=$2; shift 2 ;;
@@ -33,8 +37,9 @@ while [ $# -gt 0 ]; do
   --guest-b) GUESTB=$2; shift 2 ;;
   --tcp) TCP=1; shift ;;
   --link) LINK=$2; shift 2 ;;
+  --debug-hosts) HOST_LOG=debug; shift ;;
   *) echo "usage: $0 [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL] [--host-b-bin PATH]" \
-          "[--guest-b VAR=VAL] [--tcp [--link RATE]]"
+          "[--guest-b VAR=VAL] [--tcp [--link RATE]] [--debug-hosts]"
      exit 2 ;;
   esac
 done
@@ -46,12 +51,12 @@ if [ "$BACKEND" != CPU ]; then
   [ -e "$W/bin/$lib" ] || ln -sfn "$ROOT/.deps/bin/$lib" "$W/bin/$lib" || exit 1
 fi
 work=$(mktemp -d)
-hpb=
+hpb= hpd=
 unshape() { [ -z "$LINK" ] || { tc qdisc del dev lo root 2>/dev/null; ip link set lo mtu "$lo_mtu"; }; }
-trap 'kill $hp $hpb 2>/dev/null; wait $hp $hpb 2>/dev/null; unshape; rm -rf "$work"' EXIT
-# Where host A (h) and host B (hb) listen and their guests connect.
+trap 'kill $hp $hpb $hpd 2>/dev/null; wait $hp $hpb $hpd 2>/dev/null; unshape; rm -rf "$work"' EXIT
+# Where host A (h), host B (hb) and the breakdown's host (hd) listen and their guests connect.
 port=$((20000 + RANDOM % 20000))
-ep() { if [ -n "$TCP" ]; then echo "tcp:127.0.0.1:$((port + $([ "$1" = hb.sock ] && echo 1 || echo 0)))"
+ep() { if [ -n "$TCP" ]; then echo "tcp:127.0.0.1:$((port + $(case $1 in hb.sock) echo 1 ;; hd.sock) echo 2 ;; *) echo 0 ;; esac)))"
        else echo "unix:$work/$1"; fi; }
 if [ -n "$LINK" ]; then
   [ -n "$TCP" ] || { echo "--link needs --tcp"; exit 2; }
@@ -61,13 +66,16 @@ if [ -n "$LINK" ]; then
     { echo "cannot shape the loopback (root, tc)"; exit 1; }
 fi
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
-# debug: a line per graph (import, checks + compute), for the breakdown below.
-"$B/apir-host" --listen "$(ep h.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/host.log" 2>&1 &
+"$B/apir-host" --listen "$(ep h.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level "$HOST_LOG" >"$work/host.log" 2>&1 &
 hp=$!
+# debug: a line per graph (import, checks + compute), for the breakdown below; idle until then.
+"$B/apir-host" --listen "$(ep hd.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/hostd.log" 2>&1 &
+hpd=$!
 # The B side's setting, for the A/B lines below.
-AB=${HOSTB:+host $HOSTB}${HOSTB_BIN:+${HOSTB:+ }host $HOSTB_BIN}${GUESTB:+guest $GUESTB}
+AB=
+for part in ${HOSTB:+"host $HOSTB"} ${HOSTB_BIN:+"host $HOSTB_BIN"} ${GUESTB:+"guest $GUESTB"}; do AB=${AB:+$AB, }$part; done
 if [ -n "$AB" ]; then
-  env ${HOSTB:+"$HOSTB"} "${HOSTB_BIN:-$B/apir-host}" --listen "$(ep hb.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug \
+  env ${HOSTB:+"$HOSTB"} "${HOSTB_BIN:-$B/apir-host}" --listen "$(ep hb.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level "$HOST_LOG" \
     >"$work/hostb.log" 2>&1 &
   hpb=$!
 fi
@@ -115,7 +123,8 @@ if [ -n "$AB" ]; then
           sed -n "s/.* imported $n nodes in \([0-9.]*\) us.*/\1/p" "$1" | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f us (%d graphs)", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2, NR }'; }
   awk -v a="$(med apir)" -v b="$(med apir-b)" -v n="$(med native)" -v e="$AB" 'BEGIN { if (a > 0 && b > 0)
     printf "host A/B: decode step medians apir %.3f ms, apir-b (%s) %.3f ms (%.3fx native); apir/apir-b %.3f\n", a, e, b, b / n, a / b }'
-  echo "host A/B: decoder graph import, medians over all rounds: host A $(imp "$work/host.log"), host B $(imp "$work/hostb.log")"
+  [ "$HOST_LOG" = debug ] &&
+    echo "host A/B: decoder graph import, medians over all rounds: host A $(imp "$work/host.log"), host B $(imp "$work/hostb.log")"
 fi
 dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
@@ -144,28 +153,28 @@ if [ -n "$OFF" ]; then
   guest h.sock o40.err APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0
   per_step "$work/o.err" "$work/o40.err" apir-off
 fi
-# Where a decode step's time goes, from the last round's APIR0 run (guest#G: the host numbers
-# guests in order, two a round with the apir-off runs): the host's
-# lines per graph (the decoder's graphs: those with its node count, the most frequent one;
-# medians, as the prompt's graph is among them), the guest's serialization (a mean over all
-# its graphs) and questions.
-G=$([ -n "$OFF" ] && echo $((2 * ROUNDS - 1)) || echo "$ROUNDS")
-for _ in $(seq 1 100); do grep -q "guest#$G(.*disconnected" "$work/host.log" && break; sleep 0.02; done
-grep "guest#$G(" "$work/host.log" >"$work/last.log"
+# Where a decode step's time goes, from one more APIR0 run against the debug host (its only
+# guest, guest#1): the host's lines per graph (the decoder's graphs: those with its node count,
+# the most frequent one; medians, as the prompt's graph is among them), the guest's
+# serialization (a mean over all its graphs) and questions.
+args[1]=$work/m.bin
+guest hd.sock d.err
+for _ in $(seq 1 100); do grep -q "guest#1(.*disconnected" "$work/hostd.log" && break; sleep 0.02; done
+grep "guest#1(" "$work/hostd.log" >"$work/last.log"
 host_import() { sed -n "s/.* imported $1 nodes in \([0-9.]*\) us.*/\1/p" "$work/last.log"; }
 host_compute() { sed -n "s/.*: $1 nodes in [0-9]* piece(s), \([0-9.]*\) us.*/\1/p" "$work/last.log"; }
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2 / 1e3 }'; }
 n=$(sed -n 's/.*: \([0-9]*\) nodes in [0-9]* piece(s).*/\1/p' "$work/last.log" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
 if [ -n "$n" ]; then
-  step=$(t decode "$work/a.err")
-  ser=$(sed -n 's/.*graph serialization.* \([0-9.]*\) us each/\1/p' "$work/a.err")
-  q=$(sed -n 's/.*DEVICE_SUPPORTS_OP_L .* \([0-9.]*\) us each/\1/p' "$work/a.err")
+  step=$(t decode "$work/d.err")
+  ser=$(sed -n 's/.*graph serialization.* \([0-9.]*\) us each/\1/p' "$work/d.err")
+  q=$(sed -n 's/.*DEVICE_SUPPORTS_OP_L .* \([0-9.]*\) us each/\1/p' "$work/d.err")
   # questions a step: the difference of the two runs' counts, as above
   qn=$(join <(calls "$work/a.err" | sort) <(calls "$work/a40.err" | sort) | awk -v d="$(( $(steps "$work/a.err") - $(steps "$work/a40.err") ))" \
     '$1 == "DEVICE_SUPPORTS_OP_L" && d > 0 { print ($2 - $3) / d }')
   awk -v step="$step" -v n="$n" -v g="$(host_compute "$n" | wc -l)" -v ci="$(host_import "$n" | median)" \
       -v cc="$(host_compute "$n" | median)" -v ser="${ser:-0}" -v q="${q:-0}" -v qn="${qn:-0}" 'BEGIN {
-    printf "decode step of the last APIR0 run: %.3f ms; medians over its %d graphs of %d nodes:\n", step, g, n
+    printf "decode step of an APIR0 run against a host at debug: %.3f ms; medians over its %d graphs of %d nodes:\n", step, g, n
     printf "  host: import (decode and checks)      %7.3f ms\n", ci
     printf "  host: index checks and compute        %7.3f ms\n", cc
     printf "  guest: serialization (mean, all)      %7.3f ms\n", ser / 1e3

@@ -551,10 +551,18 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
     /* A CPU host on this machine computes on the cores the guest would spin
      * on: spinning through its graphs (APIR_SPIN_GRAPH_US) takes time from
      * its compute threads (tg 0.83 of native against 0.97-1.0 without, 1B
-     * Q4_0 on 2 cores; over loopback TCP 0.94 against 0.99).  Graph waits
-     * then spin as briefly as any other, on every transport. */
-    if (type == GGML_BACKEND_DEVICE_TYPE_CPU && !getenv("APIR_SPIN_GRAPH_US"))
+     * Q4_0 on 2 cores; over loopback TCP 0.94 against 0.99).  Waits after a
+     * graph then spin as briefly as any other, on every transport.  Where
+     * blobs are shared the host computes such a graph before it answers
+     * (host/core/session.h, defer_sync_graphs): the graph's own wait is the
+     * whole compute, and even a brief spin keeps a core looking busy while
+     * the host's compute threads want both (whisper.cpp's decode step on 2
+     * vCPUs: 0.870 of its time when it sleeps at once, 24 interleaved
+     * rounds; docs/MEASUREMENTS.md). */
+    if (type == GGML_BACKEND_DEVICE_TYPE_CPU && !getenv("APIR_SPIN_GRAPH_US")) {
         d->remote.graph_spin_ns = 0;
+        d->remote.graph_sleeps = d->remote.t->blobs_shared;
+    }
     /* Async compute and events (dev_event_new): a host of 0.2 or later
      * answers a keyed graph before computing it.  APIR_EVENTS=0 leaves them
      * out, and with them llama.cpp's pipeline over several devices. */

@@ -99,6 +99,20 @@ static bool data_range_fits(const struct apir_remote *r, uint64_t offset, size_t
     return true;
 }
 
+uint64_t apir_remote_spin_ns(const struct apir_remote *r, uint32_t classes)
+{
+    /* Commands that wait for the device spin through its work; so do those
+     * after a graph the host answered before computing it and leaves
+     * running (APIR_LEAVES_BUSY).  Where the host computes a graph on the
+     * cores this thread would spin on (graph_sleeps), the graph's own wait
+     * only glances before it sleeps. */
+    if ((classes & APIR_GRAPH) == APIR_GRAPH && r->graph_sleeps)
+        return APIR_SPIN_GLANCE_NS;
+    if ((classes & APIR_WAITS_DEVICE) || r->host_computing)
+        return r->graph_spin_ns;
+    return 0;
+}
+
 int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, const struct apir_call_opts *opts,
                               struct apir_decoder *reply)
 {
@@ -120,12 +134,8 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, cons
             r->t->ops->unstage(r->t);
         return -1;
     }
-    /* Commands that wait for the device spin through its work; so do those
-     * after a graph the host answered before computing it and leaves
-     * running (APIR_LEAVES_BUSY). */
-    bool waits_for_device = (classes & APIR_WAITS_DEVICE) || r->host_computing;
     const struct apir_submit_opts sub_opts = {
-        .spin_ns = waits_for_device ? r->graph_spin_ns : 0,
+        .spin_ns = apir_remote_spin_ns(r, classes),
         .posted = (classes & APIR_POSTED) != 0,
         .wait_work = opts->wait_work,
     };

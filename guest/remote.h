@@ -48,6 +48,7 @@ struct apir_remote {
     uint32_t data_res_id;
     size_t get_piece;             /* bytes per piece of a download (download.h; 0: none) */
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
+    bool graph_sleeps;            /* a graph command's own wait hardly spins (a CPU host: frontend_device.c) */
     bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
     /* Uploads the device keeps for its next graph (struct apir_inputs,
      * frontend.h): a command that may touch device memory must not pass
@@ -118,6 +119,10 @@ struct apir_call_opts {
  * decoder's verdict into a result.  The remote's lock is held throughout.
  */
 struct apir_encoder *apir_remote_begin_locked(struct apir_remote *r, enum apir_command cmd);
+/* How long submit spins on the reply to a command of these classes
+ * (apir_command_classes) before it sleeps: apir_submit_opts.spin_ns, 0 for
+ * the transport's default. */
+uint64_t apir_remote_spin_ns(const struct apir_remote *r, uint32_t classes);
 int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, const struct apir_call_opts *opts,
                               struct apir_decoder *reply);
 int apir_remote_reply_checked(struct apir_remote *r, enum apir_command cmd, bool reply_ok);

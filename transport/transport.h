@@ -35,6 +35,10 @@ struct apir_wait_work {
     bool (*run)(struct apir_wait_work *w, _Atomic uint32_t *reply_word);
 };
 
+/* A spin of a glance (apir_submit_opts.spin_ns): for a wait the caller
+ * knows is long and computed on the cores a spin would take. */
+#define APIR_SPIN_GLANCE_NS 1000u
+
 /*
  * How one submit is to be made, given with that submit (nothing of it
  * outlives the call).  Zero in every field: the defaults.

@@ -18,17 +18,23 @@ uint64_t apir_now_ns(void)
 
 static uint32_t env_us(const char *name, uint32_t dflt)
 {
+    /* A value that is not a number in range is ignored (not read as 0,
+     * which would turn a spin off). */
     const char *s = getenv(name);
     if (s && *s) {
-        long v = strtol(s, NULL, 10);
-        if (v >= 0 && v <= 100000)
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 100000)
             return (uint32_t)v;
     }
     return dflt;
 }
 
 uint32_t apir_spin_us(void) { return env_us("APIR_SPIN_US", 100); }
-uint32_t apir_host_spin_us(void) { return env_us("APIR_HOST_SPIN_US", 2000); }
+uint32_t apir_host_spin_us(bool device_memory)
+{
+    return env_us("APIR_HOST_SPIN_US", device_memory ? 2000 : apir_spin_us());
+}
 uint32_t apir_spin_graph_us(void) { return env_us("APIR_SPIN_GRAPH_US", 20000); }
 
 static inline void cpu_relax(void)

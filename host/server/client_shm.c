@@ -244,7 +244,8 @@ static void *client_shm_main(void *arg)
 {
     struct apir_client *c = arg;
     struct apir_shm_ctrl *ctrl = c->ctrl;
-    const uint64_t spin_ns = (uint64_t)apir_host_spin_us() * 1000;
+    /* Long on a GPU host, brief on a CPU host (wait.h: apir_host_spin_us). */
+    const uint64_t spin_ns = (uint64_t)apir_host_spin_us(c->srv->host->device_memory) * 1000;
     /* A fresh control blob starts at 0; the guest may ring before we run. */
     uint32_t seen = 0;
     /* What this thread logs from now on is the guest's doing. */

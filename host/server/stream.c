@@ -834,7 +834,7 @@ static void *stream_client_worker(void *arg)
      * long spin takes the cores it and its guest compute on (tg32 0.95 of
      * native with 2 ms on 2 cores). */
     if (io)
-        io->rd.spin_ns = (uint64_t)(c->srv->host->device_memory ? apir_host_spin_us() : apir_spin_us()) * 1000;
+        io->rd.spin_ns = (uint64_t)apir_host_spin_us(c->srv->host->device_memory) * 1000;
     /* Downloads leave in pieces as the device copies them (download_pieces.h). */
     apir_download_pieces_enable(c->session, c->srv->host->cfg.send_piece_bytes);
     /* What this thread logs from now on is the guest's doing. */
