@@ -19,6 +19,7 @@
 # daemon's log thread each decode step (on 2 vCPUs, on the cores the step runs on).  The step's
 # breakdown at the end comes from one more run against a third host at debug; --debug-hosts puts
 # hosts A and B at debug too, for the A/B's import medians.
+# A guest that did not run on APIR0 (its host unreachable: it falls back to its CPU) stops the run.
 #   bench/whisper_compare.sh [--rounds N] [--backend CPU|CUDA] [--threads N] [--no-off] [--host-b VAR=VAL]
 #                            [--host-b-bin PATH] [--guest-b VAR=VAL] [--tcp [--link RATE]] [--debug-hosts]
 # Needs a build in build/ (or APIR_BUILD=DIR) and scripts/setup.sh's whisper build (.whisper, or
@@ -56,8 +57,13 @@ unshape() { [ -z "$LINK" ] || { tc qdisc del dev lo root 2>/dev/null; ip link se
 trap 'kill $hp $hpb $hpd 2>/dev/null; wait $hp $hpb $hpd 2>/dev/null; unshape; rm -rf "$work"' EXIT
 # Where host A (h), host B (hb) and the breakdown's host (hd) listen and their guests connect.
 port=$((20000 + RANDOM % 20000))
-ep() { if [ -n "$TCP" ]; then echo "tcp:127.0.0.1:$((port + $(case $1 in hb.sock) echo 1 ;; hd.sock) echo 2 ;; *) echo 0 ;; esac)))"
-       else echo "unix:$work/$1"; fi; }
+ep() { local off=0
+       [ "$1" = hb.sock ] && off=1
+       [ "$1" = hd.sock ] && off=2
+       if [ -n "$TCP" ]; then echo "tcp:127.0.0.1:$((port + off))"; else echo "unix:$work/$1"; fi; }
+# A host's listeners: its Unix socket always (a host serves one, /run/apir/host.sock by default,
+# which a second host could not take), and its TCP port with --tcp.
+listen() { echo --listen "unix:$work/$1"; [ -z "$TCP" ] || echo --listen "$(ep "$1")"; }
 if [ -n "$LINK" ]; then
   [ -n "$TCP" ] || { echo "--link needs --tcp"; exit 2; }
   lo_mtu=$(cat /sys/class/net/lo/mtu)
@@ -66,20 +72,26 @@ if [ -n "$LINK" ]; then
     { echo "cannot shape the loopback (root, tc)"; exit 1; }
 fi
 "$B/apir-whisper-gen" -i "$W/share/for-tests-ggml-tiny.bin" -o "$work/m.bin" --seed 1 --text-ctx 72 >/dev/null || exit 1
-"$B/apir-host" --listen "$(ep h.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level "$HOST_LOG" >"$work/host.log" 2>&1 &
+"$B/apir-host" $(listen h.sock) --backend "$BACKEND" --threads "$THREADS" --log-level "$HOST_LOG" >"$work/host.log" 2>&1 &
 hp=$!
 # debug: a line per graph (import, checks + compute), for the breakdown below; idle until then.
-"$B/apir-host" --listen "$(ep hd.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/hostd.log" 2>&1 &
+"$B/apir-host" $(listen hd.sock) --backend "$BACKEND" --threads "$THREADS" --log-level debug >"$work/hostd.log" 2>&1 &
 hpd=$!
 # The B side's setting, for the A/B lines below.
 AB=
 for part in ${HOSTB:+"host $HOSTB"} ${HOSTB_BIN:+"host $HOSTB_BIN"} ${GUESTB:+"guest $GUESTB"}; do AB=${AB:+$AB, }$part; done
 if [ -n "$AB" ]; then
-  env ${HOSTB:+"$HOSTB"} "${HOSTB_BIN:-$B/apir-host}" --listen "$(ep hb.sock)" --backend "$BACKEND" --threads "$THREADS" --log-level "$HOST_LOG" \
+  env ${HOSTB:+"$HOSTB"} "${HOSTB_BIN:-$B/apir-host}" $(listen hb.sock) --backend "$BACKEND" --threads "$THREADS" --log-level "$HOST_LOG" \
     >"$work/hostb.log" 2>&1 &
   hpb=$!
 fi
-sleep 1
+# Each host listening before any guest runs (a guest that finds none computes on its own CPU).
+listening() { local e; e=$(ep "$1")
+              case $e in unix:*) [ -S "${e#unix:}" ] ;; *) [ -n "$(ss -Hltn "sport = :${e##*:}")" ] ;; esac; }
+for _ in $(seq 1 300); do
+  listening h.sock && listening hd.sock && { [ -z "$AB" ] || listening hb.sock; } && break
+  sleep 0.05
+done
 args=(-m "$work/m.bin" -f "$W/share/jfk.wav" -t "$THREADS" -bs 1 -bo 1 -nf -nt -l en)
 native=(); [ "$BACKEND" = CPU ] && native=(-ng)
 # One whisper-cli run through APIR0: guest SOCKET ERRFILE [VAR=VAL...] (the profile on).
@@ -89,6 +101,9 @@ guest() {
     "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/$err"
 }
 t() { grep -m1 "$1 time" "$2" | sed -E 's/.*= *([0-9.]+) ms.*\( *([0-9.]+) ms per run\).*/\2/; s/.*= *([0-9.]+) ms.*/\1/'; }
+dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
+# A guest that cannot reach its host falls back to its own CPU: its figures would be native's.
+on_apir() { case $(dev "$1") in APIR*) ;; *) echo "error: $2 did not run on APIR0 (its host unreachable?):"; grep -i -m5 "apir\|error" "$1"; exit 1 ;; esac; }
 printf '%-8s %10s %10s %14s\n' run load_ms encode_ms decode_ms/step
 for r in $(seq 1 "$ROUNDS"); do
   "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
@@ -102,6 +117,7 @@ for r in $(seq 1 "$ROUNDS"); do
     guest h.sock o.err APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0
     runs+=(o)
   fi
+  for s in "${runs[@]}"; do [ "$s" = n ] || on_apir "$work/$s.err" "run $s of round $r"; done
   for s in "${runs[@]}"; do
     name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
     printf '%-8s %10s %10s %14s\n' "$name" "$(t load "$work/$s.err")" "$(t encode "$work/$s.err")" "$(t decode "$work/$s.err")"
@@ -126,7 +142,6 @@ if [ -n "$AB" ]; then
   [ "$HOST_LOG" = debug ] &&
     echo "host A/B: decoder graph import, medians over all rounds: host A $(imp "$work/host.log"), host B $(imp "$work/hostb.log")"
 fi
-dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
 steps() { grep -o 'decode time = [^/]*/ *[0-9]*' "$1" | grep -o '[0-9]*$'; }
 echo "round trips (last APIR0 run, $(steps "$work/a.err") decode steps; APIR_PROFILE):"
