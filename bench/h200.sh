@@ -365,7 +365,7 @@ net)
   kill $hp; wait $hp 2>/dev/null
   if [ -n "${NET_TCPB:-}" ]; then
     # The A/B of a host setting (NET_TCPB=VAR=VAL): apir-bench over TCP to a host started with it.
-    env "$NET_TCPB" build/apir-host --listen tcp:127.0.0.1:0 --backend CUDA --log-level info >"$OUT/host-netb.log" 2>&1 &
+    env "$NET_TCPB" build/apir-host --listen unix:/tmp/apir-netb.sock --listen tcp:127.0.0.1:0 --backend CUDA --log-level info >"$OUT/host-netb.log" 2>&1 &
     hp=$!; sleep 3
     ep=$(grep -o 'serving tcp:127\.0\.0\.1:[0-9]*' "$OUT/host-netb.log" | head -1 | cut -d' ' -f2)
     log "apir-bench over $ep, host with $NET_TCPB"

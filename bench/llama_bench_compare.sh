@@ -68,7 +68,7 @@ fi
 host_pid=$!
 if [ -n "$TCPB" ]; then
   tlsb=(); [ "$TLS" = 1 ] && tlsb=(--listen tls:127.0.0.1:0 --tls-psk-file "$work/psk")
-  env "$TCPB" "${HOSTB_BIN:-$BUILD/apir-host}" --listen tcp:127.0.0.1:0 "${tlsb[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
+  env "$TCPB" "${HOSTB_BIN:-$BUILD/apir-host}" --listen "unix:$work/tcpb.sock" --listen tcp:127.0.0.1:0 "${tlsb[@]}" --backend "$BACKEND" --threads "$T" --log-level info \
     >"$work/hostb.log" 2>&1 &
   hostb_pid=$!
 fi
