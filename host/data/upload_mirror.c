@@ -93,6 +93,12 @@ static void marks_turn(struct apir_session *s, struct apir_marks *mk, int from, 
     mk->recorded[to] = false;
 }
 
+/* Copies queued from either half, not known done. */
+static bool marks_queued(const struct apir_marks *mk)
+{
+    return mk->queued[0] || mk->queued[1];
+}
+
 /* The stream is drained: nothing is queued from either half. */
 static void marks_drained(struct apir_marks *mk)
 {
@@ -128,22 +134,24 @@ struct apir_mirror {
     /* The stream every queued copy is on (the mirror's and the stage's):
      * one stream's are tracked at a time. */
     ggml_backend_t uploads_backend;
-    uint32_t uploads_in_flight;            /* the mirror's, not known done */
+    uint32_t uploads_in_flight;            /* the mirror's queued since the last drain (its marks say which are not done) */
     struct apir_stage stage;
 };
 
 _Static_assert(APIR_MIRROR_ENTRIES % 2 == 0, "the mirror's entries are two halves");
 
-static bool stage_in_flight(const struct apir_mirror *m)
+/* Copies queued from the mirror or the stage, not known done: what the
+ * marks say (the count above only grows between drains). */
+static bool queued_anywhere(const struct apir_mirror *m)
 {
-    return m->stage.marks.queued[0] || m->stage.marks.queued[1];
+    return marks_queued(&m->marks) || marks_queued(&m->stage.marks);
 }
 
 /* Copies queued on another stream than be's and not known done: an upload
  * for be is not queued beside them. */
 static bool queued_elsewhere(const struct apir_mirror *m, ggml_backend_t be)
 {
-    return (m->uploads_in_flight || stage_in_flight(m)) && m->uploads_backend != be;
+    return queued_anywhere(m) && m->uploads_backend != be;
 }
 
 static void stage_half_free(struct apir_stage_half *h)
@@ -179,14 +187,16 @@ void apir_mirror_free(struct apir_mirror *m)
 
 uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s)
 {
-    return s->mirror->uploads_in_flight + (stage_in_flight(s->mirror) ? 1u : 0u);
+    return s->mirror->uploads_in_flight + (marks_queued(&s->mirror->stage.marks) ? 1u : 0u);
 }
 
 void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced)
 {
     struct apir_mirror *m = s->mirror;
-    if (!m->uploads_in_flight && !stage_in_flight(m))
+    if (!queued_anywhere(m)) {
+        m->uploads_in_flight = 0;
         return;
+    }
     /* Those on the synchronized stream were queued before what it ran. */
     if (m->uploads_backend != synced)
         ggml_backend_synchronize(m->uploads_backend);
@@ -310,7 +320,7 @@ bool apir_mirror_upload(struct apir_session *s, struct ggml_tensor *t, const uin
     ggml_backend_t be = s->backends[s->device];
     const uint32_t half_len = APIR_MIRROR_ENTRIES / 2, i = m->next;
     /* Into the other half: its copies may still be queued (marks). */
-    if (i % half_len == 0 && (m->marks.queued[0] || m->marks.queued[1]))
+    if (i % half_len == 0 && marks_queued(&m->marks))
         marks_turn(s, &m->marks, (int)(i / half_len) ^ 1, m->uploads_backend);
     struct apir_mirror_entry *e = &m->entries[i];
     m->next = (i + 1) % APIR_MIRROR_ENTRIES;
