@@ -59,6 +59,8 @@
 #   bench/h200.sh many         issue 26 item 4: 1, 4, 16, 64 guests at once through one apir-host --backend CUDA
 #                              vs as many native processes (1B Q4_0): wall time, aggregate t/s, memory per
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
+#   bench/h200.sh kprof        issue 26 item 3 on the device's side: each kernel's GPU time (ncu) over one llama-bench
+#                              prompt natively and through apir (8B Q4_0 pp2048; KPROF_MODELS, KPROF_P)
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -577,6 +579,58 @@ many)
   log "many guests on one H200 (1B Q4_0, llama-bench -p 256 -n 64 -t 2 each)"
   BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin timeout "$(phase_timeout 540)" bash bench/many_guests.sh --backend CUDA \
     --model $M/1b-q4_0.gguf --n "${MANY_N:-1 4 16 64}" -p 256 -n 64 -t 2 2>&1 | tee -a "$OUT/h200.log"
+  log "done, $(left) s left"
+  ;;
+kprof)
+  # Issue 26 item 3, the device's side: every kernel's time on the GPU over one llama-bench
+  # prompt (-p KPROF_P, 2048; -r 1 after its warm-up), natively and through apir, from Nsight
+  # Compute (one metric, gpu__time_duration; clocks left alone).  ncu runs each kernel alone,
+  # so this says whether apir makes the device do more or other work, not how long it idles.
+  # The host runs without the worker sandbox here: ncu's injected library talks to its front
+  # end over a socket, which the sandbox refuses.  Raw CSVs in $OUT/kprof-*.csv.gz, per-kernel
+  # totals in the log; the guests' scheduler splits (GGML_SCHED_DEBUG) in kprof-*.err.  KPROF_MODELS (8b-q4_0).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { log "no ncu on this machine"; exit 1; }
+  M=/tmp/models; mkdir -p $M
+  ncu_args=(--clock-control none --metrics gpu__time_duration.sum --print-kernel-base function --csv --page raw)
+  # Columns of --page raw: quoted; the kernel's name and the duration (ns, or us: the units row says).
+  kern_sum() {
+    awk -F'","' 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i ~ /Kernel Name/) k = i; if ($i ~ /gpu__time_duration/) d = i } next }
+      NR == 2 { u = $d; next }
+      k && d { v = $d; gsub(/[",]/, "", v); if (u ~ /usecond/) v *= 1000; else if (u ~ /msecond/) v *= 1e6;
+               n[$k]++; t[$k] += v; all += v; cnt++ }
+      END { printf "  %d kernels, %.3f ms on the device\n", cnt, all / 1e6;
+            for (x in n) printf "  %10.3f ms %6d  %s\n", t[x] / 1e6, n[x], x }' "$1" | sort -k1,1 -r -g | head -${KPROF_TOP:-18}
+  }
+  for m in ${KPROF_MODELS:-8b-q4_0}; do
+    case $m in
+      1b-f16) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 1b --type f16 >/dev/null;;
+      8b-q4_0) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null;;
+    esac
+    lb=(-m $M/$m.gguf -ngl 99 -fa 1 -p "${KPROF_P:-2048}" -n 0 -r 1 -o md)
+    room 60 || break
+    log "kprof $m native"
+    (cd .deps/bin && GGML_SCHED_DEBUG=1 timeout -k 5 "$(phase_timeout 200)" "$NCU" "${ncu_args[@]}" ./llama-bench "${lb[@]}" \
+      >$OUT/kprof-$m-native.csv 2>$OUT/kprof-$m-native.err)
+    echo "  scheduler: $(grep -c '## SPLIT' $OUT/kprof-$m-native.err) split lines, $(grep -c '^## SPLIT #0' $OUT/kprof-$m-native.err) graphs" | tee -a "$OUT/h200.log"
+    grep -E '^\| llama' $OUT/kprof-$m-native.csv | tee -a "$OUT/h200.log"
+    grep -v '^\(|\|==\)' $OUT/kprof-$m-native.csv | grep '^"' >$OUT/kprof-$m-native.raw.csv
+    kern_sum $OUT/kprof-$m-native.raw.csv | tee -a "$OUT/h200.log"
+    room 60 || break
+    log "kprof $m apir (host under ncu, --no-sandbox)"
+    timeout -k 5 "$(phase_timeout 220)" "$NCU" "${ncu_args[@]}" --target-processes all build/apir-host \
+      --listen unix:/tmp/apir-kprof.sock --backend CUDA --no-sandbox --log-level info \
+      >$OUT/kprof-$m-apir.csv 2>$OUT/kprof-$m-apir.err & hp=$!
+    for _ in $(seq 1 200); do [ -S /tmp/apir-kprof.sock ] && break; sleep 0.1; done
+    (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-kprof.sock \
+      GGML_SCHED_DEBUG=1 timeout -k 5 "$(phase_timeout 200)" ./llama-bench "${lb[@]}" -dev APIR0 2>$OUT/kprof-$m-guest.err | grep -E '^\| llama' | tee -a "$OUT/h200.log")
+    echo "  scheduler: $(grep -c '## SPLIT' $OUT/kprof-$m-guest.err) split lines, $(grep -c '^## SPLIT #0' $OUT/kprof-$m-guest.err) graphs" | tee -a "$OUT/h200.log"
+    # The host itself, not ncu: ncu prints its results once the process it started exits.
+    pkill -TERM -x apir-host; wait $hp 2>/dev/null
+    grep '^"' $OUT/kprof-$m-apir.csv >$OUT/kprof-$m-apir.raw.csv
+    kern_sum $OUT/kprof-$m-apir.raw.csv | tee -a "$OUT/h200.log"
+    gzip -f $OUT/kprof-$m-*.raw.csv; rm -f $OUT/kprof-$m-native.csv $OUT/kprof-$m-apir.csv
+  done
   log "done, $(left) s left"
   ;;
 esac
