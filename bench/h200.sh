@@ -586,8 +586,8 @@ kprof)
   # prompt (-p KPROF_P, 2048; -r 1 after its warm-up), natively and through apir, from Nsight
   # Compute (one metric, gpu__time_duration; clocks left alone).  ncu runs each kernel alone,
   # so this says whether apir makes the device do more or other work, not how long it idles.
-  # The host runs without the worker sandbox here: ncu's injected library talks to its front
-  # end over a socket, which the sandbox refuses.  Raw CSVs in $OUT/kprof-*.csv.gz, per-kernel
+  # The host serves its guest in its own process here (--isolation thread): ncu's injected
+  # library talks to its front end over a socket, which a worker's sandbox refuses.  Raw CSVs in $OUT/kprof-*.csv.gz, per-kernel
   # totals in the log; the guests' scheduler splits (GGML_SCHED_DEBUG) in kprof-*.err.  KPROF_MODELS (8b-q4_0).
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { log "no ncu on this machine"; exit 1; }
@@ -607,24 +607,26 @@ kprof)
       1b-f16) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 1b --type f16 >/dev/null;;
       8b-q4_0) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null;;
     esac
-    lb=(-m $M/$m.gguf -ngl 99 -fa 1 -p "${KPROF_P:-2048}" -n 0 -r 1 -o md)
+    lb=(-m $M/$m.gguf -ngl 99 -fa 1 -p "${KPROF_P:-2048}" -n 0 -r 1 -o md -v)  # -v: the scheduler's debug lines
     room 60 || break
     log "kprof $m native"
     (cd .deps/bin && GGML_SCHED_DEBUG=1 timeout -k 5 "$(phase_timeout 200)" "$NCU" "${ncu_args[@]}" ./llama-bench "${lb[@]}" \
       >$OUT/kprof-$m-native.csv 2>$OUT/kprof-$m-native.err)
     echo "  scheduler: $(grep -c '## SPLIT' $OUT/kprof-$m-native.err) split lines, $(grep -c '^## SPLIT #0' $OUT/kprof-$m-native.err) graphs" | tee -a "$OUT/h200.log"
+    grep -h '^## SPLIT' $OUT/kprof-$m-native.err | sed 's/: *\([^ ]*\) # \([0-9]*\) inputs.*/: \1, \2 inputs/' | sort | uniq -c | sed 's/^/   /' | tee -a "$OUT/h200.log"
     grep -E '^\| llama' $OUT/kprof-$m-native.csv | tee -a "$OUT/h200.log"
     grep -v '^\(|\|==\)' $OUT/kprof-$m-native.csv | grep '^"' >$OUT/kprof-$m-native.raw.csv
     kern_sum $OUT/kprof-$m-native.raw.csv | tee -a "$OUT/h200.log"
     room 60 || break
-    log "kprof $m apir (host under ncu, --no-sandbox)"
+    log "kprof $m apir (host under ncu, --isolation thread)"
     timeout -k 5 "$(phase_timeout 220)" "$NCU" "${ncu_args[@]}" --target-processes all build/apir-host \
-      --listen unix:/tmp/apir-kprof.sock --backend CUDA --no-sandbox --log-level info \
+      --listen unix:/tmp/apir-kprof.sock --backend CUDA --isolation thread --insecure-shared-process --log-level info \
       >$OUT/kprof-$m-apir.csv 2>$OUT/kprof-$m-apir.err & hp=$!
     for _ in $(seq 1 200); do [ -S /tmp/apir-kprof.sock ] && break; sleep 0.1; done
     (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-kprof.sock \
       GGML_SCHED_DEBUG=1 timeout -k 5 "$(phase_timeout 200)" ./llama-bench "${lb[@]}" -dev APIR0 2>$OUT/kprof-$m-guest.err | grep -E '^\| llama' | tee -a "$OUT/h200.log")
     echo "  scheduler: $(grep -c '## SPLIT' $OUT/kprof-$m-guest.err) split lines, $(grep -c '^## SPLIT #0' $OUT/kprof-$m-guest.err) graphs" | tee -a "$OUT/h200.log"
+    grep -h '^## SPLIT' $OUT/kprof-$m-guest.err | sed 's/: *\([^ ]*\) # \([0-9]*\) inputs.*/: \1, \2 inputs/' | sort | uniq -c | sed 's/^/   /' | tee -a "$OUT/h200.log"
     # The host itself, not ncu: ncu prints its results once the process it started exits.
     pkill -TERM -x apir-host; wait $hp 2>/dev/null
     grep '^"' $OUT/kprof-$m-apir.csv >$OUT/kprof-$m-apir.raw.csv
