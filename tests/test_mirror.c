@@ -175,26 +175,43 @@ struct queued_copy {
     uint8_t *dst;
     const uint8_t *src;
     size_t size;
+    bool graph;  /* a graph launched on the stream (no copy) */
 };
 static struct queued_copy queue[128];
 static int queued, records, event_waits;
 static int event_mark[2];  /* per fake event: the queue length when recorded */
+static int newest_graph = -1;  /* the queue index of the graph in flight */
+static int graph_waits;        /* event waits that had to run the graph in flight */
 
-static void run_queue(int upto)
+/* Runs the stream up to `upto`; true if that ran the graph in flight. */
+static bool run_queue(int upto)
 {
-    for (int i = 0; i < upto && i < queued; i++)
-        if (queue[i].dst) {
+    bool ran_newest = false;
+    for (int i = 0; i < upto && i < queued; i++) {
+        if (queue[i].graph) {
+            ran_newest |= i == newest_graph;
+            queue[i].graph = false;
+        } else if (queue[i].dst) {
             memcpy(queue[i].dst, queue[i].src, queue[i].size);
             queue[i].dst = NULL;
         }
+    }
+    return ran_newest;
+}
+static void queue_graph(void)
+{
+    if (queued < 128) {
+        newest_graph = queued;
+        queue[queued++] = (struct queued_copy){ .graph = true };
+    }
 }
 static void queue_set_async(ggml_backend_t be, struct ggml_tensor *t, const void *data, size_t off, size_t size)
 {
     (void)be;
     if (queued < 128)
-        queue[queued++] = (struct queued_copy){ (uint8_t *)t->data + off, data, size };
+        queue[queued++] = (struct queued_copy){ .dst = (uint8_t *)t->data + off, .src = data, .size = size };
 }
-static void queue_synchronize(ggml_backend_t be) { (void)be; run_queue(queued); syncs++; }
+static void queue_synchronize(ggml_backend_t be) { (void)be; (void)run_queue(queued); syncs++; }
 static ggml_backend_event_t fake_event_new(ggml_backend_dev_t dev)
 {
     static int n;
@@ -213,7 +230,7 @@ static void fake_event_record(ggml_backend_t be, ggml_backend_event_t e)
 static void fake_event_sync(ggml_backend_dev_t dev, ggml_backend_event_t e)
 {
     (void)dev;
-    run_queue(*(int *)e->context);
+    graph_waits += run_queue(*(int *)e->context);
     event_waits++;
 }
 static void *stage_get_base(ggml_backend_buffer_t b) { (void)b; return stage_dev; }
@@ -245,7 +262,7 @@ static void test_stage(void)
     const size_t piece = 300u << 10;  /* three fit a half */
     struct ggml_tensor *t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)piece);
     t->buffer = buf;
-    static uint8_t guest[300u << 10];
+    static uint8_t guest[700u << 10];
     uploads = syncs = queued = records = event_waits = 0;
 
     /* Nothing in flight: not staged (a plain upload is cheaper). */
@@ -258,10 +275,10 @@ static void test_stage(void)
         CHECK(apir_mirror_upload(s, t, guest, 0, piece));
         memset(guest, 'z', piece);  /* the guest writes the next batch there */
     }
-    /* 7 uploads: half 0 took 3, half 1 the next 3 (half 0's end recorded),
-     * the 7th waited for half 0's copies, not for the stream. */
+    /* 7 uploads: half 0 took 3, half 1 the next 3, the 7th waited for half
+     * 0's copies (its event, recorded behind each), not for the stream. */
     CHECK(queued == 7 && uploads == 0 && syncs == 0);
-    CHECK(records == 2 && event_waits == 1);
+    CHECK(records == 7 && event_waits == 1);
     CHECK(stage_dev[0] == 'a' && stage_dev[2 * piece + piece - 1] == 'c');  /* half 0's, done */
     CHECK(stage_dev[3 * piece] == 0);                                       /* half 1's, queued */
     CHECK(apir_mirror_uploads_in_flight(s) > 0);
@@ -293,6 +310,41 @@ static void test_stage(void)
     for (int i = 0; i < APIR_MIRROR_ENTRIES + 4; i++)
         right += ((int32_t *)(stage_dev + 4096 + 64 * i))[7] == 1000 * i + 7;
     CHECK(syncs == 2 && right == APIR_MIRROR_ENTRIES + 4);
+    /* Prompt batches: each an upload that fills most of a half (the
+     * embeddings) and one that does not fit beside it (the mask), then the
+     * batch's graph.  Every upload turns the stage, and none may wait for
+     * the graph in flight: a half's event is behind its copies, not behind
+     * the graphs launched after them (an H200's 8B prompt waited ~25 ms a
+     * batch when it was recorded at the turn). */
+    apir_session_settle(s);
+    queued = 0;
+    graph_waits = event_waits = 0;
+    const uint64_t profiled0 = s->stats.n_upload_waits;
+    s->graph_in_flight = &backend;
+    queue_graph();
+    const size_t embd = 700u << 10, mask = 500u << 10;
+    struct ggml_tensor *in = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)embd);
+    in->buffer = buf;
+    for (int b = 0; b < 6; b++) {
+        in->data = stage_dev + (size_t)b * (embd + mask);
+        memset(guest, 'A' + b, embd);
+        CHECK(apir_mirror_upload(s, in, guest, 0, embd));
+        in->data = stage_dev + (size_t)b * (embd + mask) + embd;
+        memset(guest, 'a' + b, mask);
+        CHECK(apir_mirror_upload(s, in, guest, 0, mask));
+        memset(guest, 'z', embd);
+        queue_graph();
+    }
+    CHECK_MSG(graph_waits == 0, "%d uploads waited for the graph in flight", graph_waits);
+    CHECK(event_waits >= 10 && syncs == 2);
+    CHECK(s->stats.n_upload_waits - profiled0 == (uint64_t)event_waits);  /* the host's profile line */
+    apir_session_settle(s);
+    right = 0;
+    for (int b = 0; b < 6; b++) {
+        const uint8_t *at = stage_dev + (size_t)b * (embd + mask);
+        right += at[0] == 'A' + b && at[embd - 1] == 'A' + b && at[embd] == 'a' + b && at[embd + mask - 1] == 'a' + b;
+    }
+    CHECK(right == 6);
     /* Bigger than a half: the caller waits and uploads the plain way. */
     s->graph_in_flight = &backend;
     struct ggml_tensor *large = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)(1u << 20) + 1);

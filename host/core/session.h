@@ -133,6 +133,9 @@ struct apir_session_stats {
      * known idle) to the next launch - what the device idled because of
      * the host's serial steps, or the guest's. */
     uint64_t settle_wait_ns, idle_before_launch_ns, n_idle_gaps;
+    /* An upload's wait for an earlier upload's copies, to reuse their host
+     * memory (upload_mirror.c: a half's event). */
+    uint64_t upload_wait_ns, n_upload_waits;
 };
 
 /* The modules' own state: each is created and freed by its module

@@ -103,6 +103,9 @@ void apir_session_log_profile(const struct apir_session *s)
         APIR_INFO("host", "%s: profile: device: waited for %.1f ms, then idle %.1f ms before %llu launches (%.1f us each)",
                   s->name, st->settle_wait_ns / 1e6, st->idle_before_launch_ns / 1e6,
                   (unsigned long long)st->n_idle_gaps, st->idle_before_launch_ns / 1e3 / (double)st->n_idle_gaps);
+    if (st->n_upload_waits && s->host->device_memory)
+        APIR_INFO("host", "%s: profile: uploads: waited %.1f ms for earlier uploads' copies (%llu times)", s->name,
+                  st->upload_wait_ns / 1e6, (unsigned long long)st->n_upload_waits);
     apir_weights_log_profile(s);
     /* With cfg.op_profile each node was computed alone and waited for: where
      * the device's time goes, op by op (launch and wait costs included). */
