@@ -102,6 +102,13 @@ log() { echo "[$(date +%T)] $*" | tee -a "$OUT/h200.log"; }
 left() { echo $(( ${H200_BUDGET_S:-585} - SECONDS )); }
 phase_timeout() { local l=$(( $(left) - 15 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 room() { [ "$(phase_timeout "$1")" -ge 30 ] || { log "skipped: only $(left) s left"; return 1; }; }
+# A random-weight model (1b-f16 or 8b-q4_0) in $M, made once.
+model() {
+  case $1 in
+    1b-f16) [ -f $M/$1.gguf ] || build/apir-gguf-gen -o $M/$1.gguf --size 1b --type f16 >/dev/null;;
+    8b-q4_0) [ -f $M/$1.gguf ] || build/apir-gguf-gen -o $M/$1.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null;;
+  esac
+}
 
 case ${1:-all} in
 build|all)
@@ -188,10 +195,7 @@ pp)
   M=/tmp/models; mkdir -p $M
   for m in ${PP_MODELS:-1b-f16 8b-q4_0}; do
     room 60 || break
-    case $m in
-      1b-f16) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 1b --type f16 >/dev/null;;
-      8b-q4_0) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null;;
-    esac
+    model $m
     log "pp $m: native vs apir (apirb: ${PP_HOSTB:-APIR_HOST_STAGE_MB=0})"
     APIR_GUEST_ENV="CUDA_VISIBLE_DEVICES=" timeout -k 5 "$(phase_timeout 300)" bash bench/llama_bench_compare.sh \
       --model $M/$m.gguf --backend CUDA --fa 1 -p ${PP_P:-2048} -n ${PP_N:-0} -r ${PP_REPS:-5} --rounds ${PP_ROUNDS:-2} -t 8 \
@@ -587,12 +591,18 @@ kprof)
   # Compute (one metric, gpu__time_duration; clocks left alone).  ncu runs each kernel alone,
   # so this says whether apir makes the device do more or other work, not how long it idles.
   # The host serves its guest in its own process here (--isolation thread): ncu's injected
-  # library talks to its front end over a socket, which a worker's sandbox refuses.  Raw CSVs in $OUT/kprof-*.csv.gz, per-kernel
-  # totals in the log; the guests' scheduler splits (GGML_SCHED_DEBUG) in kprof-*.err.  KPROF_MODELS (8b-q4_0).
+  # library talks to its front end over a socket, which a worker's sandbox refuses.  Raw CSVs in
+  # $OUT/kprof-*.csv.gz, per-kernel totals in the log; the scheduler's splits (GGML_SCHED_DEBUG) in
+  # kprof-*.err.  KPROF_MODELS (8b-q4_0).
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { log "no ncu on this machine"; exit 1; }
   M=/tmp/models; mkdir -p $M
   ncu_args=(--clock-control none --metrics gpu__time_duration.sum --print-kernel-base function --csv --page raw)
+  # The guest's scheduler splits (GGML_SCHED_DEBUG, llama-bench -v) in a stderr file: counts, then each kind.
+  splits() {
+    echo "  scheduler: $(grep -c '## SPLIT' "$1") split lines, $(grep -c '^## SPLIT #0' "$1") graphs"
+    grep -h '^## SPLIT' "$1" | sed 's/: *\([^ ]*\) # \([0-9]*\) inputs.*/: \1, \2 inputs/' | sort | uniq -c | sed 's/^/   /'
+  }
   # Columns of --page raw: quoted; the kernel's name and the duration (ns, or us: the units row says).
   kern_sum() {
     awk -F'","' 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i ~ /Kernel Name/) k = i; if ($i ~ /gpu__time_duration/) d = i } next }
@@ -603,17 +613,13 @@ kprof)
             for (x in n) printf "  %10.3f ms %6d  %s\n", t[x] / 1e6, n[x], x }' "$1" | sort -k1,1 -r -g | head -${KPROF_TOP:-18}
   }
   for m in ${KPROF_MODELS:-8b-q4_0}; do
-    case $m in
-      1b-f16) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 1b --type f16 >/dev/null;;
-      8b-q4_0) [ -f $M/$m.gguf ] || build/apir-gguf-gen -o $M/$m.gguf --size 8b --type q4_0 --vocab 128256 >/dev/null;;
-    esac
+    model $m
     lb=(-m $M/$m.gguf -ngl 99 -fa 1 -p "${KPROF_P:-2048}" -n 0 -r 1 -o md -v)  # -v: the scheduler's debug lines
     room 60 || break
     log "kprof $m native"
     (cd .deps/bin && GGML_SCHED_DEBUG=1 timeout -k 5 "$(phase_timeout 200)" "$NCU" "${ncu_args[@]}" ./llama-bench "${lb[@]}" \
       >$OUT/kprof-$m-native.csv 2>$OUT/kprof-$m-native.err)
-    echo "  scheduler: $(grep -c '## SPLIT' $OUT/kprof-$m-native.err) split lines, $(grep -c '^## SPLIT #0' $OUT/kprof-$m-native.err) graphs" | tee -a "$OUT/h200.log"
-    grep -h '^## SPLIT' $OUT/kprof-$m-native.err | sed 's/: *\([^ ]*\) # \([0-9]*\) inputs.*/: \1, \2 inputs/' | sort | uniq -c | sed 's/^/   /' | tee -a "$OUT/h200.log"
+    splits $OUT/kprof-$m-native.err | tee -a "$OUT/h200.log"
     grep -E '^\| llama' $OUT/kprof-$m-native.csv | tee -a "$OUT/h200.log"
     grep -v '^\(|\|==\)' $OUT/kprof-$m-native.csv | grep '^"' >$OUT/kprof-$m-native.raw.csv
     kern_sum $OUT/kprof-$m-native.raw.csv | tee -a "$OUT/h200.log"
@@ -625,8 +631,7 @@ kprof)
     for _ in $(seq 1 200); do [ -S /tmp/apir-kprof.sock ] && break; sleep 0.1; done
     (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-kprof.sock \
       GGML_SCHED_DEBUG=1 timeout -k 5 "$(phase_timeout 200)" ./llama-bench "${lb[@]}" -dev APIR0 2>$OUT/kprof-$m-guest.err | grep -E '^\| llama' | tee -a "$OUT/h200.log")
-    echo "  scheduler: $(grep -c '## SPLIT' $OUT/kprof-$m-guest.err) split lines, $(grep -c '^## SPLIT #0' $OUT/kprof-$m-guest.err) graphs" | tee -a "$OUT/h200.log"
-    grep -h '^## SPLIT' $OUT/kprof-$m-guest.err | sed 's/: *\([^ ]*\) # \([0-9]*\) inputs.*/: \1, \2 inputs/' | sort | uniq -c | sed 's/^/   /' | tee -a "$OUT/h200.log"
+    splits $OUT/kprof-$m-guest.err | tee -a "$OUT/h200.log"
     # The host itself, not ncu: ncu prints its results once the process it started exits.
     pkill -TERM -x apir-host; wait $hp 2>/dev/null
     grep '^"' $OUT/kprof-$m-apir.csv >$OUT/kprof-$m-apir.raw.csv
