@@ -161,7 +161,7 @@ static int send_keyed_locked(struct apir_device *d, struct ggml_cgraph *cgraph, 
  * same nodes, tensors and placements; only tensor contents change, and those
  * the host re-checks where they matter (index values).
  */
-static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph *cgraph)
+static enum ggml_status graph_compute(ggml_backend_t backend, struct ggml_cgraph *cgraph)
 {
     struct apir_device *d = backend->context;
     struct apir_remote *r = &d->remote;
@@ -206,13 +206,15 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
             return GGML_STATUS_FAILED;
         }
     }
-    uint64_t t0 = r->profile ? apir_now_ns() : 0;
+    uint64_t t0 = r->profile || r->trace ? apir_now_ns() : 0;
     uint32_t n_sent = 0;
     const bool to_whole = keyed && apir_graph_delta_wanted(d);
     size_t size = apir_graph_serialize(d, cgraph, keyed, to_whole, &n_sent);
-    if (r->profile) {
-        d->serialize_ns += apir_now_ns() - t0;
+    if (r->profile || r->trace) {
+        const uint64_t t1 = apir_now_ns();
+        d->serialize_ns += t1 - t0;
         d->serialize_count++;
+        apir_remote_trace(r, "(serialize)", t0, t1, size);
     }
     if (!size && n_sent == 0) {
         /* No node, or only no-op views of other devices' memory: nothing to compute. */
@@ -237,6 +239,21 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     }
     pthread_mutex_unlock(&r->lock);
     return (enum ggml_status)status;
+}
+
+/* The scheduler's call as a whole, for APIR_TRACE's timeline: what the guest
+ * did around the commands inside it. */
+static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph *cgraph)
+{
+    struct apir_remote *r = &((struct apir_device *)backend->context)->remote;
+    if (!apir_remote_tracing(r))
+        return graph_compute(backend, cgraph);
+    const uint64_t t0 = apir_now_ns();
+    const enum ggml_status status = graph_compute(backend, cgraph);
+    pthread_mutex_lock(&r->lock);
+    apir_remote_trace(r, "(graph_compute)", t0, apir_now_ns(), (uint64_t)ggml_graph_n_nodes(cgraph));
+    pthread_mutex_unlock(&r->lock);
+    return status;
 }
 
 static const struct ggml_backend_i apir_backend_iface = {

@@ -246,7 +246,7 @@ void apir_inputs_flush(struct apir_device *d)
 }
 
 /* Copies in chunks of the data area: SET or GET, data guest-side. */
-static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data, size_t offset,
+static void tensor_io_untraced(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data, size_t offset,
                       size_t size)
 {
     struct apir_buffer_ctx *bc = buffer->context;
@@ -359,6 +359,22 @@ static void after_write(ggml_backend_buffer_t buffer, const struct ggml_tensor *
         return;  /* the note replaces what the host kept of these bytes */
     }
     report_written(bc, (uint64_t)((uintptr_t)tensor->data - bc->base + offset), (uint64_t)size);
+}
+
+/* tensor_io_untraced, a span of APIR_TRACE's timeline when it is on. */
+static void tensor_io(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data, size_t offset,
+                      size_t size)
+{
+    struct apir_remote *r = &((struct apir_buffer_ctx *)buffer->context)->device->remote;
+    if (!apir_remote_tracing(r)) {
+        tensor_io_untraced(buffer, tensor, set, data, offset, size);
+        return;
+    }
+    const uint64_t t0 = apir_now_ns();
+    tensor_io_untraced(buffer, tensor, set, data, offset, size);
+    pthread_mutex_lock(&r->lock);
+    apir_remote_trace(r, set ? "(set_tensor)" : "(get_tensor)", t0, apir_now_ns(), size);
+    pthread_mutex_unlock(&r->lock);
 }
 
 static void buffer_set_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor *tensor, const void *data, size_t offset,

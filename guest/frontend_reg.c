@@ -71,6 +71,7 @@ static void print_profiles(void)
     for (uint32_t i = 0; i < reg_ctx.n_devices; i++) {
         struct apir_device *d = reg_ctx.devices[i];
         apir_remote_print_profile(&d->remote, d->name);
+        apir_remote_write_trace(&d->remote, d->name);
         if (d->remote.profile && d->serialize_count)
             fprintf(stderr, "apir profile %s: graph serialization %8llu graphs %10.2f ms %8.2f us each\n", d->name,
                     (unsigned long long)d->serialize_count, d->serialize_ns / 1e6,
@@ -217,7 +218,7 @@ static void connect_devices(void)
     else
         APIR_INFO("guest", "%u APIR device(s) on %u of the %u hosts in APIR_HOST", c->n_devices, c->n_hosts_reached,
                   c->hosts.n);
-    if (c->devices[0]->remote.profile)
+    if (c->devices[0]->remote.profile || apir_remote_tracing(&c->devices[0]->remote))
         atexit(print_profiles);
 }
 

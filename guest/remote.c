@@ -140,7 +140,7 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, cons
         .wait_work = opts->wait_work,
     };
     uint32_t ret;
-    uint64_t t0 = r->profile ? apir_now_ns() : 0;
+    uint64_t t0 = r->profile || r->trace ? apir_now_ns() : 0;
     int sub = r->t->ops->submit(r->t, APIR_CMD_TYPE_FORWARD, (int32_t)cmd, &sub_opts, &ret, reply);
     if (sub != 0 && r->t->broken && !r->gone_logged) {
         /* Said once per connection; each caller reports its own failure. */
@@ -161,9 +161,11 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, cons
         r->host_computing = false;
         r->graphs_done = r->graphs_launched;
     }
-    if (r->profile) {
-        r->cmd_ns[cmd] += apir_now_ns() - t0;
+    if (r->profile || r->trace) {
+        const uint64_t t1 = apir_now_ns();
+        r->cmd_ns[cmd] += t1 - t0;
         r->cmd_count[cmd]++;
+        apir_remote_trace(r, name, t0, t1, opts->get_size);
     }
     if (sub != 0)
         return -1;
@@ -352,11 +354,16 @@ bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t devi
     r->device = device;
     const char *prof = getenv("APIR_PROFILE");
     r->profile = prof && !strcmp(prof, "1");
+    const char *trace = getenv("APIR_TRACE");
+    if (trace && *trace && !(r->trace = calloc(APIR_TRACE_EVENTS, sizeof(*r->trace))))
+        APIR_WARN("guest", "APIR_TRACE: no memory for the trace; not tracing");
     r->graph_spin_ns = (uint64_t)apir_spin_graph_us() * 1000;
     r->get_piece = apir_download_piece_from_env();
     pthread_mutex_init(&r->lock, NULL);
     if (!session_open(r, err, err_len)) {
         pthread_mutex_destroy(&r->lock);
+        free(r->trace);
+        r->trace = NULL;
         return false;
     }
     return true;
@@ -425,6 +432,8 @@ void apir_remote_close(struct apir_remote *r)
     r->conn = NULL;
     r->t = NULL;
     pthread_mutex_destroy(&r->lock);
+    free(r->trace);
+    r->trace = NULL;
 }
 
 void apir_remote_print_profile(const struct apir_remote *r, const char *name)
@@ -442,4 +451,47 @@ void apir_remote_print_profile(const struct apir_remote *r, const char *name)
         fprintf(stderr, "apir profile %s: data area copies %10.1f MiB %10.2f ms %8.2f GB/s (+%.1f MiB while the host wrote)\n",
                 name, r->copy_bytes / 1048576.0, r->copy_ns / 1e6, r->copy_ns ? r->copy_bytes / (double)r->copy_ns : 0.0,
                 r->copy_early_bytes / 1048576.0);
+}
+
+void apir_remote_trace(struct apir_remote *r, const char *what, uint64_t t0, uint64_t t1, uint64_t bytes)
+{
+    if (!r->trace)
+        return;
+    r->trace[r->trace_n++ % APIR_TRACE_EVENTS] = (struct apir_trace_event){ .t0 = t0, .t1 = t1, .bytes = bytes, .what = what };
+}
+
+static int trace_by_start(const void *a, const void *b)
+{
+    const struct apir_trace_event *x = a, *y = b;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+
+void apir_remote_write_trace(const struct apir_remote *r, const char *name)
+{
+    const char *path = getenv("APIR_TRACE");
+    if (!r->trace || !r->trace_n || !path)
+        return;
+    /* Spans are recorded when they end (a command inside a guest step
+     * before the step): sorted by start here, at exit, in place. */
+    const size_t n = r->trace_n < APIR_TRACE_EVENTS ? (size_t)r->trace_n : APIR_TRACE_EVENTS;
+    qsort(r->trace, n, sizeof(*r->trace), trace_by_start);
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        APIR_WARN("guest", "APIR_TRACE: cannot open %s", path);
+        return;
+    }
+    const uint64_t base = r->trace[0].t0;
+    uint64_t prev_end = base;
+    /* The base in CLOCK_MONOTONIC: to line the trace up with others (perf record -k mono). */
+    fprintf(f, "# %s: times in us from %llu ns (CLOCK_MONOTONIC)\n", name, (unsigned long long)base);
+    for (size_t i = 0; i < n; i++) {
+        const struct apir_trace_event *e = &r->trace[i];
+        fprintf(f, "%s %.1f %.1f %.1f %s %llu\n", name, (e->t0 - base) / 1e3, (e->t1 - e->t0) / 1e3,
+                ((double)e->t0 - (double)prev_end) / 1e3, e->what, (unsigned long long)e->bytes);
+        if (e->t1 > prev_end)
+            prev_end = e->t1;
+    }
+    if (r->trace_n > n)
+        fprintf(f, "%s: the first %llu events fell out of the ring\n", name, (unsigned long long)(r->trace_n - n));
+    fclose(f);
 }

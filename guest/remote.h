@@ -65,7 +65,20 @@ struct apir_remote {
     uint64_t cmd_ns[APIR_CMD_COUNT], cmd_count[APIR_CMD_COUNT];
     uint64_t copy_ns, copy_bytes;  /* tensor bytes copied through the data area, guest side, after replies */
     uint64_t copy_early_bytes;     /* and before: out of a download the host was still writing (download.c) */
+    /* APIR_TRACE=PATH: a timeline - each command and a few guest spans
+     * (apir_remote_trace) in a ring allocated at open, so that tracing adds
+     * no allocation per call; written to PATH at exit.  NULL: off. */
+    struct apir_trace_event *trace;
+    uint64_t trace_n;              /* events recorded; the ring keeps the last APIR_TRACE_EVENTS */
 };
+
+/* One span of a trace: [t0, t1] (apir_now_ns), what it was (a static
+ * string: a command's name or a guest step), its bytes where it has any. */
+struct apir_trace_event {
+    uint64_t t0, t1, bytes;
+    const char *what;
+};
+#define APIR_TRACE_EVENTS 65536u
 
 /* Connects, handshakes and selects a host device.  False with err set. */
 bool apir_remote_open(struct apir_remote *r, const char *endpoint, uint32_t device, char *err, size_t err_len);
@@ -152,6 +165,15 @@ bool apir_remote_data_reserve(struct apir_remote *r, size_t size);
 
 /* Prints the profile of a connection (when APIR_PROFILE=1). */
 void apir_remote_print_profile(const struct apir_remote *r, const char *name);
+/* Records a span in the trace (APIR_TRACE set; else nothing); under the
+ * connection's lock.  apir_remote_tracing: whether to take the times. */
+static inline bool apir_remote_tracing(const struct apir_remote *r) { return r->trace != NULL; }
+void apir_remote_trace(struct apir_remote *r, const char *what, uint64_t t0, uint64_t t1, uint64_t bytes);
+/* Appends the trace to APIR_TRACE's file, events in start order, each line
+ * "NAME start_us duration_us gap_us what bytes" (gap: since the end of the
+ * spans before it), after a "#" line with the start in CLOCK_MONOTONIC; at
+ * exit. */
+void apir_remote_write_trace(const struct apir_remote *r, const char *name);
 
 /* Default size of the data area; APIR_DATA_MB overrides. */
 size_t apir_remote_data_default(void);

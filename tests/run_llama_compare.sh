@@ -6,6 +6,9 @@
 # (from the guest's APIR_PROFILE lines), e.g. to show a data path was taken.
 # APIR_EXPECT_PROFILE=TEXT: the APIR0 run's profile has a line that begins
 # with TEXT (e.g. "lanes: 3,": its payloads went over 3 lanes).
+# APIR_EXPECT_TRACE=1: the APIR0 run also writes its timeline (APIR_TRACE):
+# a span for every command its profile counts, in start order, each graph
+# command inside the scheduler's graph_compute call that sent it.
 # APIR_MAX_TRIPS_PER_TOKEN=N: a token costs at most N round trips (every
 # command the guest sent, from the profiles of a 24-token and a 12-token run:
 # the difference over the 12 tokens between them).
@@ -22,8 +25,10 @@ greedy="$APIR_BUILD/tests/apir-llama-greedy"
   || { cat "$work/cpu.err"; exit 1; }
 # The guest's profile when a check below reads it (APIR_PROFILE is 1 or off).
 profile=0
-[ -n "${APIR_EXPECT_COMMAND:-}${APIR_MAX_TRIPS_PER_TOKEN:-}${APIR_EXPECT_PROFILE:-}" ] && profile=1
-APIR_PROFILE=$profile GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
+[ -n "${APIR_EXPECT_COMMAND:-}${APIR_MAX_TRIPS_PER_TOKEN:-}${APIR_EXPECT_PROFILE:-}${APIR_EXPECT_TRACE:-}" ] && profile=1
+trace=
+[ "${APIR_EXPECT_TRACE:-}" = 1 ] && trace=$work/trace.txt
+APIR_TRACE=$trace APIR_PROFILE=$profile GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
   "$greedy" -m "$work/model.gguf" -d APIR0 -n 24 -t 2 --dump-logits "$work/apir.bin" >"$work/apir.out" 2>"$work/apir.err" \
   || { cat "$work/apir.err"; exit 1; }
 echo "CPU:   $(grep tokens: "$work/cpu.out")"
@@ -78,6 +83,26 @@ if [ -n "${APIR_EXPECT_PROFILE:-}" ]; then
   grep -qF "apir profile APIR0: $APIR_EXPECT_PROFILE" "$work/apir.err" ||
     { echo "FAIL: no profile line '$APIR_EXPECT_PROFILE'"; grep 'apir profile' "$work/apir.err"; exit 1; }
   grep -F "apir profile APIR0: $APIR_EXPECT_PROFILE" "$work/apir.err" | head -1
+fi
+if [ -n "$trace" ]; then
+  [ -s "$trace" ] || { echo "FAIL: no trace written"; exit 1; }
+  profiled=$(sed -nE 's/.*apir profile APIR0: [A-Z_]+ +([0-9]+) calls.*/\1/p' "$work/apir.err" | awk '{ n += $1 } END { print n + 0 }')
+  # Lines: "APIR0 start dur gap what bytes"; commands are the names without parentheses.
+  awk -v profiled="$profiled" '
+    NR == 1 { if ($0 !~ /^# APIR0: times in us from [0-9]+ ns/) { print "FAIL: no header: " $0; bad = 1 }; next }
+    NF != 6 { print "FAIL: malformed line " NR ": " $0; bad = 1; next }
+    $2 + 0 < last { print "FAIL: line " NR " starts before the line above it"; bad = 1 }
+    { last = $2 + 0 }
+    $5 == "(graph_compute)" { gs = $2 + 0; ge = $2 + $3; graphs++; next }
+    $5 ~ /^BACKEND_GRAPH/ && gs <= $2 + 0 && $2 + $3 <= ge + 0.1 { inside++ }
+    $5 !~ /^\(/ { commands++ }
+    END {
+      printf "trace: %d commands (the profile counted %d), %d graph_compute calls, %d graph commands inside them\n",
+             commands, profiled, graphs, inside
+      if (commands != profiled) { print "FAIL: the trace and the profile disagree"; bad = 1 }
+      if (graphs < 24 || inside < 24) { print "FAIL: too few graphs in the trace"; bad = 1 }
+      exit bad }' "$trace" || { head -20 "$trace"; exit 1; }
+  bash "$(dirname "$0")/../bench/trace_gaps.sh" "$trace" 100 | tail -1
 fi
 if [ -n "${APIR_MAX_TRIPS_PER_TOKEN:-}" ]; then
   APIR_PROFILE=1 GGML_BACKEND_PATH="$APIR_BUILD/libggml-apir.so" \
