@@ -169,7 +169,7 @@ static void test_async_uploads(void)
  * for, as a GPU's may; the guest's bytes change right after each upload
  * (the next batch written there), and what arrives must be what was sent.
  */
-#define STAGE_DEV_BYTES (8u << 20)
+#define STAGE_DEV_BYTES (16u << 20)
 static uint8_t *stage_dev;
 struct queued_copy {
     uint8_t *dst;
@@ -366,6 +366,46 @@ static void test_stage(void)
     s->graph_in_flight = &backend;
     CHECK(apir_mirror_upload(s, t, guest, 0, piece));
     apir_session_settle(s);
+    /* Halves grown while graphs run: each to the largest upload staged, so
+     * that the half a mask sized is not regrown when a later prompt gives
+     * it the embeddings (a prompt's first batch is not staged, so which
+     * half takes what flips from prompt to prompt); the memory outgrown is
+     * kept until the settle (giving page-locked memory back waits for the
+     * whole device: an 8B batch's upload that regrew its half waited 44 ms
+     * for the graph in flight on an H100). */
+    apir_session_settle(s);
+    host.cfg.stage_bytes = 32u << 20;
+    CHECK(apir_mirror_stage_retired(s) == 0);
+    static uint8_t embd_src[8u << 20], mask_src[1u << 20];
+    struct ggml_tensor *e8 = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)sizeof(embd_src));
+    struct ggml_tensor *m1 = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)sizeof(mask_src));
+    e8->buffer = m1->buffer = buf;
+    e8->data = stage_dev;
+    m1->data = stage_dev + sizeof(embd_src);
+    uint32_t retired[2] = { 0, 0 };
+    for (int prompt = 0; prompt < 2; prompt++) {
+        queued = 0;
+        s->graph_in_flight = &backend;
+        queue_graph();  /* the prompt's first batch, uploaded before it the plain way */
+        for (int b = 0; b < 3; b++) {
+            memset(embd_src, 'E' + b, sizeof(embd_src));
+            CHECK(apir_mirror_upload(s, e8, embd_src, 0, sizeof(embd_src)));
+            memset(mask_src, 'm' + b, sizeof(mask_src));
+            CHECK(apir_mirror_upload(s, m1, mask_src, 0, sizeof(mask_src)));
+            memset(mask_src, 'z', sizeof(mask_src));
+            memset(embd_src, 'z', sizeof(embd_src));
+            queue_graph();
+        }
+        retired[prompt] = apir_mirror_stage_retired(s);
+        apir_session_settle(s);
+        CHECK(apir_mirror_stage_retired(s) == 0);
+        CHECK(stage_dev[0] == 'E' + 2 && stage_dev[sizeof(embd_src) - 1] == 'E' + 2);
+        CHECK(stage_dev[sizeof(embd_src)] == 'm' + 2 && stage_dev[sizeof(embd_src) + sizeof(mask_src) - 1] == 'm' + 2);
+    }
+    /* The first prompt grew both halves (from the 1 MiB above to 8), the
+     * second neither. */
+    CHECK_MSG(retired[0] == 2 && retired[1] == 0, "halves regrown: %u in the first prompt, %u in the second",
+              retired[0], retired[1]);
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
     apir_session_free(s);

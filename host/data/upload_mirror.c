@@ -143,9 +143,26 @@ struct apir_stage_half {
     bool page_locked;
 };
 
+/*
+ * A half's memory outgrown while a graph runs: freed at the next settle.
+ * Giving page-locked memory back (cudaHostUnregister) waits for the whole
+ * device: an 8B prompt batch's upload that outgrew its half waited 44 ms
+ * for the graph in flight (an H100's guest timeline), and the device then
+ * idled through the new half's page-locking, the copy and the next graph's
+ * trip.  Copies from a half are known done before it is regrown (a half is
+ * regrown empty: a fresh one, or one turned to), so only that return waits.
+ */
+#define APIR_STAGE_RETIRED 4
+
 struct apir_stage {
     struct apir_stage_half half[2];
     uint32_t cur;                          /* the half that fills */
+    /* The largest upload staged: each half is grown to it at its next use,
+     * so that after a prompt's first batches neither grows again (a half
+     * sized to a mask and then given a batch's embeddings grew then). */
+    size_t max_need;
+    struct apir_stage_half retired[APIR_STAGE_RETIRED];
+    uint32_t n_retired;
     struct apir_marks marks;
 };
 
@@ -187,6 +204,27 @@ static void stage_half_free(struct apir_stage_half *h)
     h->page_locked = false;
 }
 
+/* A half's memory, outgrown while the device runs: kept until the next
+ * settle (struct apir_stage's comment), or freed now when no room is left. */
+static void stage_half_retire(struct apir_stage *st, struct apir_stage_half *h)
+{
+    if (!h->mem)
+        return;
+    if (st->n_retired == APIR_STAGE_RETIRED) {
+        stage_half_free(h);
+        return;
+    }
+    st->retired[st->n_retired++] = *h;
+    *h = (struct apir_stage_half){ 0 };
+}
+
+static void stage_free_retired(struct apir_stage *st)
+{
+    for (uint32_t i = 0; i < st->n_retired; i++)
+        stage_half_free(&st->retired[i]);
+    st->n_retired = 0;
+}
+
 struct apir_mirror *apir_mirror_new(void)
 {
     return calloc(1, sizeof(struct apir_mirror));
@@ -205,6 +243,7 @@ void apir_mirror_free(struct apir_mirror *m)
     marks_free(&m->stage.marks);
     stage_half_free(&m->stage.half[0]);
     stage_half_free(&m->stage.half[1]);
+    stage_free_retired(&m->stage);
     free(m);
 }
 
@@ -213,9 +252,18 @@ uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s)
     return s->mirror->uploads_in_flight + (marks_queued(&s->mirror->stage.marks) ? 1u : 0u);
 }
 
+uint32_t apir_mirror_stage_retired(const struct apir_session *s)
+{
+    return s->mirror->stage.n_retired;
+}
+
 void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced)
 {
     struct apir_mirror *m = s->mirror;
+    /* The device is idle for this session here (the caller synchronized
+     * the graph's stream, the uploads' below): returning memory costs no
+     * wait for a graph now. */
+    stage_free_retired(&m->stage);
     if (!queued_anywhere(m)) {
         m->uploads_in_flight = 0;
         return;
@@ -283,25 +331,29 @@ static struct apir_stage_half *stage_half_for(struct apir_session *s, ggml_backe
         h = &st->half[st->cur];
         h->used = 0;
     }
-    if (h->cap < need) {
-        /*
-         * Empty and drained here: grown to the upload, in 4 MiB steps, and
-         * only then.  Growing each half to a whole batch's uploads instead
-         * (a half entered again a batch later; more regrowths, each a new
-         * page-locked allocation) made 1B F16 pp2048 on an H200 0.933 and
-         * 0.939 of without the stage (two calls), against 0.994-1.047
-         * sized to the upload (four).
-         */
-        size_t cap = (need + (4u << 20) - 1) & ~(size_t)((4u << 20) - 1);
-        if (cap > half_max)
-            cap = half_max;
-        stage_half_free(h);
+    if (need > st->max_need)
+        st->max_need = need;
+    /*
+     * An empty half is drained (fresh, turned to, or settled): grown there
+     * to the largest upload staged so far, in 4 MiB steps, and only then;
+     * its old memory is retired, not given back (struct apir_stage).  Growing
+     * each half to a whole batch's uploads instead (a half entered again a
+     * batch later; more regrowths, each a new page-locked allocation) made
+     * 1B F16 pp2048 on an H200 0.933 and 0.939 of without the stage (two
+     * calls), against 0.994-1.047 sized to the upload (four).
+     */
+    size_t want = (st->max_need + (4u << 20) - 1) & ~(size_t)((4u << 20) - 1);
+    if (want > half_max)
+        want = half_max;
+    if (h->used == 0 && h->cap < want) {  /* want >= need: a half in use always has room (above) */
+        stage_half_retire(st, h);
         void *p = NULL;
-        if (posix_memalign(&p, 4096, cap) != 0)
+        if (posix_memalign(&p, 4096, want) != 0)
             return NULL;
         h->mem = p;
-        h->cap = cap;
-        h->page_locked = s->host->pin_shared && apir_pin(p, cap);
+        h->cap = want;
+        h->used = 0;
+        h->page_locked = s->host->pin_shared && apir_pin(p, want);
     }
     return h;
 }

@@ -45,6 +45,9 @@ void apir_mirror_forget_written(struct apir_session *s, struct ggml_cgraph *grap
  * complete (their source may not be reused before); a staged batch counts
  * as one. */
 uint32_t apir_mirror_uploads_in_flight(const struct apir_session *s);
+/* Stage memory outgrown while a graph ran, to be freed at the next settle
+ * (upload_mirror.c: giving it back would wait for the device). */
+uint32_t apir_mirror_stage_retired(const struct apir_session *s);
 /* apir_session_settle: waits for those uploads.  synced: a stream the
  * caller has just synchronized (or NULL); uploads queued on it are done. */
 void apir_mirror_wait_uploads(struct apir_session *s, ggml_backend_t synced);
