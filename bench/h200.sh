@@ -62,9 +62,6 @@
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
 #   bench/h200.sh kprof        issue 26 item 3 on the device's side: each kernel's GPU time (ncu) over one llama-bench
 #                              prompt natively and through apir (8B Q4_0 pp2048; KPROF_MODELS, KPROF_P)
-#   bench/h200.sh gaps         issue 26 item 3, when the device idles: an Nsight Systems CUDA trace of one llama-bench
-#                              run natively and through apir (8B Q4_0 pp2048 -r 2; GAPS_MODELS, GAPS_P, GAPS_R): the
-#                              device's idle time and each gap of GAPS_MIN_US (200) or more, with the guest's timeline
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -592,55 +589,6 @@ many)
   log "many guests on one H200 (1B Q4_0, llama-bench -p 256 -n 64 -t 2 each)"
   BUILD=$ROOT/build DEPS_BIN=$ROOT/.deps/bin timeout "$(phase_timeout 540)" bash bench/many_guests.sh --backend CUDA \
     --model $M/1b-q4_0.gguf --n "${MANY_N:-1 4 16 64}" -p 256 -n 64 -t 2 2>&1 | tee -a "$OUT/h200.log"
-  log "done, $(left) s left"
-  ;;
-gaps)
-  # Issue 26 item 3, when the device idles: Nsight Systems' CUDA trace of one llama-bench run
-  # (-p GAPS_P, 2048; -r GAPS_R, 2; its warm-up too), natively and through apir (the host under
-  # nsys, in its own process as in kprof), every kernel and copy on the GPU in time order; the
-  # gaps between them are the device's idle time.  Printed per run: the device's busy and idle
-  # time from its first kernel on, and each gap of GAPS_MIN_US (200) or more with what ran before
-  # and after it (a prompt's start: the last prompt's logits, then the next prompt's first kernel).
-  # Raw CSVs in $OUT/gaps-*.csv.gz.  GAPS_MODELS (8b-q4_0).
-  NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-  [ -n "$NSYS" ] || { log "no nsys on this machine"; ls /opt/nvidia /usr/local/cuda/ 2>&1 | tee -a "$OUT/h200.log"; exit 1; }
-  M=/tmp/models; mkdir -p $M
-  nsys_args=(profile -t cuda -s none --cpuctxsw=none --force-overwrite true)
-  # nsys stats' cuda_gpu_trace as CSV: Start (ns), Duration (ns) first; the name last, quoted
-  # where it has commas (a template's).
-  gap_sum() {
-    tail -n +2 "$1" | sort -t, -k1,1 -g | awk -F, -v min="${GAPS_MIN_US:-200}" '
-      { s = $1 + 0; d = $2 + 0; name = $NF; if (match($0, /"[^"]*"$/)) name = substr($0, RSTART, RLENGTH)
-        gsub(/"/, "", name); name = substr(name, 1, 48) }
-      !started && name !~ /(mul_mat|flash_attn|rms_norm|rope)/ { next }
-      !started { started = 1; first = s; end = s + d; prev = name; n = 1; busy = d; next }
-      { g = s - end; if (g > 0) { idle += g; if (g >= min * 1000) { ng++; gsum += g
-          if (ng <= 40) printf "  at %9.3f ms: idle %8.1f us  after %-48s before %s\n", (s - first) / 1e6, g / 1e3, prev, name } }
-        if (s + d > end) end = s + d; busy += d; n++; prev = name }
-      END { printf "  %d kernels and copies over %.3f ms from the first kernel: busy %.3f ms, idle %.3f ms; %d gaps of %d us or more, %.3f ms\n",
-              n, (end - first) / 1e6, busy / 1e6, idle / 1e6, ng, min, gsum / 1e6 }'
-  }
-  stats() { "$NSYS" stats -q -r cuda_gpu_trace -f csv -o "$1" "$1.nsys-rep" >/dev/null 2>&1; ls "$1"_cuda_gpu_trace*.csv 2>/dev/null | head -1; }
-  for m in ${GAPS_MODELS:-8b-q4_0}; do
-    model $m
-    lb=(-m $M/$m.gguf -ngl 99 -fa 1 -p "${GAPS_P:-2048}" -n 0 -r "${GAPS_R:-2}" -o md)
-    room 60 || break
-    log "gaps $m native"
-    (cd .deps/bin && timeout -k 5 "$(phase_timeout 200)" "$NSYS" "${nsys_args[@]}" -o $OUT/gaps-$m-native ./llama-bench "${lb[@]}" 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
-    csv=$(stats $OUT/gaps-$m-native); [ -n "$csv" ] && gap_sum "$csv" | tee -a "$OUT/h200.log"
-    room 60 || break
-    log "gaps $m apir (host under nsys, --isolation thread)"
-    timeout -k 5 "$(phase_timeout 220)" "$NSYS" "${nsys_args[@]}" -o $OUT/gaps-$m-apir build/apir-host \
-      --listen unix:/tmp/apir-gaps.sock --backend CUDA --isolation thread --insecure-shared-process --log-level info \
-      >$OUT/gaps-$m-host.log 2>&1 & hp=$!
-    for _ in $(seq 1 200); do [ -S /tmp/apir-gaps.sock ] && break; sleep 0.1; done
-    (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:/tmp/apir-gaps.sock \
-      APIR_TRACE=$OUT/gaps-$m-guest.txt timeout -k 5 "$(phase_timeout 200)" ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | grep -E '^\| llama' | tee -a "$OUT/h200.log")
-    pkill -TERM -x apir-host; wait $hp 2>/dev/null
-    csv=$(stats $OUT/gaps-$m-apir); [ -n "$csv" ] && gap_sum "$csv" | tee -a "$OUT/h200.log"
-    [ -f $OUT/gaps-$m-guest.txt ] && bash bench/trace_gaps.sh $OUT/gaps-$m-guest.txt 1000 2 | tail -30 | tee -a "$OUT/h200.log"
-    gzip -f $OUT/gaps-$m-*.csv $OUT/gaps-$m-guest.txt 2>/dev/null; rm -f $OUT/gaps-$m-*.nsys-rep $OUT/gaps-$m-*.sqlite
-  done
   log "done, $(left) s left"
   ;;
 kprof)
