@@ -246,8 +246,8 @@ void apir_inputs_flush(struct apir_device *d)
 }
 
 /* Copies in chunks of the data area: SET or GET, data guest-side. */
-static void tensor_io_untraced(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data, size_t offset,
-                      size_t size)
+static void tensor_io_untraced(ggml_backend_buffer_t buffer, const struct ggml_tensor *tensor, bool set, void *data,
+                               size_t offset, size_t size)
 {
     struct apir_buffer_ctx *bc = buffer->context;
     struct apir_remote *r = &bc->device->remote;
