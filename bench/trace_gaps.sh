@@ -8,6 +8,8 @@
 #
 #   bash bench/trace_gaps.sh FILE [MIN_US (500)] [CONTEXT (3)]
 #
+# A program with several APIR devices writes a section for each (its own
+# header and times): give this one device's lines (grep '^APIR0 ').
 # Spans named in parentheses are the guest's own steps (the scheduler's
 # graph_compute call as a whole, a graph's serialization, a set_tensor or
 # get_tensor call); the others are commands, their round trip included.
