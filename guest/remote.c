@@ -466,7 +466,7 @@ static int trace_by_start(const void *a, const void *b)
     return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
 }
 
-void apir_remote_write_trace(const struct apir_remote *r, const char *name)
+void apir_remote_write_trace(struct apir_remote *r, const char *name)
 {
     const char *path = getenv("APIR_TRACE");
     if (!r->trace || !r->trace_n || !path)

@@ -172,8 +172,8 @@ void apir_remote_trace(struct apir_remote *r, const char *what, uint64_t t0, uin
 /* Appends the trace to APIR_TRACE's file, events in start order, each line
  * "NAME start_us duration_us gap_us what bytes" (gap: since the end of the
  * spans before it), after a "#" line with the start in CLOCK_MONOTONIC; at
- * exit. */
-void apir_remote_write_trace(const struct apir_remote *r, const char *name);
+ * exit (it sorts the ring in place). */
+void apir_remote_write_trace(struct apir_remote *r, const char *name);
 
 /* Default size of the data area; APIR_DATA_MB overrides. */
 size_t apir_remote_data_default(void);

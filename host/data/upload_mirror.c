@@ -352,7 +352,6 @@ static struct apir_stage_half *stage_half_for(struct apir_session *s, ggml_backe
             return NULL;
         h->mem = p;
         h->cap = want;
-        h->used = 0;
         h->page_locked = s->host->pin_shared && apir_pin(p, want);
     }
     return h;
