@@ -1089,6 +1089,38 @@ static void test_graph_in_flight(void)
     apir_session_free(s);
 }
 
+/* ggml's graph uid (the CUDA backend's promise that nothing changed: it
+ * then replays its captured graph without looking) comes from the host,
+ * never from the guest's key: a key sent again with other tensors, after a
+ * buffer went, gets a new uid; recomputes keep the uid of their import. */
+static void test_graph_uid(void)
+{
+    struct apir_session *s = new_session();
+    uint64_t buf = alloc_buffer(s, 1 << 16), other = alloc_buffer(s, 4096);
+    struct apir_tensor_rec t[3];
+    get_rows_in_flight(s, buf, t, 77);
+    struct ggml_cgraph *g = apir_graph_kept(s, 77);
+    CHECK(g && g->uid != 0 && g->uid != 77);
+    const uint64_t first = g ? g->uid : 0;
+    uint32_t status = 99;
+    CHECK(fwd_BACKEND_GRAPH_RECOMPUTE(s, 77, &status) == APIR_HANDLER_OK && apir_graph_kept(s, 77) == g &&
+          g->uid == first);
+    /* the same key, after a buffer went: a new import, a new uid */
+    CHECK(fwd_BUFFER_FREE_BUFFER(s, other) == APIR_HANDLER_OK);
+    CHECK(fwd_BACKEND_GRAPH_RECOMPUTE(s, 77, &status) == APIR_HANDLER_STALE);
+    get_rows_in_flight(s, buf, t, 77);
+    g = apir_graph_kept(s, 77);
+    CHECK(g && g->uid != 0 && g->uid != first);
+    /* another session's graph under the same key: another uid */
+    struct apir_session *s2 = new_session();
+    uint64_t buf2 = alloc_buffer(s2, 1 << 16);
+    get_rows_in_flight(s2, buf2, t, 77);
+    struct ggml_cgraph *g2 = apir_graph_kept(s2, 77);
+    CHECK(g && g2 && g2->uid != 0 && g2->uid != g->uid && g2->uid != first);
+    apir_session_free(s2);
+    apir_session_free(s);
+}
+
 /* A new keyed graph takes the least recently used slot: it waits for the
  * device only when that slot's graph may still run (launched since the last
  * wait), not for every new graph of a prompt's batches. */
@@ -1408,7 +1440,7 @@ TEST_MAIN("dispatch",
           TEST(test_empty_views),
           TEST(test_deferred_graphs),
           TEST(test_sync_device_graphs),
-          TEST(test_graph_in_flight), TEST(test_graph_slot_reuse), TEST(test_empty_index_no_wait),
+          TEST(test_graph_in_flight), TEST(test_graph_uid), TEST(test_graph_slot_reuse), TEST(test_empty_index_no_wait),
           TEST(test_chunked_download),
           TEST(test_tensor_checks),
           TEST(test_malformed),

@@ -221,10 +221,17 @@ static uint32_t graph_compute(struct apir_session *s, uint32_t cmd, uint32_t res
                    apir_command_name(cmd), graph ? ggml_graph_n_nodes(graph) : 0, import_ns / 1e3,
                    (unsigned long long)(s->stats.checks_kept - kept0));
         if (graph) {
-            /* ggml's own reuse marker: backends (CUDA graphs) skip their
-             * per-node change checks when it matches the last graph's. */
-            graph->uid = key;
+            /* ggml's reuse marker, a promise that no node changed since the
+             * last graph of that uid: the CUDA backend then skips its
+             * per-node checks and replays the graph it captured, whose
+             * kernels hold that graph's shapes and addresses (Hexagon keeps
+             * one the same way).  The key is the guest's word - the same key
+             * may come back with other tensors, after their buffers went -
+             * so only the host gives uids: a new one at every import, never
+             * repeated in this process, kept while the slot's recomputes run
+             * these very tensors (a buffer gone makes the slot stale). */
             if (slot) {
+                graph->uid = ggml_graph_next_uid();
                 slot->epoch = s->buffers_epoch;
                 slot->last_use = ++graphs->clock;
                 slot->device = s->device;
