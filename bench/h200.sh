@@ -8,8 +8,9 @@
 #   bench/h200.sh bench        models + llama-bench ratios + apir-bench + test-backend-ops subset
 #   bench/h200.sh quick        1B F16 only, pp512/pp2048/tg128: native, apir, apir without its
 #                              host buffer type (APIR_HOST_BUFFER=0); host and guest profiles
-#   bench/h200.sh check        CUDA smoke of the data paths, then 1B F16 pp2048/tg128: native, apir,
-#                              apir without queued uploads, and CUDA graphs off on either side;
+#   bench/h200.sh check        tests/test_kept_graph on CUDA (a key sent again runs its new graph), a CUDA
+#                              smoke of the data paths, then 1B F16 pp2048/tg128: native, apir, apir without
+#                              queued uploads, and CUDA graphs off on either side;
 #                              per-graph host timings of one pp2048 (host log at debug)
 #   bench/h200.sh pp           issue 26 item 3: pp2048 native vs apir vs apir with PP_HOSTB (default
 #                              APIR_HOST_STAGE_MB=0, no upload stage), interleaved, 1B F16 and 8B Q4_0;
@@ -168,6 +169,8 @@ check)
   host_up() { env "$@" build/apir-host --listen unix:$sock --backend CUDA --log-level ${HOST_LOG:-info} >>$OUT/host-check.log 2>&1 & hp=$!; sleep 2; }
   host_down() { kill $hp; wait $hp 2>/dev/null; }
   rows() { grep -E '^\| llama' | sed 's/ \+/ /g' | tee -a "$OUT/h200.log"; }
+  log "kept graphs on CUDA: a key sent again with another graph computes the new one (no replay)"
+  APIR_TEST_BACKEND=CUDA build/tests/test_kept_graph 2>&1 | grep -E 'FAIL|want|passed' | tee -a "$OUT/h200.log"
   host_up APIR_HOST_ASYNC_UPLOADS=1
   log "smoke: test-backend-ops -b APIR0 (host CUDA), small uploads + graphs"
   (cd .deps/bin && "${guest[@]}" timeout 60 ./test-backend-ops test -b APIR0 -o GET_ROWS,SET_ROWS,ADD,ROPE 2>&1 | grep -E 'tests passed|FAIL' | head -5 | tee -a "$OUT/h200.log")
