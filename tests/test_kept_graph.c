@@ -30,10 +30,7 @@ static uint8_t data_blob[DATA_SIZE] __attribute__((aligned(64)));
 
 static struct apir_session *new_session(void)
 {
-    struct apir_session *s = apir_session_new(&host, "test");
-    s->minor = APIR_VERSION_MINOR;
-    apir_session_blob_add(s, DATA_RES, data_blob, DATA_SIZE, NULL, NULL);
-    return s;
+    return test_session_with_blob(&host, DATA_RES, data_blob, DATA_SIZE);
 }
 
 /* x filled with v, through the data blob. */

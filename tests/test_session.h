@@ -69,6 +69,19 @@ static inline bool test_host_init_cpu(struct apir_host *host)
     return false;
 }
 
+/* A session of host speaking this build's APIR minor, with blob res_id
+ * over [blob, blob + size) (the tests' shared memory). */
+static inline struct apir_session *test_session_with_blob(struct apir_host *host, uint32_t res_id, void *blob,
+                                                          size_t size)
+{
+    struct apir_session *s = apir_session_new(host, "test");
+    if (s) {
+        s->minor = APIR_VERSION_MINOR;
+        apir_session_blob_add(s, res_id, blob, size, NULL, NULL);
+    }
+    return s;
+}
+
 static inline uint64_t alloc_buffer(struct apir_session *s, uint64_t size)
 {
     uint64_t buft = 0, buf = 0;
