@@ -637,6 +637,21 @@ static void test_graph_use_counts(void)
             CHECK(ggml_node_get_use_count(g, 2) == 0);
         }
     }
+    /* a count below this graph's own uses is raised to them (a backend
+     * would fuse the node away from a reader); one above is kept */
+    const uint32_t low[2] = { 0, 5 };
+    size_t lsize = graph_blob(data_blob, DATA_SIZE, nodes, 2, t, 4);
+    struct apir_encoder le;
+    apir_encoder_init(&le, data_blob + lsize, DATA_SIZE - lsize);
+    apir_encode_u32(&le, APIR_GRAPH_USE_COUNTS_TAG);
+    apir_encode_u32(&le, low[0]);
+    apir_encode_u32(&le, low[1]);
+    lsize += apir_encoder_used(&le);
+    uint32_t lstatus = 99;
+    CHECK(fwd_BACKEND_GRAPH_COMPUTE_KEYED(s, DATA_RES, 0, lsize, 120, &lstatus) == APIR_HANDLER_OK &&
+          lstatus == GGML_STATUS_SUCCESS);
+    struct ggml_cgraph *lg = apir_graph_kept(s, 120);
+    CHECK(lg && ggml_node_get_use_count(lg, 1) == 1 && ggml_node_get_use_count(lg, 2) == 5);
     /* an unkeyed (0.1) graph never reads the section: trailing bytes ignored */
     size_t size = graph_blob(data_blob, DATA_SIZE, nodes, 2, t, 4);
     memset(data_blob + size, 0xee, 8);

@@ -49,6 +49,7 @@ struct layout {
     uint64_t next;   /* bump allocator */
     uint64_t buf;    /* buffer handle */
     struct apir_session *s;
+    const struct ggml_tensor *not_computed;  /* a node sent without GGML_TENSOR_FLAG_COMPUTE */
 };
 
 static void layout_init(struct layout *l, struct apir_session *s, uint64_t buf)
@@ -118,7 +119,7 @@ static struct apir_tensor_rec rec_of(struct layout *l, struct ggml_tensor *t)
     }
     r.op = t->op;
     memcpy(r.op_params, t->op_params, sizeof(r.op_params));
-    r.flags = t->op == GGML_OP_NONE ? 0 : GGML_TENSOR_FLAG_COMPUTE;
+    r.flags = t->op == GGML_OP_NONE || t == l->not_computed ? 0 : GGML_TENSOR_FLAG_COMPUTE;
     for (int k = 0; k < APIR_TENSOR_MAX_SRC && k < GGML_MAX_SRC; k++)
         r.src[k] = t->src[k] ? (uint64_t)place(l, t->src[k]) + 1 : 0;
     r.view_src = t->view_src ? (uint64_t)place(l, t->view_src) + 1 : 0;
@@ -361,6 +362,43 @@ static void test_moe_ids_not_covered(void)
 }
 
 /*
+ * A sort the backend does not run writes nothing: backends skip a node
+ * without GGML_TENSOR_FLAG_COMPUTE (ggml leaves it off the nodes of a
+ * branch ggml_build_forward_select did not pick), and the flags are the
+ * guest's.  The ids over such a sort's result are whatever was there
+ * before - the guest's poison - so they are checked, and refused.
+ */
+static void test_moe_sort_not_computed(void)
+{
+    const int32_t poison[MOE_E * MOE_T] = { 1 << 29, 1 << 29, 1 << 29, 1 << 29, 1 << 29, 1 << 29,
+                                            1 << 29, 1 << 29, 1 << 29, 1 << 29, 1 << 29, 1 << 29 };
+    for (int variant = 0; variant < 2; variant++) {
+        struct apir_session *s = new_session();
+        struct layout l;
+        layout_init(&l, s, alloc_buffer(s, BUF_SIZE));
+        struct ggml_tensor *logits = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, MOE_E, MOE_T);
+        struct ggml_tensor *as = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, MOE_K, MOE_M, MOE_E);
+        struct ggml_tensor *b = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, MOE_K, 1, MOE_T);
+        struct ggml_tensor *ids = variant == 0 ? ggml_argsort_top_k(l.ctx, logits, MOE_U)
+                                               : ggml_top_k(l.ctx, logits, MOE_U);
+        struct ggml_tensor *sorter = variant == 0 ? ids->view_src : ids;
+        struct ggml_tensor *out = ggml_mul_mat_id(l.ctx, as, b, ids);
+        l.not_computed = sorter;
+        fill_f32(&l, logits, 0.37f);
+        fill_f32(&l, as, 0.25f);
+        fill_f32(&l, b, 0.5f);
+        put_bytes(&l, l.off[place(&l, sorter)], poison, ggml_nbytes(sorter));
+        struct ggml_tensor *nodes[3] = { sorter, ids, out };
+        const int n = variant == 0 ? 3 : 2;
+        if (variant == 1)
+            nodes[1] = out;
+        CHECK_MSG(refused_untouched(&l, nodes, n), "variant %d accepted or wrote", variant);
+        layout_free(&l);
+        apir_session_free(s);
+    }
+}
+
+/*
  * GET_ROWS_BACK reads its indices as a dense int32 array whatever their
  * strides (issue 12: an unchecked index wrote 48 rows past the result).
  * Indices every other int32 (a legal view for ggml_get_rows_back): the
@@ -536,6 +574,7 @@ TEST_MAIN("index_checks",
           TEST(run_setup),
           TEST(test_moe_after_sort),
           TEST(test_moe_ids_not_covered),
+          TEST(test_moe_sort_not_computed),
           TEST(test_get_rows_back_dense),
           TEST(test_ssm_scan_ids),
           TEST(test_rows_at_the_edge),

@@ -575,11 +575,19 @@ struct ggml_tensor **apir_import_list(struct apir_session *s, struct apir_import
 }
 
 /*
- * The guest's use counts go where ggml keeps them (the graph's hash set):
- * backends fuse a node into its consumer only when it has one use.  A wrong
- * count can only make the guest's own results wrong: fused kernels still
- * check shapes and src links (ggml_can_fuse), and write only their last
- * node.  A node listed twice keeps its first count.
+ * The use counts go where ggml keeps them (the graph's hash set): backends
+ * fuse a chain of nodes into one kernel when each inner node's count is its
+ * uses inside the chain (ggml_can_fuse_subgraph), and the fused kernel
+ * writes only the chain's outputs.  The guest sends its counts because they
+ * are its whole graph's: a node this split computes may be read by another
+ * split, which this graph does not show.  But a count below the uses this
+ * graph does show would let a backend leave unwritten a tensor a later node
+ * here reads - for instance a sort's result (CUDA's top-k MoE fusion writes
+ * only the view of its first columns) that a GET_ROWS reads whole, its
+ * indices then the guest's bytes, unchecked (op_policy.c trusts a sort to
+ * write what it covers).  So each count is at least this graph's own uses
+ * of the node (each src slot that names it, as ggml counts them); a count
+ * above that only fuses less.  A node listed twice is counted once.
  */
 static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
 {
@@ -587,14 +595,31 @@ static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
     const uint8_t *counts = apir_decode_inplace(dec, (size_t)n * 4);
     if (dec->fatal || !counts)
         return false;
+    struct ggml_hash_set *set = &graph->visited_hash_set;
     for (int i = 0; i < n; i++) {
-        struct ggml_tensor *node = ggml_graph_node(graph, i + 1);
-        size_t pos = ggml_hash_insert(&graph->visited_hash_set, node);
-        if (pos == GGML_HASHSET_ALREADY_EXISTS)
-            continue;
+        size_t pos = ggml_hash_insert(set, ggml_graph_node(graph, i + 1));
+        if (pos != GGML_HASHSET_ALREADY_EXISTS)
+            graph->use_counts[pos] = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct ggml_tensor *node = ggml_graph_node(graph, i + 1);
+        for (int k = 0; k < GGML_MAX_SRC; k++) {
+            const struct ggml_tensor *src = node->src[k];
+            if (!src)
+                continue;
+            size_t pos = ggml_hash_find(set, src);
+            if (pos != GGML_HASHSET_FULL && ggml_bitset_get(set->used, pos) && set->keys[pos] == src &&
+                graph->use_counts[pos] < INT32_MAX)
+                graph->use_counts[pos]++;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const size_t pos = ggml_hash_find(set, ggml_graph_node(graph, i + 1));
         uint32_t c;
         memcpy(&c, counts + (size_t)i * 4, 4);
-        graph->use_counts[pos] = c > INT32_MAX ? INT32_MAX : (int32_t)c;
+        const int32_t guest = c > INT32_MAX ? INT32_MAX : (int32_t)c;
+        if (guest > graph->use_counts[pos])
+            graph->use_counts[pos] = guest;
     }
     return true;
 }

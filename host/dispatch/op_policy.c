@@ -438,12 +438,19 @@ static enum ggml_status compute_segment(struct apir_session *s, struct apir_impo
  * on those elements: int32 reads at multiples of 4 from the sort's data,
  * inside its bytes.  An index tensor laid over memory the sort does not
  * write (past its end, or a non-contiguous result's gaps) is not covered.
+ * Nor is a sort the backend does not run: backends skip a node without
+ * GGML_TENSOR_FLAG_COMPUTE (a flag of the guest's record), which then
+ * writes nothing and leaves the guest's own bytes there.  (A sort that
+ * runs but that a backend fuses with its consumers writes only what the
+ * fused chain's outputs need; import.c's use counts keep any other reader
+ * of it from being fused away.)
  */
 static bool sort_covers(const struct ggml_tensor *sorter, const struct index_use *u)
 {
     const struct ggml_tensor *src = sorter->src[0];
     if ((sorter->op != GGML_OP_ARGSORT && sorter->op != GGML_OP_TOP_K) || !src || sorter->type != GGML_TYPE_I32 ||
-        !ggml_is_contiguous(sorter) || ggml_nrows(src) != ggml_nrows(sorter))
+        !(sorter->flags & GGML_TENSOR_FLAG_COMPUTE) || !ggml_is_contiguous(sorter) ||
+        ggml_nrows(src) != ggml_nrows(sorter))
         return false;
     if (sorter->op == GGML_OP_TOP_K && sorter->ne[0] > src->ne[0])
         return false;  /* the kernel would copy indices it never computed */
