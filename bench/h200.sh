@@ -8,7 +8,7 @@
 #   bench/h200.sh bench        models + llama-bench ratios + apir-bench + test-backend-ops subset
 #   bench/h200.sh quick        1B F16 only, pp512/pp2048/tg128: native, apir, apir without its
 #                              host buffer type (APIR_HOST_BUFFER=0); host and guest profiles
-#   bench/h200.sh check        tests/test_kept_graph on CUDA (a key sent again runs its new graph), a CUDA
+#   bench/h200.sh check        tests/test_kept_graph and test_index_checks on CUDA, a CUDA
 #                              smoke of the data paths, then 1B F16 pp2048/tg128: native, apir, apir without
 #                              queued uploads, and CUDA graphs off on either side;
 #                              per-graph host timings of one pp2048 (host log at debug)
@@ -171,6 +171,8 @@ check)
   rows() { grep -E '^\| llama' | sed 's/ \+/ /g' | tee -a "$OUT/h200.log"; }
   log "kept graphs on CUDA: a key sent again with another graph computes the new one (no replay)"
   APIR_TEST_BACKEND=CUDA build/tests/test_kept_graph 2>&1 | grep -E 'FAIL|want|passed' | tee -a "$OUT/h200.log"
+  log "index checks on CUDA (device memory: the upload mirror, read-backs at splits)"
+  APIR_TEST_BACKEND=CUDA build/tests/test_index_checks 2>&1 | grep -E 'FAIL|passed' | tee -a "$OUT/h200.log"
   host_up APIR_HOST_ASYNC_UPLOADS=1
   log "smoke: test-backend-ops -b APIR0 (host CUDA), small uploads + graphs"
   (cd .deps/bin && "${guest[@]}" timeout 60 ./test-backend-ops test -b APIR0 -o GET_ROWS,SET_ROWS,ADD,ROPE 2>&1 | grep -E 'tests passed|FAIL' | head -5 | tee -a "$OUT/h200.log")

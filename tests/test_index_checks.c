@@ -120,6 +120,7 @@ static struct apir_tensor_rec rec_of(struct layout *l, struct ggml_tensor *t)
     r.op = t->op;
     memcpy(r.op_params, t->op_params, sizeof(r.op_params));
     r.flags = t->op == GGML_OP_NONE || t == l->not_computed ? 0 : GGML_TENSOR_FLAG_COMPUTE;
+    r.flags |= t->flags & GGML_TENSOR_FLAG_PARAM;
     for (int k = 0; k < APIR_TENSOR_MAX_SRC && k < GGML_MAX_SRC; k++)
         r.src[k] = t->src[k] ? (uint64_t)place(l, t->src[k]) + 1 : 0;
     r.view_src = t->view_src ? (uint64_t)place(l, t->view_src) + 1 : 0;
@@ -380,6 +381,57 @@ static void test_moe_ids_not_covered(void)
 }
 
 /*
+ * A node that writes more than its own bytes: OPT_STEP_ADAMW's result is a
+ * view of the weight, but its kernel also writes the moments m and v (its
+ * srcs 2 and 3).  ids laid over v, zeros (in range) when the graph starts,
+ * hold v's new values when the MUL_MAT_ID reads them - v = g^2 with beta2
+ * 0, 1.0f, expert 0x3f800000 - so they are checked after the step, and
+ * refused (before, only a node's own bytes counted as written: the ids were
+ * checked at the start and the CPU host's MUL_MAT_ID read outside its
+ * buffers).  What may change: the step's weight, m and v.
+ */
+static void test_ids_over_adamw_moments(void)
+{
+    struct apir_session *s = new_session();
+    struct layout l;
+    layout_init(&l, s, alloc_buffer(s, BUF_SIZE));
+    struct ggml_tensor *w = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, MOE_U, MOE_T);
+    ggml_set_param(w);
+    struct ggml_tensor *g = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, MOE_U, MOE_T);
+    struct ggml_tensor *m = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, MOE_U, MOE_T);
+    struct ggml_tensor *v = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, MOE_U, MOE_T);
+    struct ggml_tensor *hp = ggml_new_tensor_1d(l.ctx, GGML_TYPE_F32, 7);
+    struct ggml_tensor *step = ggml_opt_step_adamw(l.ctx, w, g, m, v, hp);
+    place(&l, step);
+    const uint64_t w_at = l.off[find(&l, w)], v_at = l.off[find(&l, v)];
+    struct ggml_tensor *ids = ggml_new_tensor_2d(l.ctx, GGML_TYPE_I32, MOE_U, MOE_T);
+    place_at(&l, ids, v_at);
+    struct ggml_tensor *as = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    struct ggml_tensor *b = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, MOE_K, 1, MOE_T);
+    struct ggml_tensor *out = ggml_mul_mat_id(l.ctx, as, b, ids);
+    static const float ones[MOE_U * MOE_T] = { 1, 1, 1, 1, 1, 1 }, zeros[MOE_U * MOE_T];
+    /* alpha, beta1, beta2, eps, wd, beta1h, beta2h */
+    static const float params[7] = { 0, 0, 0, 1, 0, 1, 1 };
+    put(&l, w, zeros);
+    put(&l, g, zeros);
+    put(&l, m, zeros);
+    put(&l, v, zeros);
+    put(&l, hp, params);
+    fill_f32(&l, as, 0.25f);
+    fill_f32(&l, b, 0.5f);
+    struct ggml_tensor *nodes[2] = { step, out };
+    /* a zero gradient leaves v (the ids) zero: the graph is fine */
+    CHECK(accepted(&l, nodes, 2));
+    put(&l, g, ones);
+    CHECK(refused_untouched_but(&l, nodes, 2, w_at, v_at + ggml_nbytes(v) - w_at));
+    float after[MOE_U * MOE_T];
+    get(&l, v, after);
+    CHECK(after[0] == 1.0f);  /* the step ran; the MUL_MAT_ID did not */
+    layout_free(&l);
+    apir_session_free(s);
+}
+
+/*
  * GET_ROWS_BACK reads its indices as a dense int32 array whatever their
  * strides (issue 12: an unchecked index wrote 48 rows past the result).
  * Indices every other int32 (a legal view for ggml_get_rows_back): the
@@ -543,9 +595,11 @@ static void test_add_id_and_self_overwrite(void)
     }
 }
 
+/* The CPU here; on a GPU machine APIR_TEST_BACKEND=CUDA (device memory:
+ * indices checked from the upload mirror or read back). */
 static void setup(void)
 {
-    if (!test_host_init_cpu(&host))
+    if (!test_host_init_env(&host))
         exit(1);
 }
 
@@ -555,6 +609,7 @@ TEST_MAIN("index_checks",
           TEST(run_setup),
           TEST(test_moe_after_sort),
           TEST(test_moe_ids_not_covered),
+          TEST(test_ids_over_adamw_moments),
           TEST(test_get_rows_back_dense),
           TEST(test_ssm_scan_ids),
           TEST(test_rows_at_the_edge),

@@ -117,17 +117,8 @@ static void test_same_key_after_free(void)
 
 static void setup(void)
 {
-    const char *backend = getenv("APIR_TEST_BACKEND");
-    struct apir_host_config cfg;
-    apir_host_config_default(&cfg);
-    cfg.backend_name = backend && *backend ? backend : "CPU";
-    cfg.n_threads = 1;
-    cfg.backend_dir = APIR_GGML_BIN;
-    char err[256];
-    if (!apir_host_init(&host, &cfg, err, sizeof(err))) {
-        fprintf(stderr, "host init (%s): %s\n", cfg.backend_name, err);
+    if (!test_host_init_env(&host))
         exit(1);
-    }
     CHECK(host.n_devices >= 1);
 }
 

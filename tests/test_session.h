@@ -21,6 +21,7 @@
 #include "test_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static uint8_t reply_buf[APIR_REPLY_BLOB_SIZE];
 static uint8_t request_buf[APIR_MAX_COMMAND_SIZE];
@@ -53,20 +54,33 @@ static inline uint32_t fwd_raw(struct apir_session *s, uint32_t cmd, const void 
 APIR_COMMAND_LIST(APIR_X_TEST_FWD)
 #undef APIR_X_TEST_FWD
 
-/* The host these tests drive: the CPU backend of the pinned ggml, one
+/* The host these tests drive: the named backend of the pinned ggml, one
  * thread.  False (and a message) when it cannot start. */
-static inline bool test_host_init_cpu(struct apir_host *host)
+static inline bool test_host_init_backend(struct apir_host *host, const char *backend)
 {
     struct apir_host_config cfg;
     apir_host_config_default(&cfg);
-    cfg.backend_name = "CPU";
+    cfg.backend_name = backend;
     cfg.n_threads = 1;
     cfg.backend_dir = APIR_GGML_BIN;
     char err[256];
     if (apir_host_init(host, &cfg, err, sizeof(err)))
         return true;
-    fprintf(stderr, "host init: %s\n", err);
+    fprintf(stderr, "host init (%s): %s\n", backend, err);
     return false;
+}
+
+static inline bool test_host_init_cpu(struct apir_host *host)
+{
+    return test_host_init_backend(host, "CPU");
+}
+
+/* The CPU, or APIR_TEST_BACKEND (CUDA on a GPU machine: bench/h200.sh
+ * check), for the tests whose checks hold on any backend. */
+static inline bool test_host_init_env(struct apir_host *host)
+{
+    const char *b = getenv("APIR_TEST_BACKEND");
+    return test_host_init_backend(host, b && *b ? b : "CPU");
 }
 
 /* A session of host speaking this build's APIR minor, with blob res_id

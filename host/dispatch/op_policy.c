@@ -260,6 +260,33 @@ static bool ranges_overlap(const struct ggml_tensor *a, const struct ggml_tensor
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
+int apir_node_written_srcs(const struct ggml_tensor *node, const struct ggml_tensor *out[APIR_WRITTEN_SRCS_MAX])
+{
+    int n = 0;
+    if (node->op == GGML_OP_OPT_STEP_ADAMW) {
+        for (int k = 2; k <= 3; k++)
+            if (node->src[k])
+                out[n++] = node->src[k];
+    }
+    return n;
+}
+
+/* Whether running node w writes any byte of t: its own bytes, or an
+ * operand it updates in place (apir_node_written_srcs). */
+static bool node_writes(const struct ggml_tensor *w, const struct ggml_tensor *t)
+{
+    if (ggml_op_is_empty(w->op))
+        return false;
+    if (ranges_overlap(w, t))
+        return true;
+    const struct ggml_tensor *also[APIR_WRITTEN_SRCS_MAX];
+    const int n = apir_node_written_srcs(w, also);
+    for (int k = 0; k < n; k++)
+        if (ranges_overlap(also[k], t))
+            return true;
+    return false;
+}
+
 /* Checks the values of the kernel's walk over base (read_fits held). */
 static const char *check_values(const uint8_t *base, const struct index_read *rd)
 {
@@ -483,7 +510,7 @@ static bool written_by_sort_only(struct ggml_cgraph *graph, const struct index_u
     int sorter_at = -1;
     for (int j = 0; j < u->last; j++) {
         const struct ggml_tensor *w = ggml_graph_node(graph, j);
-        if (ggml_op_is_empty(w->op) || !ranges_overlap(w, u->idx))
+        if (!node_writes(w, u->idx))
             continue;
         if (sorter)
             return false;
@@ -587,8 +614,7 @@ enum ggml_status apir_policy_compute(struct apir_session *s, struct apir_import_
     struct index_use *uses = pol->uses;
     for (int u = 0; u < pol->n_uses; u++) {
         for (int j = 0; j < uses[u].last && !uses[u].late; j++) {
-            const struct ggml_tensor *w = ggml_graph_node(graph, j);
-            uses[u].late = !ggml_op_is_empty(w->op) && ranges_overlap(w, uses[u].idx);
+            uses[u].late = node_writes(ggml_graph_node(graph, j), uses[u].idx);
         }
         /* A covering sort's output is in range (sort_covers), but a shadow
          * must still be refreshed at the use. */

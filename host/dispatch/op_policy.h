@@ -42,6 +42,18 @@
 struct apir_policy *apir_policy_new(void);
 void apir_policy_free(struct apir_policy *p);
 
+/*
+ * The tensors a node's kernel writes besides its own bytes, into out (room
+ * for APIR_WRITTEN_SRCS_MAX); their count.  A node's result is what ggml
+ * says it writes, and for nearly every op it is all its kernel writes (an
+ * in-place op's result is a view of what it updates); OPT_STEP_ADAMW also
+ * updates its moments m and v (srcs 2 and 3) in place.  Whatever reasons
+ * about which memory a graph writes (index checks, the upload mirror,
+ * weight copies) asks here too.
+ */
+#define APIR_WRITTEN_SRCS_MAX 2
+int apir_node_written_srcs(const struct ggml_tensor *node, const struct ggml_tensor *out[APIR_WRITTEN_SRCS_MAX]);
+
 /* Checks and computes a graph imported into sc (where its shadows and
  * segment graph go too).  On a refusal returns GGML_STATUS_ABORTED and sets
  * *why; nothing of the refused part runs. */
