@@ -19,6 +19,8 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define DATA_RES 10u
@@ -432,6 +434,80 @@ static void test_ids_over_adamw_moments(void)
 }
 
 /*
+ * ARGSORT in guest-shared memory (a CPU host's zero-copy buffers): the
+ * guest may rewrite the values and the result while the host sorts, and
+ * std::sort with an order that changes under it walks off the row
+ * (op_policy.c sorts_in_private).  The sort runs on private copies: right
+ * when left alone, and a thread rewriting both tensors all through 300
+ * computes does not take the host outside them (before: a segfault within
+ * a few computes).
+ */
+enum { SORT_N = 512, SORT_ROWS = 4, SHARED_RES = 11 };
+static uint8_t shared_mem[BUF_SIZE] __attribute__((aligned(4096)));
+static atomic_int flipping;
+static float *flip_values;
+static int32_t *flip_result;
+
+static void *flipper(void *arg)
+{
+    (void)arg;
+    uint32_t x = 1;
+    while (atomic_load_explicit(&flipping, memory_order_relaxed)) {
+        for (int i = 0; i < SORT_N * SORT_ROWS; i++) {
+            x = x * 1103515245u + 12345u;
+            ((volatile float *)flip_values)[i] = (float)(x >> 16);
+            ((volatile int32_t *)flip_result)[i] = (int32_t)x;
+        }
+    }
+    return NULL;
+}
+
+static void test_sort_in_shared_memory(void)
+{
+    struct apir_session *s = new_session();
+    apir_session_blob_add(s, SHARED_RES, shared_mem, BUF_SIZE, NULL, NULL);
+    uint64_t buf = 0, buft = 0;
+    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, SHARED_RES, BUF_SIZE, 0, &buf, &buft) == APIR_HANDLER_OK);
+    struct layout l;
+    layout_init(&l, s, buf);
+    struct ggml_tensor *values = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, SORT_N, SORT_ROWS);
+    struct ggml_tensor *sorted = ggml_argsort(l.ctx, values, GGML_SORT_ORDER_DESC);
+    static float v[SORT_N * SORT_ROWS];
+    for (int i = 0; i < SORT_N * SORT_ROWS; i++)
+        v[i] = (float)((i * 7919) % (SORT_N * SORT_ROWS));
+    put(&l, values, v);
+    struct ggml_tensor *nodes[1] = { sorted };
+    const uint64_t sorts = s->stats.private_sorts;
+    CHECK(accepted(&l, nodes, 1));
+    CHECK(s->stats.private_sorts == sorts + 1);
+    static int32_t r[SORT_N * SORT_ROWS];
+    get(&l, sorted, r);
+    bool ok = true;
+    for (int row = 0; row < SORT_ROWS; row++)
+        for (int j = 0; j < SORT_N; j++) {
+            const int32_t a = r[row * SORT_N + j];
+            ok &= a >= 0 && a < SORT_N;
+            if (ok && j > 0)
+                ok &= v[row * SORT_N + r[row * SORT_N + j - 1]] >= v[row * SORT_N + a];
+        }
+    CHECK_MSG(ok, "not sorted");
+    flip_values = (float *)(shared_mem + l.off[find(&l, values)]);
+    flip_result = (int32_t *)(shared_mem + l.off[find(&l, sorted)]);
+    atomic_store(&flipping, 1);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, flipper, NULL) == 0);
+    for (int k = 0; k < 300; k++) {
+        uint32_t status;
+        run(&l, nodes, 1, &status);
+    }
+    atomic_store(&flipping, 0);
+    pthread_join(th, NULL);
+    CHECK(s->stats.private_sorts == sorts + 301);
+    layout_free(&l);
+    apir_session_free(s);
+}
+
+/*
  * GET_ROWS_BACK reads its indices as a dense int32 array whatever their
  * strides (issue 12: an unchecked index wrote 48 rows past the result).
  * Indices every other int32 (a legal view for ggml_get_rows_back): the
@@ -610,6 +686,7 @@ TEST_MAIN("index_checks",
           TEST(test_moe_after_sort),
           TEST(test_moe_ids_not_covered),
           TEST(test_ids_over_adamw_moments),
+          TEST(test_sort_in_shared_memory),
           TEST(test_get_rows_back_dense),
           TEST(test_ssm_scan_ids),
           TEST(test_rows_at_the_edge),

@@ -124,6 +124,7 @@ struct apir_session_stats {
     uint64_t checks_kept;                  /* tensors whose op checks the import memo answered (import.c) */
     uint64_t n_commands, n_graphs, n_refused, n_recomputes;  /* for the log line at exit */
     uint64_t n_segments;                   /* graph pieces computed (more than graphs: index splits) */
+    uint64_t private_sorts;                /* ARGSORTs run on host-private copies (op_policy.c) */
     uint64_t op_ns[GGML_OP_COUNT], op_count[GGML_OP_COUNT];  /* with cfg.op_profile (op_policy.c) */
     /* the weight cache (weight_cache.c): weights filled from it, asked for
      * and not there, kept after an upload */

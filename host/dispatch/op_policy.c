@@ -553,6 +553,59 @@ static struct index_use *add_use(struct apir_policy *pol)
     return u;
 }
 
+/*
+ * ARGSORT on the CPU sorts row indices in its result with std::sort,
+ * comparing its source's values.  An order that changes while it sorts -
+ * values or indices the guest rewrites in its shared memory meanwhile -
+ * makes libstdc++'s unguarded insertion step walk off the row: reads and
+ * writes outside the tensors (a comparator that answers at random does it
+ * within a few sorts).  So where either tensor is guest-shared memory (a
+ * CPU host's zero-copy buffers) the sort runs on host-private copies, in a
+ * segment of its own: its source copied in right before, its result copied
+ * out right after.  The other kernels do not index by values they read
+ * twice (TOP_K sorts a private array with partial_sort, bounded by its
+ * heap); index inputs have their shadows (note_use).
+ */
+static bool sorts_in_private(struct apir_session *s, const struct ggml_tensor *node)
+{
+    const struct ggml_tensor *src = node->src[0];
+    if (node->op != GGML_OP_ARGSORT || !src || !node->data || !src->data || !ggml_nbytes(node) ||
+        ggml_backend_dev_type(s->host->devices[s->device]) != GGML_BACKEND_DEVICE_TYPE_CPU)
+        return false;
+    return buffer_is_guest_shared(s, node->buffer) || buffer_is_guest_shared(s, src->buffer);
+}
+
+/* The private copies a sort runs on (sorts_in_private), made once per
+ * imported graph; false when memory cannot be had. */
+static bool private_sort_ready(struct apir_import_scratch *sc, struct ggml_tensor *node)
+{
+    return (shadow_of(sc, node->src[0]) || make_shadow(sc, node->src[0])) && (shadow_of(sc, node) || make_shadow(sc, node));
+}
+
+/* Runs node i (sorts_in_private, private_sort_ready) alone, on its copies. */
+static enum ggml_status sort_in_private(struct apir_session *s, struct apir_import_scratch *sc, ggml_backend_t backend,
+                                        struct ggml_cgraph *graph, int i)
+{
+    struct ggml_tensor *node = ggml_graph_node(graph, i), *src = node->src[0];
+    struct ggml_tensor *src_copy = shadow_of(sc, src), *result = shadow_of(sc, node);
+    if (!src_copy || !result)
+        return GGML_STATUS_FAILED;
+    apir_session_settle(s);
+    ggml_backend_synchronize(backend);  /* the segment before, which may write the source */
+    memcpy(src_copy->data, src->data, ggml_nbytes(src));
+    void *data = node->data;
+    node->src[0] = src_copy;
+    node->data = result->data;
+    enum ggml_status st = compute_range(s, sc, backend, graph, i, i + 1);
+    ggml_backend_synchronize(backend);
+    node->src[0] = src;
+    node->data = data;
+    if (st == GGML_STATUS_SUCCESS)
+        memcpy(data, result->data, ggml_nbytes(node));
+    s->stats.private_sorts++;
+    return st;
+}
+
 /* The use of node i's index input: found or added, its read checked
  * against the tensor, a shadow made for guest-shared memory (in sc, the
  * graph's own scratch). */
@@ -600,6 +653,10 @@ enum ggml_status apir_policy_compute(struct apir_session *s, struct apir_import_
         struct ggml_tensor *node = ggml_graph_node(graph, i);
         if ((*why = check_params(node)))
             return GGML_STATUS_ABORTED;
+        if (sorts_in_private(s, node) && !private_sort_ready(sc, node)) {
+            *why = "out of memory for a sort's private copies";
+            return GGML_STATUS_ABORTED;
+        }
         int slot;
         struct index_read rd;
         if (!index_read_of(node, &slot, &rd, why))
@@ -627,6 +684,15 @@ enum ggml_status apir_policy_compute(struct apir_session *s, struct apir_import_
     int start = 0;
     for (int i = 0; i < n; i++) {
         const struct ggml_tensor *node = ggml_graph_node(graph, i);
+        if (sorts_in_private(s, node)) {
+            enum ggml_status st = i > start ? compute_range(s, sc, backend, graph, start, i) : GGML_STATUS_SUCCESS;
+            if (st == GGML_STATUS_SUCCESS)
+                st = sort_in_private(s, sc, backend, graph, i);
+            if (st != GGML_STATUS_SUCCESS)
+                return st;
+            start = i + 1;
+            continue;
+        }
         int slot;
         struct index_read rd;
         const char *unused;
