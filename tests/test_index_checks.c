@@ -391,6 +391,10 @@ static void test_moe_ids_not_covered(void)
  * refused (before, only a node's own bytes counted as written: the ids were
  * checked at the start and the CPU host's MUL_MAT_ID read outside its
  * buffers).  What may change: the step's weight, m and v.
+ *
+ * And a token's experts must differ (op_policy.c index_read_of: ggml-cuda's
+ * MUL_MAT_ID asserts it): the same graph with ids {0, 1} a token but one
+ * token's {2, 2} is refused before anything runs.
  */
 static void test_ids_over_adamw_moments(void)
 {
@@ -415,20 +419,38 @@ static void test_ids_over_adamw_moments(void)
     /* alpha, beta1, beta2, eps, wd, beta1h, beta2h */
     static const float params[7] = { 0, 0, 0, 1, 0, 1, 1 };
     put(&l, w, zeros);
-    put(&l, g, zeros);
+    put(&l, g, ones);
     put(&l, m, zeros);
     put(&l, v, zeros);
     put(&l, hp, params);
     fill_f32(&l, as, 0.25f);
     fill_f32(&l, b, 0.5f);
     struct ggml_tensor *nodes[2] = { step, out };
-    /* a zero gradient leaves v (the ids) zero: the graph is fine */
-    CHECK(accepted(&l, nodes, 2));
-    put(&l, g, ones);
     CHECK(refused_untouched_but(&l, nodes, 2, w_at, v_at + ggml_nbytes(v) - w_at));
+    /* refused after the step: the ids were checked as the step left them
+     * (checked before it, their zeros would have been refused with v
+     * unwritten - experts repeat) */
     float after[MOE_U * MOE_T];
     get(&l, v, after);
-    CHECK(after[0] == 1.0f);  /* the step ran; the MUL_MAT_ID did not */
+    CHECK(after[0] == 1.0f);
+    layout_free(&l);
+    apir_session_free(s);
+
+    /* repeated experts, ids in memory no node writes */
+    s = new_session();
+    layout_init(&l, s, alloc_buffer(s, BUF_SIZE));
+    as = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    b = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, MOE_K, 1, MOE_T);
+    ids = ggml_new_tensor_2d(l.ctx, GGML_TYPE_I32, MOE_U, MOE_T);
+    out = ggml_mul_mat_id(l.ctx, as, b, ids);
+    fill_f32(&l, as, 0.25f);
+    fill_f32(&l, b, 0.5f);
+    const int32_t distinct[MOE_U * MOE_T] = { 0, 1, 3, 2, 1, 3 }, repeated[MOE_U * MOE_T] = { 0, 1, 2, 2, 1, 3 };
+    fill_i32(&l, ids, distinct);
+    struct ggml_tensor *mm[1] = { out };
+    CHECK(accepted(&l, mm, 1));
+    fill_i32(&l, ids, repeated);
+    CHECK(refused_untouched(&l, mm, 1));
     layout_free(&l);
     apir_session_free(s);
 }

@@ -25,6 +25,7 @@ struct index_read {
     uint64_t nb[GGML_MAX_DIMS];
     enum ggml_type type;            /* what the kernel reads: I32 or I64 */
     int64_t limit;                  /* values must be in [0, limit) */
+    bool distinct;                  /* and differ along dimension 0 (MUL_MAT_ID: below) */
 };
 
 /* A distinct index input of a graph: one (tensor, read) pair (every layer's
@@ -41,6 +42,8 @@ struct index_use {
 struct apir_policy {
     uint8_t *scratch;               /* index values copied out of device memory */
     size_t scratch_size;
+    int64_t *row;                   /* one row's values, sorted (check_values) */
+    int64_t row_cap;
     struct index_use *uses;         /* the graph being checked's */
     int n_uses, uses_cap;
 };
@@ -55,6 +58,7 @@ void apir_policy_free(struct apir_policy *p)
     if (!p)
         return;
     free(p->scratch);
+    free(p->row);
     free(p->uses);
     free(p);
 }
@@ -100,6 +104,7 @@ static bool index_read_of(const struct ggml_tensor *n, int *slot, struct index_r
     const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1];
     *why = NULL;
     rd->type = GGML_TYPE_I32;  /* all but SET_ROWS cast the data to int32_t */
+    rd->distinct = false;
     switch (n->op) {
     case GGML_OP_GET_ROWS: {
         /* get_rows_*: i over nelements(src1), split by ne10 and ne11: the
@@ -136,12 +141,16 @@ static bool index_read_of(const struct ggml_tensor *n, int *slot, struct index_r
         rd->limit = n->ne[1];
         return true;
     case GGML_OP_MUL_MAT_ID:
-        /* mul_mat_id grouping: iid1 < ids->ne[1], id < ids->ne[0], by ids' strides. */
+        /* mul_mat_id grouping: iid1 < ids->ne[1], id < ids->ne[0], by ids' strides.
+         * A token's experts differ: ggml-cuda's grouping (ggml_cuda_mul_mat_id)
+         * takes one row of a token per expert and asserts it found them all
+         * (a worker abort, seen on an H100); a router's top-k never repeats. */
         *slot = 2;
         if (!s0 || !n->src[2])
             break;
         read_strided(rd, n->src[2], n->src[2]->ne[0], n->src[2]->ne[1], 1, 1);
         rd->limit = s0->ne[2];
+        rd->distinct = true;
         return true;
     case GGML_OP_ADD_ID:
         /* add_id_f32: i1 < ne1, i2 < ne2 of the RESULT, along nb20, nb21. */
@@ -287,9 +296,23 @@ static bool node_writes(const struct ggml_tensor *w, const struct ggml_tensor *t
     return false;
 }
 
-/* Checks the values of the kernel's walk over base (read_fits held). */
-static const char *check_values(const uint8_t *base, const struct index_read *rd)
+static int cmp_i64(const void *a, const void *b)
 {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Checks the values of the kernel's walk over base (read_fits held); a
+ * distinct read's rows are sorted in pol->row to find a repeat. */
+static const char *check_values(struct apir_policy *pol, const uint8_t *base, const struct index_read *rd)
+{
+    if (rd->distinct && rd->n[0] > pol->row_cap) {
+        int64_t *p = realloc(pol->row, (size_t)rd->n[0] * sizeof(*p));
+        if (!p)
+            return "out of memory for index validation";
+        pol->row = p;
+        pol->row_cap = rd->n[0];
+    }
     for (int64_t i3 = 0; i3 < rd->n[3]; i3++)
         for (int64_t i2 = 0; i2 < rd->n[2]; i2++)
             for (int64_t i1 = 0; i1 < rd->n[1]; i1++) {
@@ -305,7 +328,15 @@ static const char *check_values(const uint8_t *base, const struct index_read *rd
                     }
                     if (v < 0 || v >= rd->limit)
                         return "index value out of range";
+                    if (rd->distinct)
+                        pol->row[i0] = v;
                 }
+                if (!rd->distinct || rd->n[0] < 2)
+                    continue;
+                qsort(pol->row, (size_t)rd->n[0], sizeof(*pol->row), cmp_i64);
+                for (int64_t i0 = 1; i0 < rd->n[0]; i0++)
+                    if (pol->row[i0] == pol->row[i0 - 1])
+                        return "an expert repeated in one token's MUL_MAT_ID ids";
             }
     return NULL;
 }
@@ -348,7 +379,7 @@ static const char *take_and_check(struct apir_session *s, const struct index_use
         ggml_backend_tensor_get((struct ggml_tensor *)t, pol->scratch, 0, nbytes);
         base = pol->scratch;
     }
-    return check_values(base, &u->read);
+    return check_values(s->policy, base, &u->read);
 }
 
 static bool buffer_is_guest_shared(struct apir_session *s, ggml_backend_buffer_t buf)
@@ -522,7 +553,7 @@ static bool written_by_sort_only(struct ggml_cgraph *graph, const struct index_u
 
 static bool same_read(const struct index_read *a, const struct index_read *b)
 {
-    if (a->type != b->type || a->limit != b->limit)
+    if (a->type != b->type || a->limit != b->limit || a->distinct != b->distinct)
         return false;
     for (int k = 0; k < GGML_MAX_DIMS; k++)
         if (a->n[k] != b->n[k] || a->nb[k] != b->nb[k])

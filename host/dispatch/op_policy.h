@@ -9,7 +9,8 @@
  *       exactly the elements the (CPU) kernel reads, walked as it walks
  *       them: GET_ROWS by src1's strides over ne10 x ne11 x ne12*ne13;
  *       SET_ROWS by src1's strides over src0's ne01 (and the broadcast
- *       ne11, ne12); MUL_MAT_ID by ids' strides over ne0 x ne1; ADD_ID by
+ *       ne11, ne12); MUL_MAT_ID by ids' strides over ne0 x ne1 (a token's
+ *       ids distinct: ggml-cuda asserts it); ADD_ID by
  *       ids' strides over the result's ne1 x ne2; GET_ROWS_BACK as a dense
  *       int32 array of nelements(src1); SSM_SCAN as a dense int32 array of
  *       src1->ne[3].  The walk must stay inside the index tensor's bytes,
