@@ -28,7 +28,7 @@
 #define BUF_SIZE (1u << 16)
 #define STAGE 0             /* blob offset where uploads and downloads are staged */
 #define GRAPH_AT (1u << 19) /* blob offset of graph messages */
-#define MAX_T 64
+#define MAX_T 128
 
 static struct apir_host host;
 static uint8_t data_blob[DATA_SIZE] __attribute__((aligned(4096)));
@@ -525,6 +525,24 @@ static void test_sort_in_shared_memory(void)
     atomic_store(&flipping, 0);
     pthread_join(th, NULL);
     CHECK(s->stats.private_sorts == sorts + 301);
+    layout_free(&l);
+
+    /* MoE routing's sorts, one a layer, each with its two copies: 40 of
+     * them (80 copies, past the 64 shadows a graph once had) */
+    layout_init(&l, s, buf);
+    struct ggml_tensor *many[40];
+    for (int k = 0; k < 40; k++) {
+        struct ggml_tensor *x = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, 8, 2);
+        many[k] = ggml_argsort(l.ctx, x, GGML_SORT_ORDER_ASC);
+        const float xs[16] = { 7, 6, 5, 4, 3, 2, 1, 0, 0, 1, 2, 3, 4, 5, 6, 7 };
+        put(&l, x, xs);
+    }
+    const uint64_t before = s->stats.private_sorts;
+    CHECK(accepted(&l, many, 40));
+    CHECK(s->stats.private_sorts == before + 40);
+    int32_t last[16];
+    get(&l, many[39], last);
+    CHECK(last[0] == 7 && last[7] == 0 && last[8] == 0 && last[15] == 7);
     layout_free(&l);
     apir_session_free(s);
 }

@@ -62,7 +62,11 @@ struct apir_host_buffer {
     struct apir_blob *blob; /* ... the blob itself, referenced while the buffer lives */
 };
 
-#define APIR_MAX_SHADOWS 64
+/* Host-private copies per imported graph (op_policy.c): an index tensor in
+ * guest-shared memory, and an ARGSORT's source and result there - three a
+ * layer for MoE routing on a CPU host with zero-copy buffers (DeepSeek's 61
+ * layers: 183). */
+#define APIR_MAX_SHADOWS 256
 
 /* Reusable scratch for tensor import (import.h): grows, never shrinks, so
  * the token path does not allocate once warmed up.  Every import names the
