@@ -608,8 +608,8 @@ static bool set_use_counts(struct ggml_cgraph *graph, struct apir_decoder *dec)
             if (!src)
                 continue;
             size_t pos = ggml_hash_find(set, src);
-            if (pos != GGML_HASHSET_FULL && ggml_bitset_get(set->used, pos) && set->keys[pos] == src &&
-                graph->use_counts[pos] < INT32_MAX)
+            /* found (a used slot is src's); an empty one: not a node */
+            if (pos != GGML_HASHSET_FULL && ggml_bitset_get(set->used, pos) && graph->use_counts[pos] < INT32_MAX)
                 graph->use_counts[pos]++;
         }
     }

@@ -95,6 +95,10 @@ struct apir_import_scratch {
         void *mem;
     } shadows[APIR_MAX_SHADOWS];
     uint32_t n_shadows;
+    /* graph_exec.c: the graph's nodes that update operands in place beside
+     * their results (op_policy.h apir_node_written_srcs), counted at import
+     * so that a run of a graph with none looks no further */
+    uint32_t n_writing_operands;
     uint8_t *same;          /* per record: byte for byte the memo's (import.c) */
     /* A graph's tensors (import.c), tensors_cap of them: outside the
      * context, so that one the memo made is copied in whole. */

@@ -77,12 +77,15 @@ struct ggml_tensor *apir_graph_anchor(const struct apir_session *s)
 /* The operands the graph's nodes update in place beside their results
  * (apir_node_written_srcs): host copies of their bytes go stale when it
  * runs - weight copies (at import, before any is used), upload mirrors
- * (after each run).  Their own results are forgotten by data/. */
-static void forget_written_operands(struct apir_session *s, struct ggml_cgraph *graph, bool weights, bool mirror)
+ * (after each run).  Their own results are forgotten by data/.  Returns
+ * how many nodes write such operands. */
+static uint32_t forget_written_operands(struct apir_session *s, struct ggml_cgraph *graph, bool weights, bool mirror)
 {
+    uint32_t writers = 0;
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         const struct ggml_tensor *also[APIR_WRITTEN_SRCS_MAX];
         const int n = apir_node_written_srcs(ggml_graph_node(graph, i), also);
+        writers += n > 0;
         for (int k = 0; k < n; k++) {
             if (!also[k]->data)
                 continue;
@@ -92,6 +95,7 @@ static void forget_written_operands(struct apir_session *s, struct ggml_cgraph *
                 apir_mirror_forget_range(s, also[k]->buffer, also[k]->data, ggml_nbytes(also[k]));
         }
     }
+    return writers;
 }
 
 struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_scratch *sc,
@@ -99,7 +103,7 @@ struct ggml_cgraph *apir_graph_build(struct apir_session *s, struct apir_import_
 {
     struct ggml_cgraph *graph = apir_import_graph(s, sc, in, apir_graph_anchor(s), why);
     if (graph) {
-        forget_written_operands(s, graph, true, false);
+        sc->n_writing_operands = forget_written_operands(s, graph, true, false);
         apir_weights_apply(s, graph);
     }
     return graph;
@@ -173,7 +177,8 @@ static enum ggml_status run_graph(struct apir_session *s, struct apir_import_scr
                (unsigned long long)(s->stats.n_segments - segments0), dt / 1e3, in_flight ? " (launch)" : "",
                idle_ns / 1e3);
     apir_mirror_forget_written(s, graph);
-    forget_written_operands(s, graph, false, true);
+    if (sc->n_writing_operands)
+        forget_written_operands(s, graph, false, true);
     s->stats.n_graphs++;
     if (why)
         *result = apir_refuse(s, cmd, why);
