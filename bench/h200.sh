@@ -12,6 +12,9 @@
 #                              smoke of the data paths, then 1B F16 pp2048/tg128: native, apir, apir without
 #                              queued uploads, and CUDA graphs off on either side;
 #                              per-graph host timings of one pp2048 (host log at debug)
+#   bench/h200.sh fuzzdev      fuzz_op's nodes on CUDA kernels (apir-fuzz-op-dev, fuzz/dev_driver.c): the kept
+#                              corpus, fuzz_op's findings and its constructible seeds, then mutations, for
+#                              FUZZDEV_S seconds (default: what is left of the call less 20); findings in $OUT/fuzzdev
 #   bench/h200.sh pp           issue 26 item 3: pp2048 native vs apir vs apir with PP_HOSTB (default
 #                              APIR_HOST_STAGE_MB=0, no upload stage), interleaved, 1B F16 and 8B Q4_0;
 #                              the hosts' profiles (how long the device idled before each launch); PP_TRACE=1
@@ -189,6 +192,14 @@ check)
   (cd .deps/bin && "${guest[@]}" ./llama-bench -m $M/1b-f16.gguf -ngl 99 -fa 1 -p 2048 -n 0 -r 2 -o md -dev APIR0 2>/dev/null | rows)
   host_down
   grep -E 'piece|warmup|update' $OUT/host-check.log | sed 's/^apir host: debug: //' | tail -24 | tee -a "$OUT/h200.log"
+  ;;
+fuzzdev)
+  seeds=/tmp/fuzzdev-seeds; mkdir -p $seeds
+  FUZZ_OP_SEEDS=$seeds build/apir-fuzz-op-dev >/dev/null 2>&1  # the CPU's host writes them
+  S=${FUZZDEV_S:-$(( $(left) - 20 ))}
+  log "fuzz_op's device path on CUDA for $S s ($(ls $seeds | wc -l) seeds)"
+  FUZZ_BACKEND=CUDA build/apir-fuzz-op-dev -seconds "$S" -timeout 60 -seed ${FUZZDEV_SEED:-$RANDOM} \
+    -artifacts "$OUT/fuzzdev" fuzz/corpus/fuzz_op fuzz/findings/fuzz_op-*.bin $seeds 2>&1 | tee -a "$OUT/h200.log"
   ;;
 pp)
   # issue 26 item 3: pp through the Unix socket against native, and an A/B

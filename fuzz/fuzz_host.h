@@ -58,8 +58,16 @@ static inline void fz_ggml_log_quiet(enum ggml_log_level level, const char *text
         fputs(text, stderr);
 }
 
+/* The backend the targets' host runs: FUZZ_BACKEND (fuzz_op's device path,
+ * e.g. CUDA), else the CPU. */
+static inline const char *fz_backend_name(void)
+{
+    const char *b = getenv("FUZZ_BACKEND");
+    return b && *b ? b : "CPU";
+}
+
 /*
- * The CPU backend, one thread, limits low enough that one input cannot make
+ * The CPU backend (or fz_backend_name's), one thread, limits low enough that one input cannot make
  * the host allocate or loop for long: buffers total at most 64 MiB, graphs
  * at most 4096 nodes and 16384 tensors.  Logging off unless FUZZ_VERBOSE:
  * every refusal logs a line, and the fuzzer makes millions of them.
@@ -73,7 +81,7 @@ static inline void fz_host_init(void)
         ggml_log_set(fz_ggml_log_quiet, NULL);
     }
     struct apir_host_config cfg = {
-        .backend_name = "CPU",
+        .backend_name = fz_backend_name(),
         .device = -1,
         .n_threads = 1,
         .backend_dir = APIR_GGML_BIN,

@@ -64,6 +64,20 @@
  * wild index into the heap) are not caught unless they fault; the bytes a
  * result holds cannot tell where they came from.
  *
+ * The device path (FUZZ_BACKEND=CUDA on a GPU machine, or
+ * FUZZ_OP_DEVICE_PATH=1 on the CPU to test the path itself): the same nodes
+ * on another backend's kernels, whose own asserts the CPU run cannot see
+ * (ggml-cuda's MUL_MAT_ID asserted on repeated experts, which the CPU
+ * kernel takes).  Every buffer is one the host allocates, filled and read
+ * back with BUFFER_SET_TENSOR and BUFFER_GET_TENSOR as a guest would, and
+ * the node computes in this process: a device's context does not survive
+ * fork(), so an input cannot have a child of its own.  The guard pages are
+ * lost (a read past a buffer in device memory shows only as the driver's
+ * error, an abort here); the write oracle stays, on the bytes read back.
+ * Every abort past the constructors is a finding, and it ends the process:
+ * fuzz/dev_driver.c (apir-fuzz-op-dev) runs the inputs in a child it
+ * restarts after each, and saves the input that ended it.
+ *
  * Seeds: FUZZ_OP_SEEDS=DIR makes the target write, per op, inputs whose
  * node its constructor accepts, and exit (fuzz/run.sh does this).  Known
  * findings not fixed yet are skipped with FUZZ_SKIP_KNOWN (hits_known).
@@ -96,6 +110,7 @@
 #define N_BUFS (OWN0 + N_OWN)
 #define REGION_MAX (64u * 1024u)   /* the largest of GUARDED_SIZE, ALLOC_SIZE, OWN_SIZE */
 #define MAX_TENSORS 48
+#define DATA_RES (OWN_RES0 + N_OWN) /* the device path's uploads and read-backs */
 #define CONTAINED_ABORT_EXIT 42
 #define ORACLE_EXIT 43
 /* Nodes here are tiny (dims <= 40): a compute that takes longer than this
@@ -109,6 +124,13 @@ static uint8_t *own_map[N_OWN];
 static uint8_t *msg_blob;
 static uint8_t snapshot[N_BUFS][REGION_MAX];
 static bool verbose;
+static bool device_path;        /* see the top: host-allocated buffers, no fork */
+static uint8_t stage[N_BUFS][REGION_MAX];  /* the device path's buffer contents */
+static uint8_t *data_blob;      /* DATA_RES */
+/* What the last input came to, for apir-fuzz-op-dev's counts: 'N' no node
+ * built, 'R' refused by the host, 'A' accepted and computed (the device
+ * path), 'C' computed in a child (whose verdict this process does not see). */
+char fuzz_op_last_outcome;
 
 /* ---- aborts: caught while constructing, contained (or not) in the child --- */
 
@@ -137,6 +159,12 @@ static void on_abort(const char *message)
     }
     if (previous_abort)
         previous_abort(message);  /* op_derive.c's trap, if it was first */
+    if (in_child && device_path) {
+        /* ggml aborts once this returns: the process ends, and the driver
+         * keeps the input. */
+        fprintf(stderr, "FUZZ ORACLE: accepted graph reached a ggml abort: %s\n", message);
+        return;
+    }
     if (in_child) {
         if (is_index_assert(message)) {
             fprintf(stderr, "FUZZ ORACLE: accepted graph hit a kernel index assert: %s\n", message);
@@ -810,6 +838,8 @@ static void check_writes(const struct gen *g, int node, bool accepted, uint8_t *
                         "outside what it may write\n",
                         op_name(g->t[node]), accepted ? "accepted" : "refused", (unsigned long long)k, b,
                         (unsigned long long)region_size_of(b), (unsigned long long)buf_start_of(g, b));
+                if (device_path)
+                    abort();  /* the driver (or libFuzzer) keeps the input */
                 _exit(ORACLE_EXIT);
             }
     }
@@ -943,10 +973,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     verbose = getenv("FUZZ_VERBOSE") != NULL;
     strict_aborts = getenv("FUZZ_OP_STRICT") && strcmp(getenv("FUZZ_OP_STRICT"), "0") != 0;
+    const char *dp = getenv("FUZZ_OP_DEVICE_PATH");
+    device_path = strcmp(fz_backend_name(), "CPU") != 0 || (dp && strcmp(dp, "0") != 0);
     fz_host_init();
     previous_abort = ggml_set_abort_callback(on_abort);
     if (getenv("FUZZ_OP_SEEDS"))
         write_constructible_seeds(getenv("FUZZ_OP_SEEDS"));
+    data_blob = mmap(NULL, REGION_MAX, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data_blob == MAP_FAILED)
+        abort();
     for (int b = 0; b < N_GUARDED; b++)
         guarded[b] = map_guarded(GUARDED_SIZE);
     for (int o = 0; o < N_OWN; o++)
@@ -964,7 +999,8 @@ static bool build(struct gen *g, struct ggml_tensor **node)
         g->edges = true;
         rd(g, 1);
     }
-    enum ggml_op op = (enum ggml_op)(rd(g, 1) % GGML_OP_COUNT);
+    /* volatile: read after a longjmp back to the setjmp below */
+    volatile enum ggml_op op = (enum ggml_op)(rd(g, 1) % GGML_OP_COUNT);
     uint32_t mode = rd(g, 1);
     g->use_alloc = (mode & 0x80) != 0;
     for (int k = 0; k < 4; k++) {
@@ -1014,6 +1050,88 @@ static uint64_t buffer_from_ptr(struct apir_session *s, uint32_t res, uint8_t *p
     return handle;
 }
 
+/*
+ * The device path: size bytes of buffer `handle` from DATA_RES (upload) or
+ * into it, as a guest moves them (a record of bytes over the whole buffer).
+ */
+static void buffer_io(struct apir_session *s, uint64_t handle, uint64_t size, bool upload)
+{
+    struct apir_tensor_rec r;
+    memset(&r, 0, sizeof(r));
+    r.id = MAX_TENSORS + 1;
+    r.type = GGML_TYPE_I8;
+    r.buffer = handle;
+    r.ne[0] = (uint32_t)size;
+    r.ne[1] = r.ne[2] = r.ne[3] = 1;
+    r.nb[0] = 1;
+    r.nb[1] = r.nb[2] = r.nb[3] = (uint32_t)size;
+    uint8_t req[APIR_TENSOR_REC_SIZE + 64], rep[16];
+    struct apir_encoder enc;
+    apir_encoder_init(&enc, req, sizeof(req));
+    if (upload)
+        apir_encode_request_BUFFER_SET_TENSOR(&enc, handle, &r, DATA_RES, 0, size);
+    else
+        apir_encode_request_BUFFER_GET_TENSOR(&enc, handle, &r, DATA_RES, 0, size);
+    uint32_t rc = fz_forward(s, upload ? APIR_CMD_BUFFER_SET_TENSOR : APIR_CMD_BUFFER_GET_TENSOR, req,
+                             apir_encoder_used(&enc), rep, sizeof(rep), NULL);
+    FZ_ASSERT(!enc.fatal && rc == APIR_HANDLER_OK, "%s of %llu bytes failed (%u)", upload ? "upload" : "read-back",
+              (unsigned long long)size, rc);
+}
+
+/* The device path's buffers: every one allocated by the host. */
+static void device_buffers(struct apir_session *s, const struct gen *g, struct fz_known *k, uint64_t *handles,
+                           uint8_t **base)
+{
+    if (!apir_session_blob_add(s, DATA_RES, data_blob, REGION_MAX, NULL, NULL))
+        abort();
+    for (int b = 0; b < n_bufs_of(g); b++) {
+        handles[b] = fz_alloc_buffer(s, buf_size_of(g, b), k);
+        base[b] = stage[b];
+    }
+}
+
+/* Each buffer's bytes to the host (up) or back into its region (down). */
+static void device_move(struct apir_session *s, const struct gen *g, const uint64_t *handles, uint8_t *const *base,
+                        bool up)
+{
+    for (int b = 0; b < n_bufs_of(g); b++) {
+        const uint64_t n = buf_size_of(g, b);
+        uint8_t *at = base[b] + buf_start_of(g, b);
+        if (up)
+            memcpy(data_blob, at, n);
+        buffer_io(s, handles[b], n, up);
+        if (!up)
+            memcpy(at, data_blob, n);
+    }
+}
+
+/* The device path's compute, in this process (see the top). */
+static void device_compute(struct apir_session *s, const struct gen *g, int node_i, const uint64_t *handles,
+                           uint8_t *const *base, const uint8_t *req, size_t req_len)
+{
+    device_move(s, g, handles, base, true);
+    if (verbose)
+        dump(g);
+    in_child = true;  /* aborts from here on are the node's */
+    alarm(CHILD_SECONDS);
+    uint8_t rep[64];
+    size_t used = 0;
+    uint32_t res = fz_forward(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req, req_len, rep, sizeof(rep), &used);
+    uint32_t status = 99;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, rep, used);
+    if (res != APIR_HANDLER_OK || !apir_decode_reply_BACKEND_GRAPH_COMPUTE_AT(&dec, &status))
+        status = 99;
+    const bool accepted = res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS;
+    fuzz_op_last_outcome = accepted ? 'A' : 'R';
+    if (verbose)
+        fprintf(stderr, "fuzz_op: -> handler %u, status %u\n", res, status);
+    device_move(s, g, handles, base, false);  /* also waits for the device */
+    alarm(0);
+    in_child = false;
+    check_writes(g, node_i, accepted, base);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct gen g;
@@ -1022,8 +1140,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     g.r.left = size;
     g.ctx = scratch_ctx();
     struct ggml_tensor *node;
+    fuzz_op_last_outcome = 'N';
     if (!build(&g, &node))
         return 0;
+    fuzz_op_last_outcome = 'C';
 
     struct fz_known k;
     struct apir_session *s = fz_session_new(&k);
@@ -1031,16 +1151,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *base[N_BUFS];  /* each buffer's region (fill, snapshot, oracle) */
     if (!apir_session_blob_add(s, MSG_RES, msg_blob, MSG_SIZE, NULL, NULL))
         abort();
-    for (int b = 0; b < N_GUARDED; b++) {
+    if (device_path)
+        device_buffers(s, &g, &k, handles, base);
+    for (int b = 0; b < N_GUARDED && !device_path; b++) {
         handles[b] = buffer_from_ptr(s, GUARDED_RES0 + (uint32_t)b, guarded[b], GUARDED_SIZE);
         base[b] = guarded[b];
     }
-    handles[N_GUARDED] = fz_alloc_buffer(s, ALLOC_SIZE, &k);
-    struct apir_handle_slot *slot = apir_handle_get(&s->handles, handles[N_GUARDED], APIR_HANDLE_BUFFER);
-    if (!slot)
-        abort();
-    base[N_GUARDED] = ((struct apir_host_buffer *)slot->object)->base;  /* CPU buffer: host memory */
-    for (int o = 0; o < g.n_own; o++) {
+    if (!device_path) {
+        handles[N_GUARDED] = fz_alloc_buffer(s, ALLOC_SIZE, &k);
+        struct apir_handle_slot *slot = apir_handle_get(&s->handles, handles[N_GUARDED], APIR_HANDLE_BUFFER);
+        if (!slot)
+            abort();
+        base[N_GUARDED] = ((struct apir_host_buffer *)slot->object)->base;  /* CPU buffer: host memory */
+    }
+    for (int o = 0; o < g.n_own && !device_path; o++) {
         handles[OWN0 + o] = buffer_from_ptr(s, OWN_RES0 + (uint32_t)o, own_map[o] + g.own_start[o], g.own_size[o]);
         base[OWN0 + o] = own_map[o];
     }
@@ -1065,6 +1189,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     apir_encode_request_BACKEND_GRAPH_COMPUTE_AT(&re, MSG_RES, 0, apir_encoder_used(&e));
 
     if (fz_skipping_known() && (hits_known(&g, find_t(&g, node)) || has_odd_size1_stride(&g))) {
+        apir_session_free(s);
+        return 0;
+    }
+    if (device_path) {
+        device_compute(s, &g, node_i, handles, base, req, apir_encoder_used(&re));
         apir_session_free(s);
         return 0;
     }

@@ -249,15 +249,18 @@ static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, 
     uint32_t bound = (uint32_t)n_nodes * (GGML_MAX_SRC + 2) + 16;
     if (!scratch_reserve(g, bound))
         return 0;
-    uint32_t n = 0;
+    uint32_t n = 0, n_listed = 0;
     for (int i = 0; i < n_nodes; i++) {
         const struct ggml_tensor *node = ggml_graph_node((struct ggml_cgraph *)graph, i);
-        if (!node_is_foreign_noop(d, node) && !visit_add(g, &n, node)) {
+        if (node_is_foreign_noop(d, node))
+            continue;
+        n_listed++;
+        if (!visit_add(g, &n, node)) {
             *added = n;
             return 0;
         }
     }
-    /* The nodes sent are the first n_kept entries, in graph order. */
+    /* The distinct nodes are the first n_kept records, in graph order. */
     const uint32_t n_kept = n;
     /* Walk the list as it grows: srcs and view sources of every entry. */
     bool full = false;
@@ -270,12 +273,12 @@ static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, 
     *added = n;
     if (full)
         return 0;
-    *n_sent = n_kept;
+    *n_sent = n_listed;
     if (n_kept == 0)
         return 0;
-    size_t size = 4 + (size_t)n_kept * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
+    size_t size = 4 + (size_t)n_listed * 8 + 4 + (size_t)n * APIR_TENSOR_REC_SIZE;
     if (use_counts)
-        size += 4 + (size_t)n_kept * 4;
+        size += 4 + (size_t)n_listed * 4;
     struct apir_encoder enc;
     if (to_whole) {
         if (!apir_graph_delta_reserve(&d->delta, size, n))
@@ -286,9 +289,16 @@ static size_t serialize(struct apir_device *d, const struct ggml_cgraph *graph, 
             return 0;
         apir_encoder_init(&enc, d->remote.data, d->remote.data_size);
     }
-    apir_encode_u32(&enc, n_kept);
-    for (uint32_t k = 0; k < n_kept; k++)
-        apir_encode_u64(&enc, tensor_id(g->list[k]));
+    /* The node list as the graph lists it: a node listed twice computes
+     * twice, as it does natively (an in-place accumulation listed twice
+     * adds twice; test-backend-ops' perf mode lists one node many times),
+     * and its record goes once. */
+    apir_encode_u32(&enc, n_listed);
+    for (int i = 0; i < n_nodes; i++) {
+        const struct ggml_tensor *node = ggml_graph_node((struct ggml_cgraph *)graph, i);
+        if (!node_is_foreign_noop(d, node))
+            apir_encode_u64(&enc, tensor_id(node));
+    }
     apir_encode_u32(&enc, n);
     for (uint32_t k = 0; k < n; k++) {
         const struct ggml_tensor *t = g->list[k];

@@ -10,7 +10,10 @@
  *    (the scheduler still finds a backend for tensors in our buffers);
  *  - the host is restarted: a new allocation reaches it again and a graph on
  *    new buffers computes; graphs on the old buffers fail (their memory was
- *    on the dead host).
+ *    on the dead host);
+ *  - a graph that lists one node several times (ggml_graph_add_node; ggml's
+ *    own graphs never do, test-backend-ops' perf mode does) computes it each
+ *    time listed, as the CPU backend does, keyed (a uid) or not.
  *
  * usage: test_ggml_programs APIR_HOST_BINARY LIBGGML_APIR GGML_BIN_DIR [process|thread]
  */
@@ -18,6 +21,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "ggml-impl.h" /* struct ggml_cgraph: a graph's uid */
 #include "test_util.h"
 
 #include <signal.h>
@@ -282,6 +286,50 @@ static void setup(const char *apir_lib, const char *ggml_bin)
         exit(1);
 }
 
+/* acc += x, the node listed three times: each listing adds once more, as
+ * natively.  Computed twice on one backend (apir keyed: the second run is a
+ * recompute by uid) and once on the CPU backend for the reference. */
+static void repeated_node_case(ggml_backend_t backend, bool keyed, int runs, float *out)
+{
+    struct ggml_context *ctx = new_ctx();
+    struct ggml_tensor *acc = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, N);
+    struct ggml_tensor *x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, N);
+    ggml_backend_buffer_t b = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    CHECK(b != NULL);
+    if (!b) {
+        ggml_free(ctx);
+        return;
+    }
+    fill(acc, 0.0f);
+    fill(x, 1.0f);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    struct ggml_tensor *y = ggml_add_inplace(ctx, acc, x);
+    ggml_backend_view_init(y);  /* a view made after the allocation, as ggml-alloc inits one */
+    ggml_build_forward_expand(gf, y);  /* y once, flagged to compute */
+    ggml_graph_add_node(gf, y);
+    ggml_graph_add_node(gf, y);
+    if (keyed)
+        gf->uid = ggml_graph_next_uid();
+    for (int r = 0; r < runs; r++)
+        CHECK_MSG(ggml_backend_graph_compute(backend, gf) == GGML_STATUS_SUCCESS, "run %d keyed %d", r, keyed);
+    ggml_backend_tensor_get(acc, out, 0, N * sizeof(float));
+    ggml_backend_buffer_free(b);
+    ggml_free(ctx);
+}
+
+static void test_repeated_node(void)
+{
+    static float want[N], got[N];
+    for (int keyed = 0; keyed < 2; keyed++) {
+        repeated_node_case(cpu, keyed, 2, want);
+        repeated_node_case(apir, keyed, 2, got);
+        /* acc starts at i, x is 1 + i: 6 listings add 6 (1 + i). */
+        CHECK_MSG(want[5] == 5.0f + 6.0f * 6.0f, "cpu %g", want[5]);
+        CHECK_MSG(memcmp(want, got, sizeof(want)) == 0, "keyed %d: apir acc[5] = %g, cpu %g", keyed, got[5],
+                  want[5]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -302,6 +350,7 @@ int main(int argc, char **argv)
     static const struct test_case cases[] = {
         TEST(test_foreign_views),
         TEST(test_refused_allocation),
+        TEST(test_repeated_node),
         TEST(test_host_loss),
     };
     int rc = test_run("ggml_programs", cases, (int)(sizeof(cases) / sizeof(cases[0])));

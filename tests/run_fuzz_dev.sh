@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# apir-fuzz-op-dev (fuzz/dev_driver.c), the runner of fuzz_op's device path
+# that a GPU machine uses (bench/h200.sh fuzzdev), checked here on the CPU:
+#   - the device path (host-allocated buffers moved by SET/GET_TENSOR, the
+#     compute in the child's own process) over the kept corpus and a fixed
+#     number of mutations from a fixed seed: no input ends the child, and
+#     the host accepts and computes some of them (the path is exercised,
+#     not only refused);
+#   - the driver's own verdict (-selftest): an input that aborts through
+#     ggml and one that never answers each end their child; the run fails
+#     (exit 1), names each reason, keeps each input, and a new child takes
+#     the next input.
+# usage: run_fuzz_dev.sh BUILD SOURCE
+set -uo pipefail
+BUILD=$1 SRC=$2
+. "$(dirname "$0")/lib.sh"
+apir_test_setup fuzzdev
+drv=$BUILD/apir-fuzz-op-dev
+[ -x "$drv" ] || fail "no $drv"
+
+FUZZ_OP_DEVICE_PATH=1 "$drv" -runs 6000 -seed 1 -artifacts "$work/a" "$SRC/fuzz/corpus/fuzz_op" >"$work/run.log" 2>&1
+rc=$?
+[ $rc = 0 ] || fail "device path: exit $rc (a finding: see $work/a)"
+accepted=$(sed -n 's/.* \([0-9]*\) accepted and computed.*/\1/p' "$work/run.log")
+grep -q "6000 inputs (224 from the corpus, 5776 mutated)" "$work/run.log" || fail "not the inputs asked for"
+[ "${accepted:-0}" -gt 500 ] || fail "device path: only ${accepted:-0} of 6000 inputs computed"
+echo "device path: 6000 inputs, $accepted accepted and computed, none ended the child"
+
+printf 'SELFTEST-ABORT' >"$work/abort.bin"
+printf 'SELFTEST-HANG' >"$work/hang.bin"
+FUZZ_OP_DEVICE_PATH=1 "$drv" -runs 5 -timeout 3 -selftest 1 -artifacts "$work/b" "$work/abort.bin" "$work/hang.bin" \
+  "$SRC/fuzz/corpus/fuzz_op" >"$work/self.log" 2>&1
+rc=$?
+[ $rc = 1 ] || fail "a run with an abort and a hang: exit $rc, want 1"
+grep -q "finding 0: died of signal 6: apir-fuzz-op-dev: ggml abort: .*: self-test abort" "$work/self.log" ||
+  fail "the abort not named"
+grep -q "finding 1: no answer within the timeout (a hang)" "$work/self.log" || fail "the hang not named"
+cmp -s "$work/b/finding-00-1.bin" "$work/abort.bin" && cmp -s "$work/b/finding-01-1.bin" "$work/hang.bin" ||
+  fail "the inputs not kept"
+grep -q "5 inputs .* 2 ended the child (3 children)" "$work/self.log" || fail "not a new child after each"
+grep -q "3 refused by the host\|[0-9] accepted and computed" "$work/self.log" || fail "the inputs after them not run"
+echo "driver: an abort and a hang are findings, named and kept, and a new child takes the next input"
