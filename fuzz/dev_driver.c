@@ -340,6 +340,11 @@ static void record(const char *artifacts, const uint8_t *in, size_t size, const 
         fclose(f);
     }
     if (kd->count == 1) {
+        /* the child's log beside the first input: what ran up to the end */
+        char cmd[1400];
+        snprintf(cmd, sizeof(cmd), "tail -n 40 '%s' > '%s/finding-%02d-1.log'", log_path, artifacts, k);
+        if (system(cmd) != 0)
+            fprintf(stderr, "apir-fuzz-op-dev: could not keep the log of finding %d\n", k);
         snprintf(kd->first, sizeof(kd->first), "%s", path);
         printf("apir-fuzz-op-dev: finding %d: %s (input: %s)\n", k, reason, path);
         fflush(stdout);

@@ -54,7 +54,8 @@ ssize_t getrandom(void *buf, size_t len, unsigned int flags)
 static inline void fz_ggml_log_quiet(enum ggml_log_level level, const char *text, void *user)
 {
     (void)user;
-    if (level == GGML_LOG_LEVEL_ERROR && getenv("FUZZ_VERBOSE"))
+    /* a device's errors (CUDA's "CUDA error: ..." before its abort) name a finding */
+    if (level == GGML_LOG_LEVEL_ERROR && (getenv("FUZZ_VERBOSE") || getenv("FUZZ_BACKEND")))
         fputs(text, stderr);
 }
 

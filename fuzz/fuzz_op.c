@@ -811,6 +811,9 @@ static void dump(const struct gen *g)
         for (int k = 0; k < GGML_MAX_SRC; k++)
             if (t->src[k])
                 fprintf(stderr, " src%d #%d", k, find_t(g, t->src[k]) + 1);
+        if (t->op != GGML_OP_NONE)
+            fprintf(stderr, " params %d %d %d %d %d %d", t->op_params[0], t->op_params[1], t->op_params[2],
+                    t->op_params[3], t->op_params[4], t->op_params[5]);
         fputc('\n', stderr);
     }
 }

@@ -10,6 +10,11 @@
 #     ggml and one that never answers each end their child; the run fails
 #     (exit 1), names each reason, keeps each input, and a new child takes
 #     the next input.
+#   - the CUDA findings (fuzz/findings/cuda: nodes ggml-cuda's kernels abort
+#     on or, one, write past), replayed on this CPU host with the CUDA rules
+#     forced (APIR_TEST_KERNEL_RULES=cuda, host/check/op_device.c): every one
+#     refused; without the rules every one computes (the CPU's kernels take
+#     them), so it is the rules that refuse them.
 # usage: run_fuzz_dev.sh BUILD SOURCE
 set -uo pipefail
 BUILD=$1 SRC=$2
@@ -40,3 +45,13 @@ cmp -s "$work/b/finding-00-1.bin" "$work/abort.bin" && cmp -s "$work/b/finding-0
 grep -q "5 inputs .* 2 ended the child (3 children)" "$work/self.log" || fail "not a new child after each"
 grep -q "3 refused by the host\|[0-9] accepted and computed" "$work/self.log" || fail "the inputs after them not run"
 echo "driver: an abort and a hang are findings, named and kept, and a new child takes the next input"
+
+n=$(ls "$SRC"/fuzz/findings/cuda/*.bin | wc -l)
+[ "$n" -gt 0 ] || fail "no CUDA findings"
+APIR_TEST_KERNEL_RULES=cuda FUZZ_OP_DEVICE_PATH=1 "$drv" -runs "$n" -artifacts "$work/c" "$SRC/fuzz/findings/cuda" \
+  >"$work/cuda.log" 2>&1 || fail "CUDA findings with the CUDA rules: a child ended"
+grep -q " $n refused by the host, 0 accepted" "$work/cuda.log" || fail "CUDA findings: not all $n refused with the CUDA rules"
+FUZZ_OP_DEVICE_PATH=1 "$drv" -runs "$n" -artifacts "$work/d" "$SRC/fuzz/findings/cuda" >"$work/cpu.log" 2>&1 ||
+  fail "CUDA findings on the CPU's rules: a child ended"
+grep -q " 0 refused by the host, $n accepted" "$work/cpu.log" || fail "CUDA findings: the CPU's rules alone refuse some"
+echo "CUDA findings: all $n refused under the CUDA rules, all $n computed under the CPU's"

@@ -6,10 +6,13 @@
 #include "apir_commands.h"
 #include "apir_proto.h"
 #include "ggml.h"
+#include "ggml-backend-impl.h" /* device and buffer functions a test takes away */
 #include "ggml-impl.h"
 #include "graph_exec.h"
 #include "host.h"
 #include "import.h"
+#include "op_device.h"
+#include "buffers.h"
 #include "dispatcher.h"
 #include "test_records.h"
 #include "test_session.h"
@@ -193,6 +196,25 @@ static void test_buffer_from_ptr(void)
     uint64_t buf2 = 0, buft2 = 0;
     CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, DATA_RES, DATA_SIZE + 4096, 0, &buf2, &buft2) == APIR_HANDLER_BAD_REQUEST);
     CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, 77, 4096, 0, &buf2, &buft2) == APIR_HANDLER_BAD_REQUEST);
+    /* a device without the function (CUDA's is NULL, and ggml calls it
+     * unchecked: the worker crashed): refused */
+    ggml_backend_dev_t dev = host.devices[s->device];
+    ggml_backend_buffer_t (*from_ptr)(ggml_backend_dev_t, void *, size_t, size_t) = dev->iface.buffer_from_host_ptr;
+    dev->iface.buffer_from_host_ptr = NULL;
+    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, DATA_RES, 4096, 0, &buf2, &buft2) == APIR_HANDLER_BAD_REQUEST);
+    dev->iface.buffer_from_host_ptr = from_ptr;
+    /* a buffer without memset_tensor (ggml asserts one): refused, not aborted */
+    struct apir_handle_slot *slot = apir_handle_get(&s->handles, buf, APIR_HANDLE_BUFFER);
+    CHECK(slot != NULL);
+    if (slot) {
+        ggml_backend_buffer_t gb = ((struct apir_host_buffer *)slot->object)->buffer;
+        void (*memset_tensor)(ggml_backend_buffer_t, struct ggml_tensor *, uint8_t, size_t, size_t) =
+            gb->iface.memset_tensor;
+        gb->iface.memset_tensor = NULL;
+        CHECK(fwd_BUFFER_MEMSET_TENSOR(s, buf, &t, 0, 0, 16) == APIR_HANDLER_BAD_REQUEST);
+        gb->iface.memset_tensor = memset_tensor;
+        CHECK(fwd_BUFFER_MEMSET_TENSOR(s, buf, &t, 0, 0, 16) == APIR_HANDLER_OK && data_blob[0] == 0);
+    }
     /* a pinned blob outlives its removal until the buffer goes */
     CHECK(apir_session_blob_remove(s, DATA_RES));
     CHECK(apir_session_blob_find(s, DATA_RES) == NULL);
@@ -795,6 +817,39 @@ static void test_malformed(void)
     apir_session_free(s);
 }
 
+/*
+ * ggml-cuda's transposing copy (cpy.cu) reads a source that looks like a
+ * transposed matrix and writes its destination densely, whatever the
+ * destination's strides: the CUDA rules take a transposed dense matrix into
+ * a contiguous result, and refuse it into a strided view (written past its
+ * extent on an H100: fuzz/findings/cuda, cuda-21).
+ */
+static void test_cuda_transposing_copy(void)
+{
+    struct ggml_init_params p = { .mem_size = 16 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    struct ggml_tensor *a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 8);
+    struct ggml_tensor *at = ggml_transpose(ctx, a);  /* ne [8, 4], nb [16, 4] */
+    struct ggml_tensor *big = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 16, 4);
+    struct ggml_tensor *strided = ggml_view_2d(ctx, big, 8, 4, big->nb[1], 0);
+    struct ggml_tensor *dense = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 4);
+    struct ggml_tensor *into_strided = ggml_cpy(ctx, at, strided), *into_dense = ggml_cpy(ctx, at, dense);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, into_strided) != NULL);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, into_dense) == NULL);
+    CHECK(apir_op_device_error(APIR_KERNELS_OTHER, into_strided) == NULL);
+    /* a transposed-looking source (nb[1] one element, nb[2] a dense matrix)
+     * whose columns are 8 elements apart, not 4: the kernel would read the
+     * first 32 floats, not the ones the strides name */
+    struct ggml_tensor *gt = ggml_view_2d(ctx, big, 8, 4, 4, 0);
+    gt->nb[0] = 32;
+    gt->nb[1] = 4;
+    gt->nb[2] = gt->nb[3] = 8 * 4 * 4;
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, ggml_cpy(ctx, gt, dense)) != NULL);
+    /* the same types and layouts as ggml_cont of a transpose: taken */
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, ggml_cont(ctx, at)) == NULL);
+    ggml_free(ctx);
+}
+
 static void test_supports_op(void)
 {
     struct apir_session *s = new_session();
@@ -814,6 +869,26 @@ static void test_supports_op(void)
     t[0].type = 1000;
     yes = true;
     CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(3, t), &yes) == APIR_HANDLER_OK && !yes);
+    /* what a device's kernels assume besides (op_device.c): the CUDA rules,
+     * forced on this CPU host, say no to a SQRT of a non-contiguous source
+     * (ggml-cuda's supports_op says yes and its kernel asserts), which the
+     * CPU takes */
+    t[0].type = GGML_TYPE_F32;
+    struct apir_tensor_rec odd[3] = { f32_rec(1, 0, 0, 8), f32_rec(2, 0, 0, 8), f32_rec(3, 0, 0, 8) };
+    odd[0].op = GGML_OP_SQRT;
+    odd[0].src[0] = 2;
+    odd[0].ne[0] = odd[1].ne[0] = 4;
+    odd[0].ne[1] = odd[1].ne[1] = 2;
+    odd[1].nb[1] = 32;  /* rows 32 bytes apart: not contiguous */
+    odd[1].nb[2] = odd[1].nb[3] = 64;
+    odd[0].nb[1] = 16;
+    odd[0].nb[2] = odd[0].nb[3] = 32;
+    yes = false;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(2, odd), &yes) == APIR_HANDLER_OK && yes);
+    setenv("APIR_TEST_KERNEL_RULES", "cuda", 1);
+    yes = true;
+    CHECK(fwd_DEVICE_SUPPORTS_OP_L(s, span(2, odd), &yes) == APIR_HANDLER_OK && !yes);
+    unsetenv("APIR_TEST_KERNEL_RULES");
 
     /* a depthwise convolution of a channels-last input keeps that order in
      * its result (test-backend-ops CONV_2D_DW cwhn=1); any other result
@@ -1457,6 +1532,7 @@ TEST_MAIN("dispatch",
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),
+        TEST(test_cuda_transposing_copy),
           TEST(test_isolation_and_limits),
           TEST(test_index_policy),
           TEST(test_weight_copies))

@@ -489,7 +489,14 @@ static void test_sort_in_shared_memory(void)
     struct apir_session *s = new_session();
     apir_session_blob_add(s, SHARED_RES, shared_mem, BUF_SIZE, NULL, NULL);
     uint64_t buf = 0, buft = 0;
-    CHECK(fwd_DEVICE_BUFFER_FROM_PTR(s, SHARED_RES, BUF_SIZE, 0, &buf, &buft) == APIR_HANDLER_OK);
+    if (fwd_DEVICE_BUFFER_FROM_PTR(s, SHARED_RES, BUF_SIZE, 0, &buf, &buft) != APIR_HANDLER_OK) {
+        /* a device without buffers over host memory (CUDA): nothing shared to sort in */
+        const char *backend = getenv("APIR_TEST_BACKEND");
+        CHECK_MSG(backend && strcmp(backend, "CPU") != 0, "the CPU host refused a buffer over host memory");
+        fprintf(stderr, "index_checks: %s takes no buffers over host memory: no shared sort to test\n", backend);
+        apir_session_free(s);
+        return;
+    }
     struct layout l;
     layout_init(&l, s, buf);
     struct ggml_tensor *values = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, SORT_N, SORT_ROWS);

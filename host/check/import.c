@@ -1,5 +1,6 @@
 #include "import.h"
 #include "op_derive.h"
+#include "op_device.h"
 #include "op_shapes.h"
 
 #include "apir_log.h"
@@ -745,6 +746,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
         return refuse(why, "scratch context full");
     ggml_graph_add_node(graph, anchor);
     ggml_backend_dev_t dev = s->host->devices[s->device];
+    const enum apir_kernel_family family = apir_kernel_family_of(dev);
     for (uint32_t i = 0; i < n_nodes; i++) {
         uint64_t id;
         memcpy(&id, node_ids + (size_t)i * 8, 8);
@@ -758,6 +760,9 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
             const bool answered = memo && (sc->same[j] & REC_COVERED) && memo->supported[j];
             if (!answered && !ggml_backend_dev_supports_op(dev, node))
                 return refuse(why, "graph has an op the host backend does not support");
+            const char *kernel_why = answered ? NULL : apir_op_device_error(family, node);
+            if (kernel_why)
+                return refuse(why, kernel_why);
             sc->same[j] |= REC_SUPPORTED;
         }
         if (i > 0 && !fused_norm_mul_ok(ggml_graph_node(graph, -1), node))

@@ -18,6 +18,7 @@
 #include "graph_exec.h"
 #include "handlers.h"
 #include "import.h"
+#include "op_device.h"
 #include "upload_mirror.h"
 #include "weight_cache.h"
 #include "weight_copies.h"
@@ -83,9 +84,10 @@ APIR_HANDLER(DEVICE_GET_MEMORY)
     return APIR_HANDLER_OK;
 }
 
+/* The device's own answer and what its kernels assume besides (op_device.c) */
 static bool supports(struct apir_session *s, const struct ggml_tensor *t)
 {
-    return t && ggml_backend_dev_supports_op(cur_dev(s), t);
+    return t && apir_device_supports_op(cur_dev(s), apir_kernel_family_of(cur_dev(s)), t);
 }
 
 APIR_HANDLER(DEVICE_SUPPORTS_OP)
@@ -122,10 +124,16 @@ APIR_HANDLER(DEVICE_BUFFER_FROM_PTR)
     size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(cur_dev(s)));
     if (align && (uintptr_t)blob->ptr % align != 0)
         return apir_refuse(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, "blob not aligned for the device's buffers");
+    /* ggml calls the device's function unchecked, and CUDA's is NULL: a
+     * guest asking a CUDA host for a buffer over its blob crashed the worker
+     * (test_index_checks under APIR_TEST_BACKEND=CUDA). */
+    ggml_backend_dev_t dev = cur_dev(s);
+    if (!dev->iface.buffer_from_host_ptr)
+        return apir_refuse(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, "the device takes no buffers over host memory");
     if (!apir_buffer_quota_ok(s, req->size))
         return APIR_HANDLER_LIMIT;
     ggml_backend_buffer_t buf =
-        ggml_backend_dev_buffer_from_host_ptr(cur_dev(s), blob->ptr, (size_t)req->size, (size_t)req->max_tensor_size);
+        ggml_backend_dev_buffer_from_host_ptr(dev, blob->ptr, (size_t)req->size, (size_t)req->max_tensor_size);
     uint64_t handle = buf ? apir_buffer_register(s, buf, s->device, blob) : 0;
     if (!handle)
         return APIR_HANDLER_FAILED;
@@ -504,6 +512,9 @@ APIR_HANDLER(BUFFER_MEMSET_TENSOR)
     const char *why = tensor_range_error(req->tensor, req->buffer, req->offset, req->size);
     if (why)
         return apir_refuse(s, APIR_CMD_BUFFER_MEMSET_TENSOR, why);
+    /* ggml asserts a backend buffer has one (an abort, not an error) */
+    if (!req->buffer->buffer->iface.memset_tensor)
+        return apir_refuse(s, APIR_CMD_BUFFER_MEMSET_TENSOR, "the device's buffers have no memset");
     if (req->size) {
         apir_buffer_forget_copies(s, req->buffer, (uint8_t *)req->tensor->data + req->offset, (size_t)req->size);
         ggml_backend_tensor_memset(req->tensor, req->value, (size_t)req->offset, (size_t)req->size);

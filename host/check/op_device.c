@@ -1,0 +1,252 @@
+#include "op_device.h"
+
+#include "ggml.h"
+#include "ggml-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum apir_kernel_family apir_kernel_family_of(ggml_backend_dev_t dev)
+{
+    /* Tests only: a CPU host that applies the CUDA rules, so that the CUDA
+     * findings replay where there is no GPU (tests/run_fuzz_dev.sh). */
+    const char *forced = getenv("APIR_TEST_KERNEL_RULES");
+    if (forced && !strcmp(forced, "cuda"))
+        return APIR_KERNELS_CUDA;
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : NULL;
+    const char *name = reg ? ggml_backend_reg_name(reg) : NULL;
+    if (name && (!strcmp(name, "CUDA") || !strcmp(name, "ROCm") || !strcmp(name, "MUSA")))
+        return APIR_KERNELS_CUDA;
+    return APIR_KERNELS_OTHER;
+}
+
+static bool contiguous(const struct ggml_tensor *t)
+{
+    return t && ggml_is_contiguous(t);
+}
+
+static bool f32_or_f16(enum ggml_type t)
+{
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
+/* Every stride a whole number of elements (binbcast.cu asserts it of each
+ * operand: it indexes typed pointers). */
+static bool whole_elements(const struct ggml_tensor *t)
+{
+    const size_t size = ggml_type_size(t->type);
+    for (int k = 0; k < GGML_MAX_DIMS; k++)
+        if (size == 0 || t->nb[k] % size != 0)
+            return false;
+    return true;
+}
+
+/* An op parameter read as a float. */
+static float param_f32(const struct ggml_tensor *t, int i)
+{
+    float v;
+    memcpy(&v, (const char *)t->op_params + (size_t)i * sizeof(float), sizeof(v));
+    return v;
+}
+
+/*
+ * bin_bcast (binbcast.cu ggml_cuda_op_bin_bcast): the type triples it has
+ * kernels for (any other aborts: ADD1 takes any type through it), and
+ * strides in whole elements.  REPEAT comes through with (dst, src, dst).
+ */
+static const char *bin_bcast_error(const struct ggml_tensor *a, const struct ggml_tensor *b,
+                                   const struct ggml_tensor *dst)
+{
+    if (!a || !b)
+        return NULL;
+    const enum ggml_type ta = a->type, tb = b->type, td = dst->type;
+    const bool typed = f32_or_f16(tb) && ((ta == GGML_TYPE_F32 && td == GGML_TYPE_F32) ||
+                                          (ta == GGML_TYPE_F16 && td == GGML_TYPE_F16) ||
+                                          (ta == GGML_TYPE_F16 && td == GGML_TYPE_F32));
+    if (!typed)
+        return "CUDA's broadcast kernels have no function for these types";
+    if (!whole_elements(a) || !whole_elements(b) || !whole_elements(dst))
+        return "CUDA's broadcast kernels take strides of whole elements";
+    return NULL;
+}
+
+static bool copy_pair_has_kernel(enum ggml_type from, enum ggml_type to)
+{
+    const bool float_from = from == GGML_TYPE_F32 || from == GGML_TYPE_F16 || from == GGML_TYPE_BF16;
+    const bool float_to = to == GGML_TYPE_F32 || to == GGML_TYPE_F16 || to == GGML_TYPE_BF16;
+    if (float_from && float_to)
+        return true;
+    switch (to) {
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+    case GGML_TYPE_IQ4_NL: case GGML_TYPE_I32:
+        if (from == GGML_TYPE_F32)
+            return true;
+        break;
+    default:
+        break;
+    }
+    switch (from) {
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+        return to == GGML_TYPE_F32;
+    case GGML_TYPE_I32:
+        return to == GGML_TYPE_F32 || to == GGML_TYPE_I32;
+    default:
+        return false;
+    }
+}
+
+/*
+ * ggml_cuda_cpy(a, b) (cpy.cu), which CPY, DUP, CONT and SET use: a pair of
+ * contiguous tensors of one type is a memcpy; any other pair needs a kernel
+ * for its types (else an abort).  And a same-type source that looks like
+ * a transposed matrix (nb[1] one element, ne[3] 1, nb[2] a whole matrix)
+ * takes the tiled transposing kernel, which reads the source and writes
+ * the destination as dense arrays whatever their strides: only a source
+ * that is a transposed dense matrix and a contiguous destination give the
+ * bytes the strides say (a strided destination was written past its
+ * extent: fuzz_op on an H100).
+ */
+static const char *cuda_copy_error(const struct ggml_tensor *a, const struct ggml_tensor *b)
+{
+    if (a->type == b->type && contiguous(a) && contiguous(b))
+        return NULL;
+    if (!copy_pair_has_kernel(a->type, b->type))
+        return "CUDA's copy has no kernel for these types unless both are contiguous";
+    const size_t es = ggml_type_size(a->type);
+    const bool transposing = a->type == b->type && ggml_blck_size(a->type) == 1 && a->nb[1] == es && a->ne[3] == 1 &&
+                             a->nb[2] == (size_t)(a->ne[0] * a->ne[1]) * es;
+    if (transposing && (!contiguous(b) || a->nb[0] != (size_t)a->ne[1] * es))
+        return "CUDA's transposing copy writes a dense destination from a dense transposed source";
+    return NULL;
+}
+
+/* SET: set.cu asserts contiguous operands, then copies src0 into the result
+ * (unless in place) and src1 into the view the parameters give. */
+static const char *cuda_set_error(const struct ggml_tensor *n)
+{
+    const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1];
+    if (!s0 || !s1)
+        return NULL;
+    if (!contiguous(n) || !contiguous(s0) || !contiguous(s1))
+        return "CUDA's SET takes contiguous operands";
+    const int32_t *p = (const int32_t *)n->op_params;
+    const char *why = p[4] ? NULL : cuda_copy_error(s0, n);
+    if (why)
+        return why;
+    struct ggml_tensor view = *n;
+    for (int k = 0; k < GGML_MAX_DIMS; k++)
+        view.ne[k] = s1->ne[k];
+    view.nb[0] = ggml_element_size(n);
+    view.nb[1] = (size_t)(uint32_t)p[0];
+    view.nb[2] = (size_t)(uint32_t)p[1];
+    view.nb[3] = (size_t)(uint32_t)p[2];
+    return cuda_copy_error(s1, &view);
+}
+
+/* C / H of a linear-attention kernel (gla.cu, wkv.cu): a head size it has
+ * a kernel for. */
+static bool head_size_ok(const struct ggml_tensor *n, const struct ggml_tensor *s0, int64_t small, int64_t large)
+{
+    const int64_t c = n->ne[0], h = s0 ? s0->ne[1] : 0;
+    return h > 0 && c % h == 0 && (c / h == small || c / h == large);
+}
+
+static const char *cuda_error(const struct ggml_tensor *n)
+{
+    const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1], *s2 = n->src[2];
+    switch (n->op) {
+    case GGML_OP_SQR: case GGML_OP_SQRT: case GGML_OP_SIN: case GGML_OP_COS: case GGML_OP_LOG:
+        /* unary.cu ggml_cuda_op_unary; supports_op says yes to any */
+        if (!contiguous(s0))
+            return "CUDA's SQR, SQRT, SIN, COS and LOG take a contiguous source";
+        if (!f32_or_f16(s0->type) || !f32_or_f16(n->type))
+            return "CUDA's SQR, SQRT, SIN, COS and LOG take F32 or F16";
+        return NULL;
+    case GGML_OP_ARGMAX: case GGML_OP_ARGSORT: case GGML_OP_TOP_K:
+        /* argmax.cu, argsort.cu, top-k.cu */
+        if (!contiguous(s0) || s0->type != GGML_TYPE_F32 || n->type != GGML_TYPE_I32)
+            return "CUDA's ARGMAX, ARGSORT and TOP_K take a contiguous F32 source";
+        return NULL;
+    case GGML_OP_COUNT_EQUAL:
+        return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
+                                                                 : "CUDA's COUNT_EQUAL takes contiguous operands";
+    case GGML_OP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM: case GGML_OP_RMS_NORM_BACK:
+        /* norm.cu asserts eps >= 0 (a NaN fails it too) */
+        return param_f32(n, 0) >= 0.0f ? NULL : "CUDA's norms take eps >= 0";
+    case GGML_OP_GROUP_NORM:
+        return param_f32(n, 1) >= 0.0f ? NULL : "CUDA's GROUP_NORM takes eps >= 0";
+    case GGML_OP_SUM:
+        return s0 && s0->type == GGML_TYPE_F32 && ggml_is_contiguously_allocated(s0)
+                   ? NULL
+                   : "CUDA's SUM takes a contiguously allocated F32 source";
+    case GGML_OP_DIAG:
+        return contiguous(s0) && contiguous(n) ? NULL : "CUDA's DIAG takes contiguous operands";
+    case GGML_OP_POOL_1D:
+        return s0 && s0->type == GGML_TYPE_F32 ? NULL : "CUDA's POOL_1D takes an F32 source";
+    case GGML_OP_GET_ROWS:
+        /* getrows.cu: elements one after the other in each row */
+        if (s0 && s1 &&
+            (s0->nb[0] != ggml_type_size(s0->type) || s1->nb[0] != ggml_type_size(s1->type) ||
+             n->nb[0] != ggml_type_size(n->type) || s1->type != GGML_TYPE_I32))
+            return "CUDA's GET_ROWS takes rows of consecutive elements and I32 indices";
+        return NULL;
+    case GGML_OP_GET_ROWS_BACK:
+        return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
+                                                                 : "CUDA's GET_ROWS_BACK takes contiguous operands";
+    case GGML_OP_OUT_PROD:
+        /* out-prod.cu hands cuBLAS src1 as a matrix of consecutive floats */
+        if (s1 && (ggml_is_transposed(s1) ? s1->nb[1] : s1->nb[0]) != sizeof(float))
+            return "CUDA's OUT_PROD takes src1 with consecutive floats";
+        return NULL;
+    case GGML_OP_CONV_TRANSPOSE_2D:
+        return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
+                                                                 : "CUDA's CONV_TRANSPOSE_2D takes contiguous operands";
+    case GGML_OP_OPT_STEP_SGD:
+        return contiguous(s0) && contiguous(s1) && contiguous(s2) ? NULL
+                                                                  : "CUDA's OPT_STEP_SGD takes contiguous operands";
+    case GGML_OP_ADD: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV: case GGML_OP_ADD1:
+        return bin_bcast_error(s0, s1, n);
+    case GGML_OP_REPEAT:
+        return bin_bcast_error(n, s0, n);
+    case GGML_OP_GATED_LINEAR_ATTN:
+        return head_size_ok(n, s0, 64, 128) ? NULL : "CUDA's GATED_LINEAR_ATTN takes heads of 64 or 128";
+    case GGML_OP_RWKV_WKV6: case GGML_OP_RWKV_WKV7:
+        return head_size_ok(n, s0, 64, 128) ? NULL : "CUDA's RWKV_WKV6/7 take heads of 64 or 128";
+    case GGML_OP_GATED_DELTA_NET: {
+        /* gated_delta_net.cu: q and k alike, v's rows dense, g per head or per key */
+        const struct ggml_tensor *g = n->src[3], *beta = n->src[4], *state = n->src[5];
+        if (!s0 || !s1 || !s2 || !g || !beta || !state)
+            return NULL;
+        if (s0->ne[1] != s1->ne[1] || !ggml_is_contiguous_rows(s0) || !ggml_is_contiguous_rows(s1) ||
+            !ggml_is_contiguous_rows(s2) || !ggml_are_same_stride(s0, s1) ||
+            (g->ne[0] != 1 && g->ne[0] != s2->ne[0]) || !contiguous(g) || !contiguous(beta) || !contiguous(state))
+            return "CUDA's GATED_DELTA_NET takes q and k alike, dense rows and contiguous g, beta and state";
+        return NULL;
+    }
+    case GGML_OP_CPY:
+        return s0 && s1 ? cuda_copy_error(s0, s1) : NULL;
+    case GGML_OP_DUP: case GGML_OP_CONT:
+        return s0 ? cuda_copy_error(s0, n) : NULL;
+    case GGML_OP_SET:
+        return cuda_set_error(n);
+    case GGML_OP_MUL_MAT_ID:
+        /* ggml_cuda_mul_mat_id's grouping path asserts these */
+        if (s1 && (s1->nb[1] == 0 || s1->nb[2] % s1->nb[1] != 0 || n->nb[1] == 0 || n->nb[2] % n->nb[1] != 0))
+            return "CUDA's MUL_MAT_ID takes src1 and result matrices a whole number of rows apart";
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+const char *apir_op_device_error(enum apir_kernel_family family, const struct ggml_tensor *node)
+{
+    if (family != APIR_KERNELS_CUDA || ggml_op_is_empty(node->op))
+        return NULL;
+    return cuda_error(node);
+}
+
+bool apir_device_supports_op(ggml_backend_dev_t dev, enum apir_kernel_family family, const struct ggml_tensor *node)
+{
+    return ggml_backend_dev_supports_op(dev, node) && !apir_op_device_error(family, node);
+}
