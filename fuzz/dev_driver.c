@@ -317,6 +317,30 @@ static void reason_of(int status, bool timed_out, char *out, size_t cap)
         snprintf(out + n, cap - n, " (%s)", cuda);
 }
 
+/* The last lines of the child's log (what it ran up to its end, a CUDA
+ * error's details) into path, beside a finding's first input. */
+static void keep_log_tail(const char *path)
+{
+    enum { LINES = 40 };
+    static char buf[1 << 20];
+    FILE *in = fopen(log_path, "rb");
+    if (!in)
+        return;
+    long size = fseek(in, 0, SEEK_END) == 0 ? ftell(in) : -1;
+    long from = size > (long)sizeof(buf) ? size - (long)sizeof(buf) : 0;
+    size_t n = size >= 0 && fseek(in, from, SEEK_SET) == 0 ? fread(buf, 1, sizeof(buf), in) : 0;
+    fclose(in);
+    size_t start = n;
+    for (int lines = 0; start > 0; start--)
+        if (buf[start - 1] == '\n' && start < n && ++lines > LINES)
+            break;
+    FILE *out = fopen(path, "wb");
+    if (!out)
+        return;
+    fwrite(buf + start, 1, n - start, out);
+    fclose(out);
+}
+
 static void record(const char *artifacts, const uint8_t *in, size_t size, const char *reason)
 {
     int k = 0;
@@ -340,11 +364,9 @@ static void record(const char *artifacts, const uint8_t *in, size_t size, const 
         fclose(f);
     }
     if (kd->count == 1) {
-        /* the child's log beside the first input: what ran up to the end */
-        char cmd[1400];
-        snprintf(cmd, sizeof(cmd), "tail -n 40 '%s' > '%s/finding-%02d-1.log'", log_path, artifacts, k);
-        if (system(cmd) != 0)
-            fprintf(stderr, "apir-fuzz-op-dev: could not keep the log of finding %d\n", k);
+        snprintf(path + strlen(path) - 4, 5, ".log");
+        keep_log_tail(path);
+        snprintf(path + strlen(path) - 4, 5, ".bin");
         snprintf(kd->first, sizeof(kd->first), "%s", path);
         printf("apir-fuzz-op-dev: finding %d: %s (input: %s)\n", k, reason, path);
         fflush(stdout);

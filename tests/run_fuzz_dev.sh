@@ -42,6 +42,7 @@ grep -q "finding 0: died of signal 6: apir-fuzz-op-dev: ggml abort: .*: self-tes
 grep -q "finding 1: no answer within the timeout (a hang)" "$work/self.log" || fail "the hang not named"
 cmp -s "$work/b/finding-00-1.bin" "$work/abort.bin" && cmp -s "$work/b/finding-01-1.bin" "$work/hang.bin" ||
   fail "the inputs not kept"
+grep -q "ggml abort: .*self-test abort" "$work/b/finding-00-1.log" || fail "the child's log not kept beside the input"
 grep -q "5 inputs .* 2 ended the child (3 children)" "$work/self.log" || fail "not a new child after each"
 grep -q "3 refused by the host\|[0-9] accepted and computed" "$work/self.log" || fail "the inputs after them not run"
 echo "driver: an abort and a hang are findings, named and kept, and a new child takes the next input"

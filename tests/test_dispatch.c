@@ -850,6 +850,29 @@ static void test_cuda_transposing_copy(void)
     ggml_free(ctx);
 }
 
+/* The CUDA entry rules: what ggml-cuda's kernels assert for every node of
+ * their op, against nodes llama.cpp makes (taken) and ones it could (not). */
+static void test_cuda_entry_rules(void)
+{
+    struct ggml_init_params p = { .mem_size = 32 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 4);
+    struct ggml_tensor *h = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 64, 4);
+    struct ggml_tensor *taken[] = { ggml_rms_norm(ctx, x, 1e-5f), ggml_scale(ctx, x, 0.5f), ggml_soft_max(ctx, x),
+                                    ggml_silu(ctx, h), ggml_swiglu(ctx, x), ggml_clamp(ctx, h, -1.0f, 1.0f) };
+    for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
+        CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, taken[i]) == NULL, "%s: %s", ggml_op_desc(taken[i]),
+                  apir_op_device_error(APIR_KERNELS_CUDA, taken[i]));
+    struct ggml_tensor *bf = ggml_new_tensor_2d(ctx, GGML_TYPE_BF16, 64, 4);
+    struct ggml_tensor *refused[] = { ggml_scale(ctx, h, 0.5f), ggml_rms_norm(ctx, h, 1e-5f), ggml_silu(ctx, bf),
+                                      ggml_swiglu_oai(ctx, h, h, 1.0f, 7.0f), ggml_rms_norm(ctx, x, -1.0f) };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, refused[i]) != NULL, "%s taken", ggml_op_desc(refused[i]));
+        CHECK(apir_op_device_error(APIR_KERNELS_OTHER, refused[i]) == NULL);
+    }
+    ggml_free(ctx);
+}
+
 static void test_supports_op(void)
 {
     struct apir_session *s = new_session();
@@ -1533,6 +1556,7 @@ TEST_MAIN("dispatch",
           TEST(test_malformed),
           TEST(test_supports_op),
         TEST(test_cuda_transposing_copy),
+        TEST(test_cuda_entry_rules),
           TEST(test_isolation_and_limits),
           TEST(test_index_policy),
           TEST(test_weight_copies))

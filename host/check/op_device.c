@@ -151,9 +151,97 @@ static bool head_size_ok(const struct ggml_tensor *n, const struct ggml_tensor *
     return h > 0 && c % h == 0 && (c / h == small || c / h == large);
 }
 
+static bool is_f32(const struct ggml_tensor *t)
+{
+    return t && t->type == GGML_TYPE_F32;
+}
+
+/*
+ * Types and layouts the kernels' entry points assert unconditionally and
+ * ggml-cuda's supports_op does not ask for, read off the pinned tree's
+ * ggml-cuda sources (no fuzz input needed: an entry assert holds for every
+ * node of the op).  NULL when none applies.
+ */
+static const char *cuda_entry_error(const struct ggml_tensor *n)
+{
+    const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1], *s2 = n->src[2];
+    switch (n->op) {
+    case GGML_OP_SCALE: case GGML_OP_PAD: case GGML_OP_PAD_REFLECT_1D: case GGML_OP_POOL_1D: case GGML_OP_POOL_2D:
+    case GGML_OP_UPSCALE: case GGML_OP_TIMESTEP_EMBEDDING: case GGML_OP_DIAG_MASK_INF: case GGML_OP_SSM_CONV:
+    case GGML_OP_NORM: case GGML_OP_GROUP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM:
+        /* scale.cu, pad.cu, pad_reflect_1d.cu, pool1d.cu, pool2d.cu, upscale.cu, tsembd.cu,
+         * diagmask.cu, ssm-conv.cu, norm.cu: F32 in, F32 out */
+        return is_f32(s0) && is_f32(n) ? NULL : "CUDA's kernel for this op takes F32 only";
+    case GGML_OP_SUM_ROWS: case GGML_OP_MEAN:
+        return is_f32(s0) && is_f32(n) && contiguous(s0) ? NULL
+                                                          : "CUDA's SUM_ROWS and MEAN take a contiguous F32 source";
+    case GGML_OP_SOFT_MAX:
+        if (!is_f32(s0) || !is_f32(n) || (s1 && !f32_or_f16(s1->type)))
+            return "CUDA's SOFT_MAX takes F32 and an F32 or F16 mask";
+        return NULL;
+    case GGML_OP_SOFT_MAX_BACK:
+        return is_f32(s0) && is_f32(s1) && is_f32(n) ? NULL : "CUDA's SOFT_MAX_BACK takes F32 only";
+    case GGML_OP_ACC:
+        /* acc.cu */
+        if (!is_f32(s0) || !is_f32(s1) || !is_f32(n) || !contiguous(s1) || n->nb[0] != sizeof(float) ||
+            !ggml_is_contiguously_allocated(n))
+            return "CUDA's ACC takes F32, a contiguous src1 and a contiguously allocated result";
+        return NULL;
+    case GGML_OP_CLAMP:
+        return s0 && f32_or_f16(s0->type) && f32_or_f16(n->type) ? NULL : "CUDA's CLAMP takes F32 or F16";
+    case GGML_OP_UNARY:
+        /* unary.cu: every unary op's entry asserts the types (supports_op asks contiguity only) */
+        return s0 && f32_or_f16(s0->type) && f32_or_f16(n->type) ? NULL : "CUDA's unary ops take F32 or F16";
+    case GGML_OP_GLU:
+        /* unary.cu: a contiguous result, F32 or F16 (SWIGLU_OAI: F32), a second operand in rows */
+        if (!contiguous(n) || !s0 || !f32_or_f16(s0->type) || !f32_or_f16(n->type) ||
+            (s1 && !ggml_is_contiguous_1(s1)))
+            return "CUDA's GLU ops take F32 or F16 into a contiguous result";
+        if (ggml_get_glu_op(n) == GGML_GLU_OP_SWIGLU_OAI && (!is_f32(s0) || !is_f32(n)))
+            return "CUDA's SWIGLU_OAI takes F32";
+        return NULL;
+    case GGML_OP_LEAKY_RELU:
+        return contiguous(s0) && f32_or_f16(s0->type) && s0->type == n->type
+                   ? NULL
+                   : "CUDA's LEAKY_RELU takes a contiguous F32 or F16 source of the result's type";
+    case GGML_OP_ROPE:
+        /* rope.cu, unfused: the source's type is the result's */
+        return s0 && f32_or_f16(s0->type) && s0->type == n->type ? NULL
+                                                                 : "CUDA's ROPE takes F32 or F16, as its result";
+    case GGML_OP_ADD_ID:
+        return is_f32(s0) && is_f32(s1) && s2 && s2->type == GGML_TYPE_I32 ? NULL
+                                                                           : "CUDA's ADD_ID takes F32 and I32 ids";
+    case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
+        for (int k = 0; k < 3; k++)
+            if (n->src[k] && (!is_f32(n->src[k]) || !contiguous(n->src[k])))
+                return "CUDA's cross-entropy ops take contiguous F32 operands";
+        return contiguous(n) ? NULL : "CUDA's cross-entropy ops take contiguous F32 operands";
+    case GGML_OP_CONV_TRANSPOSE_1D:
+        return contiguous(s0) && contiguous(s1) ? NULL : "CUDA's CONV_TRANSPOSE_1D takes contiguous operands";
+    case GGML_OP_CONV_2D:
+        return s0 && f32_or_f16(s0->type) ? NULL : "CUDA's CONV_2D takes an F32 or F16 kernel";
+    case GGML_OP_IM2COL: case GGML_OP_IM2COL_3D:
+        return is_f32(s1) && f32_or_f16(n->type) ? NULL : "CUDA's IM2COL takes an F32 input";
+    case GGML_OP_OPT_STEP_ADAMW:
+        for (int k = 0; k < 5; k++)
+            if (!contiguous(n->src[k]))
+                return "CUDA's OPT_STEP_ADAMW takes contiguous operands";
+        return is_f32(n->src[4]) ? NULL : "CUDA's OPT_STEP_ADAMW takes F32 parameters";
+    case GGML_OP_FILL:
+        return contiguous(n) ? NULL : "CUDA's FILL takes a contiguous result";
+    case GGML_OP_ARANGE:
+        return is_f32(n) ? NULL : "CUDA's ARANGE makes F32";
+    default:
+        return NULL;
+    }
+}
+
 static const char *cuda_error(const struct ggml_tensor *n)
 {
     const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1], *s2 = n->src[2];
+    const char *entry = cuda_entry_error(n);
+    if (entry)
+        return entry;
     switch (n->op) {
     case GGML_OP_SQR: case GGML_OP_SQRT: case GGML_OP_SIN: case GGML_OP_COS: case GGML_OP_LOG:
         /* unary.cu ggml_cuda_op_unary; supports_op says yes to any */
@@ -199,11 +287,15 @@ static const char *cuda_error(const struct ggml_tensor *n)
             return "CUDA's OUT_PROD takes src1 with consecutive floats";
         return NULL;
     case GGML_OP_CONV_TRANSPOSE_2D:
+        /* conv2d-transpose.cu: kernel src0, input src1 */
+        if (!s0 || !f32_or_f16(s0->type) || !is_f32(s1) || !is_f32(n))
+            return "CUDA's CONV_TRANSPOSE_2D takes an F32 or F16 kernel and F32 input";
         return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
                                                                  : "CUDA's CONV_TRANSPOSE_2D takes contiguous operands";
     case GGML_OP_OPT_STEP_SGD:
-        return contiguous(s0) && contiguous(s1) && contiguous(s2) ? NULL
-                                                                  : "CUDA's OPT_STEP_SGD takes contiguous operands";
+        return contiguous(s0) && contiguous(s1) && contiguous(s2) && is_f32(s0) && is_f32(s1) && is_f32(s2)
+                   ? NULL
+                   : "CUDA's OPT_STEP_SGD takes contiguous F32 operands";
     case GGML_OP_ADD: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV: case GGML_OP_ADD1:
         return bin_bcast_error(s0, s1, n);
     case GGML_OP_REPEAT:
