@@ -157,21 +157,28 @@ static bool is_f32(const struct ggml_tensor *t)
 }
 
 /*
- * Types and layouts the kernels' entry points assert unconditionally and
- * ggml-cuda's supports_op does not ask for, read off the pinned tree's
- * ggml-cuda sources (no fuzz input needed: an entry assert holds for every
- * node of the op).  NULL when none applies.
+ * One rule per op.  Each is a fuzz finding (its input in fuzz/findings/cuda)
+ * or what a kernel's entry point asserts unconditionally and ggml-cuda's
+ * supports_op does not ask for, read off the pinned tree's ggml-cuda
+ * sources (an entry assert holds for every node of the op).  NULL when
+ * the node is one the kernel takes.
  */
-static const char *cuda_entry_error(const struct ggml_tensor *n)
+static const char *cuda_error(const struct ggml_tensor *n)
 {
     const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1], *s2 = n->src[2];
     switch (n->op) {
     case GGML_OP_SCALE: case GGML_OP_PAD: case GGML_OP_PAD_REFLECT_1D: case GGML_OP_POOL_1D: case GGML_OP_POOL_2D:
     case GGML_OP_UPSCALE: case GGML_OP_TIMESTEP_EMBEDDING: case GGML_OP_DIAG_MASK_INF: case GGML_OP_SSM_CONV:
-    case GGML_OP_NORM: case GGML_OP_GROUP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM:
         /* scale.cu, pad.cu, pad_reflect_1d.cu, pool1d.cu, pool2d.cu, upscale.cu, tsembd.cu,
-         * diagmask.cu, ssm-conv.cu, norm.cu: F32 in, F32 out */
+         * diagmask.cu, ssm-conv.cu: F32 in, F32 out */
         return is_f32(s0) && is_f32(n) ? NULL : "CUDA's kernel for this op takes F32 only";
+    case GGML_OP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM: case GGML_OP_GROUP_NORM:
+        /* norm.cu: F32 in and out, eps >= 0 (a NaN fails it too; GROUP_NORM's is its second parameter) */
+        if (!is_f32(s0) || !is_f32(n))
+            return "CUDA's kernel for this op takes F32 only";
+        return param_f32(n, n->op == GGML_OP_GROUP_NORM ? 1 : 0) >= 0.0f ? NULL : "CUDA's norms take eps >= 0";
+    case GGML_OP_RMS_NORM_BACK:
+        return param_f32(n, 0) >= 0.0f ? NULL : "CUDA's norms take eps >= 0";
     case GGML_OP_SUM_ROWS: case GGML_OP_MEAN:
         return is_f32(s0) && is_f32(n) && contiguous(s0) ? NULL
                                                           : "CUDA's SUM_ROWS and MEAN take a contiguous F32 source";
@@ -231,18 +238,6 @@ static const char *cuda_entry_error(const struct ggml_tensor *n)
         return contiguous(n) ? NULL : "CUDA's FILL takes a contiguous result";
     case GGML_OP_ARANGE:
         return is_f32(n) ? NULL : "CUDA's ARANGE makes F32";
-    default:
-        return NULL;
-    }
-}
-
-static const char *cuda_error(const struct ggml_tensor *n)
-{
-    const struct ggml_tensor *s0 = n->src[0], *s1 = n->src[1], *s2 = n->src[2];
-    const char *entry = cuda_entry_error(n);
-    if (entry)
-        return entry;
-    switch (n->op) {
     case GGML_OP_SQR: case GGML_OP_SQRT: case GGML_OP_SIN: case GGML_OP_COS: case GGML_OP_LOG:
         /* unary.cu ggml_cuda_op_unary; supports_op says yes to any */
         if (!contiguous(s0))
@@ -258,19 +253,12 @@ static const char *cuda_error(const struct ggml_tensor *n)
     case GGML_OP_COUNT_EQUAL:
         return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
                                                                  : "CUDA's COUNT_EQUAL takes contiguous operands";
-    case GGML_OP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM: case GGML_OP_RMS_NORM_BACK:
-        /* norm.cu asserts eps >= 0 (a NaN fails it too) */
-        return param_f32(n, 0) >= 0.0f ? NULL : "CUDA's norms take eps >= 0";
-    case GGML_OP_GROUP_NORM:
-        return param_f32(n, 1) >= 0.0f ? NULL : "CUDA's GROUP_NORM takes eps >= 0";
     case GGML_OP_SUM:
         return s0 && s0->type == GGML_TYPE_F32 && ggml_is_contiguously_allocated(s0)
                    ? NULL
                    : "CUDA's SUM takes a contiguously allocated F32 source";
     case GGML_OP_DIAG:
         return contiguous(s0) && contiguous(n) ? NULL : "CUDA's DIAG takes contiguous operands";
-    case GGML_OP_POOL_1D:
-        return s0 && s0->type == GGML_TYPE_F32 ? NULL : "CUDA's POOL_1D takes an F32 source";
     case GGML_OP_GET_ROWS:
         /* getrows.cu: elements one after the other in each row */
         if (s0 && s1 &&
@@ -338,7 +326,7 @@ const char *apir_op_device_error(enum apir_kernel_family family, const struct gg
     return cuda_error(node);
 }
 
-bool apir_device_supports_op(ggml_backend_dev_t dev, enum apir_kernel_family family, const struct ggml_tensor *node)
+bool apir_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor *node)
 {
-    return ggml_backend_dev_supports_op(dev, node) && !apir_op_device_error(family, node);
+    return ggml_backend_dev_supports_op(dev, node) && !apir_op_device_error(apir_kernel_family_of(dev), node);
 }

@@ -35,6 +35,6 @@ const char *apir_op_device_error(enum apir_kernel_family family, const struct gg
 
 /* The device's supports_op and the rules above: what the host answers a
  * guest's question with, and asks of every node it computes. */
-bool apir_device_supports_op(ggml_backend_dev_t dev, enum apir_kernel_family family, const struct ggml_tensor *node);
+bool apir_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor *node);
 
 #endif

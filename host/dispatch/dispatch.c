@@ -87,7 +87,7 @@ APIR_HANDLER(DEVICE_GET_MEMORY)
 /* The device's own answer and what its kernels assume besides (op_device.c) */
 static bool supports(struct apir_session *s, const struct ggml_tensor *t)
 {
-    return t && apir_device_supports_op(cur_dev(s), apir_kernel_family_of(cur_dev(s)), t);
+    return t && apir_device_supports_op(cur_dev(s), t);
 }
 
 APIR_HANDLER(DEVICE_SUPPORTS_OP)
@@ -121,13 +121,13 @@ APIR_HANDLER(DEVICE_BUFFER_FROM_PTR)
         return apir_refuse(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, "blob unknown or smaller than the buffer");
     /* Backends assert their buffers' alignment (the CPU's: 32 bytes); a
      * file blob starts where the guest says in its first page. */
-    size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(cur_dev(s)));
+    ggml_backend_dev_t dev = cur_dev(s);
+    size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(dev));
     if (align && (uintptr_t)blob->ptr % align != 0)
         return apir_refuse(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, "blob not aligned for the device's buffers");
     /* ggml calls the device's function unchecked, and CUDA's is NULL: a
      * guest asking a CUDA host for a buffer over its blob crashed the worker
      * (test_index_checks under APIR_TEST_BACKEND=CUDA). */
-    ggml_backend_dev_t dev = cur_dev(s);
     if (!dev->iface.buffer_from_host_ptr)
         return apir_refuse(s, APIR_CMD_DEVICE_BUFFER_FROM_PTR, "the device takes no buffers over host memory");
     if (!apir_buffer_quota_ok(s, req->size))
