@@ -199,7 +199,7 @@ fuzzdev)
   S=${FUZZDEV_S:-$(( $(left) - 20 ))}
   log "fuzz_op's device path on CUDA for $S s ($(ls $seeds | wc -l) seeds)"
   FUZZ_BACKEND=CUDA build/apir-fuzz-op-dev -seconds "$S" -timeout 60 -seed ${FUZZDEV_SEED:-$RANDOM} \
-    -artifacts "$OUT/fuzzdev" fuzz/findings/cuda-open fuzz/corpus/fuzz_op fuzz/findings/fuzz_op-*.bin fuzz/findings/cuda $seeds 2>&1 | tee -a "$OUT/h200.log"
+    -artifacts "$OUT/fuzzdev" fuzz/findings/cuda fuzz/corpus/fuzz_op fuzz/findings/fuzz_op-*.bin $seeds 2>&1 | tee -a "$OUT/h200.log"
   ;;
 pp)
   # issue 26 item 3: pp through the Unix socket against native, and an A/B

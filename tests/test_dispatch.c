@@ -873,6 +873,42 @@ static void test_cuda_entry_rules(void)
     ggml_free(ctx);
 }
 
+/* cuBLAS's leading dimensions (cuda-09): ggml-cuda hands cuBLAS nb[1] /
+ * element size, which cuBLAS refuses below a row (ggml-cuda then aborts).
+ * ggml's own graphs - a permuted q of one token, a transposed src1 of
+ * OUT_PROD - keep a real row stride in their size-1 dimensions; a guest's
+ * record of a view that is not contiguous can carry any. */
+static void test_cuda_leading_dims(void)
+{
+    struct ggml_init_params p = { .mem_size = 32 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    struct ggml_tensor *k = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, 64, 32, 4);
+    struct ggml_tensor *q = ggml_permute(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 64, 4, 1), 0, 2, 1, 3);
+    struct ggml_tensor *kq = ggml_mul_mat(ctx, k, q);
+    CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, kq) == NULL, "%s", apir_op_device_error(APIR_KERNELS_CUDA, kq));
+    struct ggml_tensor *a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 16, 8);
+    struct ggml_tensor *b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 12);
+    struct ggml_tensor *op = ggml_out_prod(ctx, a, ggml_transpose(ctx, b));
+    CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, op) == NULL, "%s", apir_op_device_error(APIR_KERNELS_CUDA, op));
+    /* the finding's shape: src1 1x1 matrices in batches, rows 1 byte apart */
+    struct ggml_tensor *s0 = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, 5, 5);
+    struct ggml_tensor *s1 = ggml_view_4d(ctx, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 185), 1, 1, 5, 5, 1, 68, 116, 0);
+    struct ggml_tensor *mm = ggml_mul_mat(ctx, s0, s1);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, mm) != NULL);
+    CHECK(apir_op_device_error(APIR_KERNELS_OTHER, mm) == NULL);
+    s1->nb[1] = 4;  /* a row apart: taken */
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, mm) == NULL);
+    s0->nb[1] = 0;  /* src0's lda 0 */
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, mm) != NULL);
+    /* OUT_PROD: src0's lda below ne00, then src1's ldb (transposed or not) */
+    a->nb[1] = 32;
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, op) != NULL);
+    a->nb[1] = 64;
+    op->src[1]->nb[0] = 16;  /* the transposed src1's ldb, 4 floats < ne11 8 */
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, op) != NULL);
+    ggml_free(ctx);
+}
+
 static void test_supports_op(void)
 {
     struct apir_session *s = new_session();
@@ -1555,8 +1591,9 @@ TEST_MAIN("dispatch",
           TEST(test_tensor_checks),
           TEST(test_malformed),
           TEST(test_supports_op),
-        TEST(test_cuda_transposing_copy),
-        TEST(test_cuda_entry_rules),
+          TEST(test_cuda_transposing_copy),
+          TEST(test_cuda_entry_rules),
+          TEST(test_cuda_leading_dims),
           TEST(test_isolation_and_limits),
           TEST(test_index_policy),
           TEST(test_weight_copies))

@@ -120,6 +120,36 @@ static const char *cuda_copy_error(const struct ggml_tensor *a, const struct ggm
     return NULL;
 }
 
+/*
+ * cuBLAS refuses a leading dimension below the rows it spans (lda >= max(1,
+ * k) and the like) before it touches memory, and ggml-cuda's CUBLAS_CHECK
+ * turns the refusal into an abort of the worker.  ggml-cuda hands cuBLAS
+ * nb[1] / element size as the leading dimension, and nothing bounds the
+ * nb[1] of a size-1 dimension 1 of a tensor that is not contiguous (import.c
+ * canonicalises the contiguous ones only): a MUL_MAT of 1x1 matrices whose
+ * src1 rows were one byte apart gave ldb 0 (fuzz_op on an H100,
+ * fuzz/findings/cuda/fuzz_op-cuda-09.bin).  ggml's own views of a size-1
+ * dimension carry a real row stride, at least a row.
+ */
+static bool leading_dim_ok(size_t nb, int64_t rows, size_t unit)
+{
+    return nb / unit >= (size_t)(rows > 1 ? rows : 1);
+}
+
+/* MUL_MAT's cuBLAS path (ggml_cuda_mul_mat_cublas_impl, and the other
+ * paths that fall back to it): src0 transposed with lda nb01 / type size in
+ * blocks (lda >= ne00), src1 with ldb nb11 / type size (ldb >= ne10).  Asked
+ * whichever path the shapes would take: which one is ggml-cuda's choice. */
+static const char *cuda_mul_mat_error(const struct ggml_tensor *s0, const struct ggml_tensor *s1)
+{
+    if (s0 && ggml_blck_size(s0->type) > 0 &&
+        !leading_dim_ok(s0->nb[1], s0->ne[0] / ggml_blck_size(s0->type), ggml_type_size(s0->type)))
+        return "CUDA's MUL_MAT hands cuBLAS src0 rows at least a row apart";
+    if (s1 && !leading_dim_ok(s1->nb[1], s1->ne[0] / ggml_blck_size(s1->type), ggml_type_size(s1->type)))
+        return "CUDA's MUL_MAT hands cuBLAS src1 rows at least a row apart";
+    return NULL;
+}
+
 /* SET: set.cu asserts contiguous operands, then copies src0 into the result
  * (unless in place) and src1 into the view the parameters give. */
 static const char *cuda_set_error(const struct ggml_tensor *n)
@@ -270,10 +300,21 @@ static const char *cuda_error(const struct ggml_tensor *n)
         return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
                                                                  : "CUDA's GET_ROWS_BACK takes contiguous operands";
     case GGML_OP_OUT_PROD:
-        /* out-prod.cu hands cuBLAS src1 as a matrix of consecutive floats */
-        if (s1 && (ggml_is_transposed(s1) ? s1->nb[1] : s1->nb[0]) != sizeof(float))
+        /* out-prod.cu asserts F32 operands (supports_op asks it too), and
+         * hands cuBLAS src1 as a matrix of consecutive floats */
+        if (!is_f32(s0) || !is_f32(s1) || !is_f32(n))
+            return "CUDA's OUT_PROD takes F32 only";
+        if ((ggml_is_transposed(s1) ? s1->nb[1] : s1->nb[0]) != sizeof(float))
             return "CUDA's OUT_PROD takes src1 with consecutive floats";
+        /* its cublasSgemm: src0 as is (lda nb01 >= ne00 floats), src1
+         * transposed or not (ldb its nb10 >= ne11, or nb11 >= ne10) */
+        if (!leading_dim_ok(s0->nb[1], s0->ne[0], sizeof(float)) ||
+            !(ggml_is_transposed(s1) ? leading_dim_ok(s1->nb[0], s1->ne[1], sizeof(float))
+                                     : leading_dim_ok(s1->nb[1], s1->ne[0], sizeof(float))))
+            return "CUDA's OUT_PROD hands cuBLAS matrices whose rows are at least a row apart";
         return NULL;
+    case GGML_OP_MUL_MAT:
+        return cuda_mul_mat_error(s0, s1);
     case GGML_OP_CONV_TRANSPOSE_2D:
         /* conv2d-transpose.cu: kernel src0, input src1 */
         if (!s0 || !f32_or_f16(s0->type) || !is_f32(s1) || !is_f32(n))
@@ -313,7 +354,9 @@ static const char *cuda_error(const struct ggml_tensor *n)
         /* ggml_cuda_mul_mat_id's grouping path asserts these */
         if (s1 && (s1->nb[1] == 0 || s1->nb[2] % s1->nb[1] != 0 || n->nb[1] == 0 || n->nb[2] % n->nb[1] != 0))
             return "CUDA's MUL_MAT_ID takes src1 and result matrices a whole number of rows apart";
-        return NULL;
+        /* its fallback path computes each expert's rows with MUL_MAT on
+         * src0's matrix and contiguous copies of src1's rows */
+        return cuda_mul_mat_error(s0, NULL);
     default:
         return NULL;
     }
