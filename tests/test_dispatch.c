@@ -12,6 +12,7 @@
 #include "host.h"
 #include "import.h"
 #include "op_device.h"
+#include "op_fusion.h"
 #include "buffers.h"
 #include "dispatcher.h"
 #include "test_records.h"
@@ -656,7 +657,8 @@ static void test_graph_use_counts(void)
         CHECK(g && ggml_graph_n_nodes(g) == 3 && ggml_graph_node(g, 0) == apir_graph_anchor(s));
         if (g) {
             CHECK(ggml_node_get_use_count(g, 1) == 1);
-            CHECK(ggml_node_get_use_count(g, 2) == 0);
+            /* read by nothing: a count no chain matches (op_fusion.h) */
+            CHECK(ggml_node_get_use_count(g, 2) == INT32_MAX);
         }
     }
     /* a count below this graph's own uses is raised to them (a backend
@@ -865,7 +867,9 @@ static void test_cuda_entry_rules(void)
                   apir_op_device_error(APIR_KERNELS_CUDA, taken[i]));
     struct ggml_tensor *bf = ggml_new_tensor_2d(ctx, GGML_TYPE_BF16, 64, 4);
     struct ggml_tensor *refused[] = { ggml_scale(ctx, h, 0.5f), ggml_rms_norm(ctx, h, 1e-5f), ggml_silu(ctx, bf),
-                                      ggml_swiglu_oai(ctx, h, h, 1.0f, 7.0f), ggml_rms_norm(ctx, x, -1.0f) };
+                                      ggml_swiglu_oai(ctx, h, h, 1.0f, 7.0f), ggml_rms_norm(ctx, x, -1.0f),
+                                      /* binbcast.cu reads an F16 src1 as floats */
+                                      ggml_add(ctx, x, h) };
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
         CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, refused[i]) != NULL, "%s taken", ggml_op_desc(refused[i]));
         CHECK(apir_op_device_error(APIR_KERNELS_OTHER, refused[i]) == NULL);
@@ -906,6 +910,109 @@ static void test_cuda_leading_dims(void)
     a->nb[1] = 64;
     op->src[1]->nb[0] = 16;  /* the transposed src1's ldb, 4 floats < ne11 8 */
     CHECK(apir_op_device_error(APIR_KERNELS_CUDA, op) != NULL);
+    ggml_free(ctx);
+}
+
+/* A graph of out's nodes as ggml builds it, its use counts ggml's, made
+ * with the capacity the host gives its graphs (op_fusion.h). */
+static struct ggml_cgraph *fusion_graph(struct ggml_context *ctx, struct ggml_tensor *out)
+{
+    struct ggml_cgraph *g = ggml_new_graph_custom(ctx, apir_fusion_graph_size(64), false);
+    ggml_build_forward_expand(g, out);
+    return g;
+}
+
+/* Where a chain of k nodes that ends the graph starts: t's index, or -1
+ * when t is not there. */
+static int chain_at(const struct ggml_cgraph *g, const struct ggml_tensor *t, int k)
+{
+    return g->n_nodes >= k && g->nodes[g->n_nodes - k] == t ? g->n_nodes - k : -1;
+}
+
+/* ggml-cuda's test of a ROPE, VIEW, SET_ROWS chain (ggml-cuda.cu). */
+static bool rope_chain_fuses(struct ggml_cgraph *g, struct ggml_tensor *rope)
+{
+    const int i = chain_at(g, rope, 3);
+    const enum ggml_op ops[] = { GGML_OP_ROPE, GGML_OP_VIEW, GGML_OP_SET_ROWS };
+    const int out = i + 2;
+    return i >= 0 && ggml_can_fuse_subgraph(g, i, 3, ops, &out, 1);
+}
+
+/*
+ * The fusions a backend may make of a graph's chains (op_fusion.c): ggml's
+ * own checks take these hostile chains (the first assertion of each case:
+ * the test can fail), the seal keeps them node by node, and the chains
+ * ggml's graphs are made of still fuse.
+ */
+static void test_fusion_seal(void)
+{
+    struct ggml_init_params p = { .mem_size = 128 * ggml_tensor_overhead() + 12 * ggml_graph_overhead_custom(80, false),
+                                  .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    const int n_dims = 64;
+    /* ROPE of 4 heads x 2 tokens stored in a cache by SET_ROWS, as llama.cpp does */
+    struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_dims, 4, 2);
+    struct ggml_tensor *pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 2);
+    struct ggml_tensor *kv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_dims * 4, 16);
+    struct ggml_tensor *rope = ggml_rope_ext(ctx, x, pos, NULL, n_dims, 0, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    struct ggml_tensor *v = ggml_view_2d(ctx, rope, n_dims * 4, 2, rope->nb[2], 0);
+    struct ggml_tensor *idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, 2);
+    struct ggml_cgraph *g = fusion_graph(ctx, ggml_set_rows(ctx, kv, v, idx));
+    apir_fusion_seal(g, true);
+    CHECK(rope_chain_fuses(g, rope));
+    CHECK(g->nodes[g->n_nodes]->op == GGML_OP_NONE && g->nodes[g->size - 1]->op == GGML_OP_NONE);
+    /* the same chain in a graph without the guest's counts: not fused */
+    g = fusion_graph(ctx, ggml_set_rows(ctx, kv, v, idx));
+    apir_fusion_seal(g, false);
+    CHECK(!rope_chain_fuses(g, rope));
+    /* a VIEW of the first token only, one index: the kernel reads an index
+     * per token of the ROPE, the second past the index tensor, unchecked */
+    struct ggml_tensor *v1 = ggml_view_2d(ctx, rope, n_dims * 4, 1, rope->nb[2], 0);
+    struct ggml_tensor *idx1 = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, 1);
+    g = fusion_graph(ctx, ggml_set_rows(ctx, kv, v1, idx1));
+    CHECK(rope_chain_fuses(g, rope));
+    apir_fusion_seal(g, true);
+    CHECK(!rope_chain_fuses(g, rope));
+
+    /* RMS_NORM then MUL: by its weights (fused), and in place over rows
+     * that overlap (the kernel writes 64 x 100 floats densely) */
+    struct ggml_tensor *h = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 100);
+    struct ggml_tensor *w = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 64);
+    struct ggml_tensor *norm = ggml_rms_norm(ctx, h, 1e-5f);
+    const enum ggml_op norm_mul[] = { GGML_OP_RMS_NORM, GGML_OP_MUL };
+    g = fusion_graph(ctx, ggml_mul(ctx, norm, w));
+    apir_fusion_seal(g, true);
+    CHECK(ggml_can_fuse(g, chain_at(g, norm, 2), norm_mul, 2));
+    struct ggml_tensor *o = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 100);
+    struct ggml_tensor *overlap = ggml_view_2d(ctx, o, 64, 100, 4, 0);
+    g = fusion_graph(ctx, ggml_mul_inplace(ctx, overlap, norm));
+    const int in = chain_at(g, norm, 2);
+    CHECK(in >= 0 && ggml_can_fuse(g, in, norm_mul, 2));
+    apir_fusion_seal(g, true);
+    CHECK(!ggml_can_fuse(g, in, norm_mul, 2));
+
+    /* MUL_MAT and its bias: a bias of the result's shape fuses; one that
+     * repeats a row through a zero stride is read past its bytes */
+    struct ggml_tensor *wm = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 32, 16);
+    struct ggml_tensor *xm = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 32, 1, 4);
+    struct ggml_tensor *mm = ggml_mul_mat(ctx, wm, xm);
+    const enum ggml_op mm_add[] = { GGML_OP_MUL_MAT, GGML_OP_ADD };
+    g = fusion_graph(ctx, ggml_add(ctx, mm, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 16, 1, 4)));
+    apir_fusion_seal(g, true);
+    CHECK(ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
+    struct ggml_tensor *row = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 64);  /* ggml_view_3d asks room for a dense view */
+    /* (the bias first: ggml lists the VIEW node before the product) */
+    g = fusion_graph(ctx, ggml_add(ctx, ggml_view_3d(ctx, row, 16, 1, 4, 64, 0, 0), mm));
+    CHECK(ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
+    apir_fusion_seal(g, true);
+    CHECK(!ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
+
+    /* a router's top-k: its gating op keeps a count no chain matches */
+    struct ggml_tensor *probs = ggml_soft_max(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 4));
+    g = fusion_graph(ctx, ggml_argsort(ctx, probs, GGML_SORT_ORDER_DESC));
+    apir_fusion_seal(g, true);
+    const int ip = chain_at(g, probs, 2);
+    CHECK(ip >= 0 && ggml_node_get_use_count(g, ip) == INT32_MAX);
     ggml_free(ctx);
 }
 
@@ -1594,6 +1701,7 @@ TEST_MAIN("dispatch",
           TEST(test_cuda_transposing_copy),
           TEST(test_cuda_entry_rules),
           TEST(test_cuda_leading_dims),
+          TEST(test_fusion_seal),
           TEST(test_isolation_and_limits),
           TEST(test_index_policy),
           TEST(test_weight_copies))

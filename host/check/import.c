@@ -1,6 +1,7 @@
 #include "import.h"
 #include "op_derive.h"
 #include "op_device.h"
+#include "op_fusion.h"
 #include "op_shapes.h"
 
 #include "apir_log.h"
@@ -277,7 +278,7 @@ bool apir_import_begin(struct apir_import_scratch *sc, uint32_t n_tensors, uint3
     /* The graph, and one more for computing it in segments (op_policy.c);
      * ggml aborts when a context runs out, so reserve, never guess. */
     if (n_nodes)
-        need += 2 * ggml_graph_overhead_custom(n_nodes, false);
+        need += 2 * ggml_graph_overhead_custom(apir_fusion_graph_size(n_nodes), false);
     if (!scratch_grow_tensors(sc, n_tensors ? n_tensors : 1))
         return refuse(why, "out of memory for the tensor map");
     sc->segment_graph = NULL;
@@ -741,7 +742,7 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
     }
     if (!tensors)
         return NULL;
-    struct ggml_cgraph *graph = ggml_new_graph_custom(sc->ctx, n_nodes + 1, false);
+    struct ggml_cgraph *graph = ggml_new_graph_custom(sc->ctx, apir_fusion_graph_size(n_nodes + 1), false);
     if (!graph || !anchor)
         return refuse(why, "scratch context full");
     ggml_graph_add_node(graph, anchor);
@@ -769,12 +770,15 @@ struct ggml_cgraph *apir_import_graph(struct apir_session *s, struct apir_import
             return refuse(why, "MUL after an RMS_NORM it broadcasts (the CPU backend's fused kernel asserts one shape)");
         ggml_graph_add_node(graph, node);
     }
-    if (in->use_counts && apir_decoder_left(&dec) > 0) {
+    const bool counts_given = in->use_counts && apir_decoder_left(&dec) > 0;
+    if (counts_given) {
         if (apir_decode_u32(&dec) != APIR_GRAPH_USE_COUNTS_TAG || !set_use_counts(graph, &dec))
             return refuse(why, "graph use-count section malformed");
         if (apir_decoder_left(&dec) != 0)
             return refuse(why, "bytes after the graph's use counts");
     }
+    /* the chains a backend may fuse (op_fusion.h) */
+    apir_fusion_seal(graph, counts_given);
     if (memo) {
         for (uint32_t i = 0; i < n_tensors; i++)
             memo->supported[i] = (sc->same[i] & REC_SUPPORTED) != 0;

@@ -60,9 +60,12 @@ static const char *bin_bcast_error(const struct ggml_tensor *a, const struct ggm
     if (!a || !b)
         return NULL;
     const enum ggml_type ta = a->type, tb = b->type, td = dst->type;
-    const bool typed = f32_or_f16(tb) && ((ta == GGML_TYPE_F32 && td == GGML_TYPE_F32) ||
-                                          (ta == GGML_TYPE_F16 && td == GGML_TYPE_F16) ||
-                                          (ta == GGML_TYPE_F16 && td == GGML_TYPE_F32));
+    /* ggml_cuda_op_bin_bcast reads src1 as float in each case but
+     * F16, F16, F16 - whatever its type (an F16 src1 is read as floats: past
+     * its bytes where its strides pass the kernel's asserts) */
+    const bool typed = (ta == GGML_TYPE_F32 && tb == GGML_TYPE_F32 && td == GGML_TYPE_F32) ||
+                       (ta == GGML_TYPE_F16 && f32_or_f16(tb) && td == GGML_TYPE_F16) ||
+                       (ta == GGML_TYPE_F16 && tb == GGML_TYPE_F32 && td == GGML_TYPE_F32);
     if (!typed)
         return "CUDA's broadcast kernels have no function for these types";
     if (!whole_elements(a) || !whole_elements(b) || !whole_elements(dst))

@@ -1,4 +1,5 @@
 #include "op_policy.h"
+#include "op_fusion.h"
 #include "upload_mirror.h"
 #include "wait.h"
 
@@ -475,7 +476,7 @@ static enum ggml_status compute_segment(struct apir_session *s, struct apir_impo
     /* One segment graph per imported graph, in the context that holds it
      * (the import reserved room for it). */
     if (!sc->segment_graph) {
-        sc->segment_graph = ggml_new_graph_custom(sc->ctx, (size_t)ggml_graph_n_nodes(graph), false);
+        sc->segment_graph = ggml_new_graph_custom(sc->ctx, apir_fusion_graph_size(ggml_graph_n_nodes(graph)), false);
         if (!sc->segment_graph)
             return GGML_STATUS_ALLOC_FAILED;
         sc->segment_graph_size = ggml_graph_n_nodes(graph);
@@ -483,6 +484,8 @@ static enum ggml_status compute_segment(struct apir_session *s, struct apir_impo
     ggml_graph_clear(sc->segment_graph);
     for (int i = i0; i < i1; i++)
         ggml_graph_add_node(sc->segment_graph, ggml_graph_node(graph, i));
+    /* a segment fuses nothing (its counts are not the graph's): op_fusion.h */
+    apir_fusion_seal(sc->segment_graph, false);
     return ggml_backend_graph_compute_async(backend, sc->segment_graph);
 }
 

@@ -1,0 +1,170 @@
+#include "op_fusion.h"
+
+#include "ggml-impl.h"
+
+/* The node the padding repeats: op NONE, no sources - no matcher's chain
+ * starts or goes on with it. */
+static struct ggml_tensor fusion_end = { .op = GGML_OP_NONE };
+
+static bool reads(const struct ggml_tensor *node, const struct ggml_tensor *t)
+{
+    for (int k = 0; k < GGML_MAX_SRC; k++)
+        if (node->src[k] == t)
+            return true;
+    return false;
+}
+
+/* A count no chain matches: ggml_can_fuse wants 1 for an inner node,
+ * ggml_can_fuse_subgraph its uses inside the chain (at most a few). */
+static void no_fuse(struct ggml_cgraph *g, struct ggml_tensor *node)
+{
+    struct ggml_hash_set *set = &g->visited_hash_set;
+    size_t pos = ggml_hash_insert(set, node);
+    if (pos == GGML_HASHSET_ALREADY_EXISTS)
+        pos = ggml_hash_find(set, node);
+    if (pos == GGML_HASHSET_FULL)
+        return;  /* cannot be: the set holds twice the graph's size */
+    g->use_counts[pos] = INT32_MAX;
+}
+
+static int32_t use_count(const struct ggml_cgraph *g, const struct ggml_tensor *node)
+{
+    const size_t pos = ggml_hash_find(&g->visited_hash_set, node);
+    if (pos == GGML_HASHSET_FULL || !ggml_bitset_get(g->visited_hash_set.used, pos))
+        return 0;
+    return g->use_counts[pos];
+}
+
+static bool is_op(const struct ggml_cgraph *g, int i, enum ggml_op op)
+{
+    return i < g->n_nodes && g->nodes[i]->op == op;
+}
+
+static bool dense_f32(const struct ggml_tensor *t)
+{
+    return t && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t);
+}
+
+/*
+ * ROPE, VIEW, SET_ROWS (rope.cu with set_rows): the kernel writes rope row
+ * (head h, token t) at set_rows->data + (h * ne0 + i0 + idx[t] * nb1/size)
+ * elements, reading idx[t] as a dense int64 array for t < rope->ne[2], in a
+ * 32-bit offset - and never looks at the VIEW's shape or offset, or at the
+ * index tensor's strides.  Taken: the VIEW is the whole contiguous ROPE as
+ * [heads * ne0, tokens] (so the policy's check of the indices, over the
+ * VIEW's rows by the index tensor's strides, is of the entries the kernel
+ * reads), a contiguous index tensor, rows of set_rows dense, and every
+ * row's offset inside 32 bits.
+ */
+static bool rope_set_rows_ok(const struct ggml_tensor *rope, const struct ggml_tensor *view,
+                             const struct ggml_tensor *sr)
+{
+    const struct ggml_tensor *idx = sr->src[1];
+    const size_t ts = ggml_type_size(sr->type);
+    return view->src[0] == rope && view->view_src == rope && view->view_offs == 0 && sr->src[0] == view && idx &&
+           ggml_is_contiguous(rope) && rope->ne[3] == 1 && view->ne[0] == rope->ne[0] * rope->ne[1] &&
+           view->ne[1] == rope->ne[2] && view->ne[2] == 1 && view->ne[3] == 1 && ggml_is_contiguous(idx) &&
+           ts > 0 && sr->nb[0] == ts && (uint64_t)(sr->nb[1] / ts) * (uint64_t)sr->ne[1] <= INT32_MAX;
+}
+
+/*
+ * RMS_NORM or a unary op, then a MUL of it (norm.cu, unary.cu fused
+ * kernels; RMS_NORM, MUL, ADD too): the kernel writes the last node's
+ * result as a dense array and reads the MUL's other operand's rows from
+ * nb[1] on with consecutive elements (unary.cu asserts nb[0]).  An
+ * in-place MUL over rows that overlap has fewer bytes than that.
+ */
+static bool norm_mul_ok(const struct ggml_cgraph *g, int i)
+{
+    const struct ggml_tensor *head = g->nodes[i], *mul = g->nodes[i + 1];
+    if (!reads(mul, head) || !ggml_is_contiguous(mul))
+        return false;
+    const struct ggml_tensor *other = mul->src[0] == head ? mul->src[1] : mul->src[0];
+    if (!other || other->nb[0] != ggml_type_size(other->type))
+        return false;
+    if (is_op(g, i + 2, GGML_OP_ADD) && (!reads(g->nodes[i + 2], mul) || !ggml_is_contiguous(g->nodes[i + 2])))
+        return false;
+    return true;
+}
+
+/*
+ * A matrix product with its bias (mmvf.cu, mmvq.cu: MUL_MAT + ADD,
+ * MUL_MAT_ID (+ scale MUL) + ADD_ID, and the GLU forms with two of them):
+ * the kernel reads the bias with the result's strides and asserts it F32,
+ * and ADD_ID's bias one row per expert.  Taken: every ADD in the next four
+ * nodes of F32 contiguous operands; an ADD_ID's rows from a node of the
+ * chain and a bias row per expert of the head's weights.
+ */
+static bool bias_ok(const struct ggml_cgraph *g, int i)
+{
+    const struct ggml_tensor *head = g->nodes[i];
+    for (int j = i + 1; j <= i + 4 && j < g->n_nodes; j++) {
+        const struct ggml_tensor *n = g->nodes[j];
+        if (n->op == GGML_OP_ADD) {
+            if (!dense_f32(n->src[0]) || !dense_f32(n->src[1]))
+                return false;
+        } else if (n->op == GGML_OP_ADD_ID) {
+            bool from_chain = false;
+            for (int k = i; k < j; k++)
+                from_chain |= n->src[0] == g->nodes[k];
+            if (!from_chain || !dense_f32(n->src[0]) || !dense_f32(n->src[1]) || head->op != GGML_OP_MUL_MAT_ID ||
+                !head->src[0] || n->src[1]->ne[1] != head->src[0]->ne[2])
+                return false;
+        }
+    }
+    return true;
+}
+
+void apir_fusion_seal(struct ggml_cgraph *g, bool counts_given)
+{
+    for (int i = g->n_nodes; i < g->size; i++)
+        g->nodes[i] = &fusion_end;
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct ggml_tensor *node = g->nodes[i];
+        if (!counts_given || use_count(g, node) == 0)
+            no_fuse(g, node);
+    }
+    if (!counts_given)
+        return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct ggml_tensor *node = g->nodes[i];
+        bool ok = true;
+        switch (node->op) {
+        case GGML_OP_ROPE:
+            if (is_op(g, i + 1, GGML_OP_VIEW) && is_op(g, i + 2, GGML_OP_SET_ROWS))
+                ok = rope_set_rows_ok(node, g->nodes[i + 1], g->nodes[i + 2]);
+            break;
+        case GGML_OP_RMS_NORM:
+            if (is_op(g, i + 1, GGML_OP_MUL)) {
+                ok = norm_mul_ok(g, i);
+                if (ok && is_op(g, i + 2, GGML_OP_ROPE) && is_op(g, i + 3, GGML_OP_VIEW) &&
+                    is_op(g, i + 4, GGML_OP_SET_ROWS))
+                    ok = g->nodes[i + 2]->src[0] == g->nodes[i + 1] &&
+                         rope_set_rows_ok(g->nodes[i + 2], g->nodes[i + 3], g->nodes[i + 4]);
+            }
+            break;
+        case GGML_OP_MUL_MAT: case GGML_OP_MUL_MAT_ID:
+            ok = bias_ok(g, i);
+            break;
+        default:
+            break;
+        }
+        if (ok && node->op == GGML_OP_UNARY && is_op(g, i + 1, GGML_OP_MUL))
+            ok = norm_mul_ok(g, i);
+        /*
+         * A router's top-k (topk-moe.cu): the gating op (SOFT_MAX, a unary
+         * op, or an ARGSORT first for the delayed softmax) and an ARGSORT
+         * within the next four nodes.  The kernel takes its row and expert
+         * counts from nodes nothing compares (the logits' rows, the weights'
+         * ne[1], the final RESHAPE), writes the ids and weights with them,
+         * and reads a bias for every expert; and it writes only part of the
+         * ARGSORT's result, which op_policy.c takes as written whole.  Not
+         * fused, until a rule proves a chain's shapes agree.
+         */
+        if (ok && (node->op == GGML_OP_SOFT_MAX || node->op == GGML_OP_UNARY || node->op == GGML_OP_ARGSORT))
+            for (int j = i; j <= i + 4 && j < g->n_nodes; j++)
+                ok &= g->nodes[j]->op != GGML_OP_ARGSORT;
+        if (!ok)
+            no_fuse(g, node);
+    }
+}
