@@ -11,6 +11,8 @@
 #include "apir_commands.h"
 #include "apir_proto.h"
 #include "ggml.h"
+#include "ggml-impl.h"
+#include "graph_exec.h"
 #include "host.h"
 #include "dispatcher.h"
 #include "test_records.h"
@@ -52,6 +54,7 @@ struct layout {
     uint64_t buf;    /* buffer handle */
     struct apir_session *s;
     const struct ggml_tensor *not_computed;  /* a node sent without GGML_TENSOR_FLAG_COMPUTE */
+    uint64_t key;    /* not 0: sent keyed, with use counts */
 };
 
 static void layout_init(struct layout *l, struct apir_session *s, uint64_t buf)
@@ -184,7 +187,19 @@ static uint32_t run(struct layout *l, struct ggml_tensor **nodes, int n_nodes, u
         apir_encode_u64(&e, ids[i]);
     apir_encode_tensor_list(&e, (uint32_t)l->n, recs);
     *status = 99;
-    return fwd_BACKEND_GRAPH_COMPUTE_AT(l->s, DATA_RES, GRAPH_AT, apir_encoder_used(&e), status);
+    if (!l->key)
+        return fwd_BACKEND_GRAPH_COMPUTE_AT(l->s, DATA_RES, GRAPH_AT, apir_encoder_used(&e), status);
+    /* keyed, with the use counts a guest sends (each src slot that names
+     * the node): what lets a backend fuse a chain */
+    apir_encode_u32(&e, APIR_GRAPH_USE_COUNTS_TAG);
+    for (int i = 0; i < n_nodes; i++) {
+        uint32_t uses = 0;
+        for (int j = 0; j < n_nodes; j++)
+            for (int k = 0; k < GGML_MAX_SRC; k++)
+                uses += nodes[j]->src[k] == nodes[i];
+        apir_encode_u32(&e, uses);
+    }
+    return fwd_BACKEND_GRAPH_COMPUTE_KEYED(l->s, DATA_RES, GRAPH_AT, apir_encoder_used(&e), l->key, status);
 }
 
 static bool accepted(struct layout *l, struct ggml_tensor **nodes, int n_nodes)
@@ -718,6 +733,68 @@ static void test_add_id_and_self_overwrite(void)
     }
 }
 
+/*
+ * A chain a backend fuses (host/check/op_fusion.c), sent keyed with its use
+ * counts, as llama.cpp's graphs are: ROPE, VIEW, SET_ROWS, which the CPU
+ * computes node by node and ggml-cuda fuses - and its fused kernel reads an
+ * index per token of the ROPE, whatever the VIEW says: with a VIEW of the
+ * first token only, the bytes after its one index name the row the second
+ * token is written to (unchecked: here 12, inside the cache; any row, or
+ * any address, for a hostile guest).  Whatever the backend, only what the
+ * graph says may change: rows 3 (and 5 with both tokens) and the ROPE's
+ * result.  On the CPU this holds either way; under APIR_TEST_BACKEND=CUDA
+ * (bench/h200.sh check) it is the fusion rules that hold it.
+ */
+static void test_fused_chains(void)
+{
+    for (int variant = 0; variant < 2; variant++) {
+        struct apir_session *s = new_session();
+        struct layout l;
+        layout_init(&l, s, alloc_buffer(s, BUF_SIZE));
+        l.key = 500 + (uint64_t)variant;
+        /* ROPE of 4 heads x 2 tokens into a 16-row cache; variant 1 stores
+         * the first token only, its index 3 followed by 12 */
+        const int n_dims = 16, tokens = variant == 0 ? 2 : 1;
+        struct ggml_tensor *x = ggml_new_tensor_3d(l.ctx, GGML_TYPE_F32, n_dims, 4, 2);
+        struct ggml_tensor *pos = ggml_new_tensor_1d(l.ctx, GGML_TYPE_I32, 2);
+        struct ggml_tensor *kv = ggml_new_tensor_2d(l.ctx, GGML_TYPE_F32, n_dims * 4, 16);
+        struct ggml_tensor *rope =
+            ggml_rope_ext(l.ctx, x, pos, NULL, n_dims, 0, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        struct ggml_tensor *v = ggml_view_2d(l.ctx, rope, n_dims * 4, tokens, rope->nb[2], 0);
+        struct ggml_tensor *idx = ggml_new_tensor_1d(l.ctx, GGML_TYPE_I64, tokens);
+        struct ggml_tensor *nodes[3] = { rope, v, ggml_set_rows(l.ctx, kv, v, idx) };
+        fill_f32(&l, x, 1.0f);
+        fill_f32(&l, kv, 0.5f);
+        const int32_t p[2] = { 7, 8 };
+        put(&l, pos, p);
+        place(&l, nodes[2]);
+        /* 16 bytes: with one token, the second lies in the padding after
+         * the tensor (place() aligns to 64) */
+        const int64_t rows[2] = { 3, variant == 0 ? 5 : 12 };
+        put_bytes(&l, l.off[find(&l, idx)], rows, sizeof(rows));
+        static uint8_t before[BUF_SIZE], after[BUF_SIZE];
+        get_bytes(&l, 0, before, BUF_SIZE);
+        CHECK_MSG(accepted(&l, nodes, 3), "rope chain %d refused", variant);
+        /* the kept graph (the anchor, then the nodes): the ROPE's count is
+         * its one use where the chain fuses, one no chain matches where not */
+        struct ggml_cgraph *g = apir_graph_kept(s, l.key);
+        CHECK(g && ggml_graph_n_nodes(g) == 4 && ggml_graph_node(g, 1)->op == GGML_OP_ROPE);
+        if (g)
+            CHECK(ggml_node_get_use_count(g, 1) == (variant == 0 ? 1 : INT32_MAX));
+        get_bytes(&l, 0, after, BUF_SIZE);
+        /* what the graph writes: the ROPE's result, row 3 (and 5) */
+        const uint64_t kv_off = l.off[find(&l, kv)], row = (uint64_t)n_dims * 4 * 4;
+        const uint64_t rope_off = l.off[find(&l, rope)];
+        memcpy(after + rope_off, before + rope_off, ggml_nbytes(rope));
+        memcpy(after + kv_off + 3 * row, before + kv_off + 3 * row, row);
+        if (variant == 0)
+            memcpy(after + kv_off + 5 * row, before + kv_off + 5 * row, row);
+        CHECK_MSG(memcmp(before, after, BUF_SIZE) == 0, "chain %d wrote outside what its graph says", variant);
+        layout_free(&l);
+        apir_session_free(s);
+    }
+}
+
 /* The CPU here; on a GPU machine APIR_TEST_BACKEND=CUDA (device memory:
  * indices checked from the upload mirror or read back). */
 static void setup(void)
@@ -737,4 +814,5 @@ TEST_MAIN("index_checks",
           TEST(test_get_rows_back_dense),
           TEST(test_ssm_scan_ids),
           TEST(test_rows_at_the_edge),
-          TEST(test_add_id_and_self_overwrite))
+          TEST(test_add_id_and_self_overwrite),
+          TEST(test_fused_chains))

@@ -71,8 +71,10 @@ static bool rope_set_rows_ok(const struct ggml_tensor *rope, const struct ggml_t
  * RMS_NORM or a unary op, then a MUL of it (norm.cu, unary.cu fused
  * kernels; RMS_NORM, MUL, ADD too): the kernel writes the last node's
  * result as a dense array and reads the MUL's other operand's rows from
- * nb[1] on with consecutive elements (unary.cu asserts nb[0]).  An
- * in-place MUL over rows that overlap has fewer bytes than that.
+ * nb[1] on with consecutive elements (unary.cu asserts nb[0]).  The dense
+ * write stays in the MUL's checked bytes (op_shapes.c: an extent covers
+ * its dense size), but lands elsewhere than the MUL's strides say unless
+ * the result is contiguous.
  */
 static bool norm_mul_ok(const struct ggml_cgraph *g, int i)
 {

@@ -10,11 +10,12 @@
  * assumes more than each node does alone: ggml-cuda's ROPE+SET_ROWS reads
  * the row indices as a dense array of the ROPE's rows, whatever the index
  * tensor's strides or the VIEW's shape (a write where the guest says); the
- * norm+MUL and unary+MUL kernels write the MUL's result densely (past an
- * in-place MUL over rows that overlap); the top-k kernel takes its sizes
- * from different nodes that nothing compares; the bias of a fused
- * matrix-vector product is read with the result's strides.  And the
- * top-k matcher reads nodes past the graph's last one.
+ * top-k kernel takes its sizes from different nodes that nothing compares;
+ * the norm+MUL and unary+MUL kernels write the MUL's result densely and a
+ * fused matrix-vector product reads its bias with the result's strides
+ * (inside the checked bytes: every tensor's extent covers its dense size,
+ * op_shapes.c - kept to well-formed chains all the same).  And the top-k
+ * matcher reads nodes past the graph's last one.
  *
  * Each node the host computes was checked alone (import.c and the rest);
  * this module keeps the fusions to chains that are what ggml builds:
