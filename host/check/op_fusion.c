@@ -53,8 +53,9 @@ static bool dense_f32(const struct ggml_tensor *t)
  * index tensor's strides.  Taken: the VIEW is the whole contiguous ROPE as
  * [heads * ne0, tokens] (so the policy's check of the indices, over the
  * VIEW's rows by the index tensor's strides, is of the entries the kernel
- * reads), a contiguous index tensor, rows of set_rows dense, and every
- * row's offset inside 32 bits.
+ * reads), a contiguous index tensor, rows of set_rows dense and at least
+ * a row apart (a row stride of 0 makes the kernel write the ROPE's own
+ * layout there), and every row's offset inside 32 bits.
  */
 static bool rope_set_rows_ok(const struct ggml_tensor *rope, const struct ggml_tensor *view,
                              const struct ggml_tensor *sr)
@@ -64,7 +65,8 @@ static bool rope_set_rows_ok(const struct ggml_tensor *rope, const struct ggml_t
     return view->src[0] == rope && view->view_src == rope && view->view_offs == 0 && sr->src[0] == view && idx &&
            ggml_is_contiguous(rope) && rope->ne[3] == 1 && view->ne[0] == rope->ne[0] * rope->ne[1] &&
            view->ne[1] == rope->ne[2] && view->ne[2] == 1 && view->ne[3] == 1 && ggml_is_contiguous(idx) &&
-           ts > 0 && sr->nb[0] == ts && (uint64_t)(sr->nb[1] / ts) * (uint64_t)sr->ne[1] <= INT32_MAX;
+           ts > 0 && sr->nb[0] == ts && sr->nb[1] >= (size_t)sr->ne[0] * ts &&
+           (uint64_t)(sr->nb[1] / ts) * (uint64_t)sr->ne[1] <= INT32_MAX;
 }
 
 /*
