@@ -14,7 +14,9 @@
 #                              per-graph host timings of one pp2048 (host log at debug)
 #   bench/h200.sh fuzzdev      fuzz_op's nodes on CUDA kernels (apir-fuzz-op-dev, fuzz/dev_driver.c): the kept
 #                              corpus, fuzz_op's findings and its constructible seeds, then mutations, for
-#                              FUZZDEV_S seconds (default: what is left of the call less 20); findings in $OUT/fuzzdev
+#                              FUZZDEV_S seconds (default: what is left of the call less 20); findings in $OUT/fuzzdev;
+#                              FUZZDEV_CHAIN_S of them (a third by default) in chain mode (-chains: chains
+#                              ggml-cuda fuses, sent keyed with use counts), findings in $OUT/fuzzdev-chains
 #   bench/h200.sh pp           issue 26 item 3: pp2048 native vs apir vs apir with PP_HOSTB (default
 #                              APIR_HOST_STAGE_MB=0, no upload stage), interleaved, 1B F16 and 8B Q4_0;
 #                              the hosts' profiles (how long the device idled before each launch); PP_TRACE=1
@@ -197,9 +199,17 @@ fuzzdev)
   seeds=/tmp/fuzzdev-seeds; mkdir -p $seeds
   FUZZ_OP_SEEDS=$seeds build/apir-fuzz-op-dev >/dev/null 2>&1  # the CPU's host writes them
   S=${FUZZDEV_S:-$(( $(left) - 20 ))}
-  log "fuzz_op's device path on CUDA for $S s ($(ls $seeds | wc -l) seeds)"
-  FUZZ_BACKEND=CUDA build/apir-fuzz-op-dev -seconds "$S" -timeout 60 -seed ${FUZZDEV_SEED:-$RANDOM} \
+  CS=${FUZZDEV_CHAIN_S:-$(( S / 3 ))}   # the chain-mode pass's share: fused kernels
+  seed=${FUZZDEV_SEED:-$RANDOM}
+  log "fuzz_op's device path on CUDA for $(( S - CS )) s ($(ls $seeds | wc -l) seeds), seed $seed"
+  FUZZ_BACKEND=CUDA build/apir-fuzz-op-dev -seconds "$(( S - CS ))" -timeout 60 -seed $seed \
     -artifacts "$OUT/fuzzdev" fuzz/findings/cuda fuzz/corpus/fuzz_op fuzz/findings/fuzz_op-*.bin $seeds 2>&1 | tee -a "$OUT/h200.log"
+  if [ "$CS" -gt 0 ]; then
+    # chain mode: its own inputs per kind of chain, the corpus read as chains
+    log "fuzz_op's chain mode on CUDA for $CS s (fused kernels), seed $seed"
+    FUZZ_BACKEND=CUDA build/apir-fuzz-op-dev -chains -seconds "$CS" -timeout 60 -seed $seed \
+      -artifacts "$OUT/fuzzdev-chains" fuzz/corpus/fuzz_op 2>&1 | tee -a "$OUT/h200.log"
+  fi
   ;;
 pp)
   # issue 26 item 3: pp through the Unix socket against native, and an A/B

@@ -19,7 +19,8 @@
  * from another input) from a seeded generator until -seconds or -runs run
  * out.
  *
- * usage: apir-fuzz-op-dev [-seconds N] [-runs N] [-seed N] [-timeout N] [-artifacts DIR] [-selftest 1] PATH...
+ * usage: apir-fuzz-op-dev [-seconds N] [-runs N] [-seed N] [-timeout N] [-artifacts DIR] [-selftest 1] [-chains]
+ *                         PATH...
  *   PATH: a corpus directory or an input file.  -runs: stop after N inputs
  *   (with -seed, the same inputs on every machine: what CI runs; the
  *   default is -seconds 60 only).  -selftest 1: an input that starts with
@@ -27,6 +28,10 @@
  *   SELFTEST-HANG never answers (the driver's own test).  Exit status: 0 when no
  *   input ended a child, 1 when some did (each reason printed with the
  *   file its first input was saved to), 2 on a usage or setup error.
+ *   -chains: fuzz_op's chain mode in the child (FUZZ_OP_CHAINS=1: chains of
+ *   nodes a backend fuses, fuzz_op.c enum chain_kind); every input is a
+ *   chain there, so PATH may be left out, and CHAIN_SEEDS inputs per kind of
+ *   chain, made from the seed, come first.
  * FUZZ_OP_SEEDS=DIR alone: writes fuzz_op's constructible seeds and exits.
  */
 #include <dirent.h>
@@ -49,12 +54,20 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 extern char fuzz_op_last_outcome;  /* fuzz_op.c: N, R, A or C */
+extern const int fuzz_op_chain_kinds;  /* fuzz_op.c: its enum chain_kind's count */
 
 #define MAX_INPUTS 8192
 #define MAX_INPUT_SIZE 4096
 #define MAX_KINDS 64
 #define KEEP_PER_KIND 3
 #define READY_SECONDS 600  /* a device's context, its kernels loaded */
+/* -chains: inputs made per kind of chain (fuzz_op.c's enum chain_kind,
+ * fuzz_op_chain_kinds of them: the kind is the first byte, or the second
+ * after an edges input's mark), half of them edges inputs, so that every
+ * kind is run whatever the corpus. */
+#define CHAIN_SEEDS 16
+#define CHAIN_SEED_SIZE 160
+#define EDGES_MARK 0xa5  /* fuzz_op.c's */
 
 struct input {
     uint8_t *bytes;
@@ -109,25 +122,46 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static void add_input(const uint8_t *bytes, size_t n)
+{
+    if (n_corpus == MAX_INPUTS || n == 0)
+        return;
+    uint8_t *p = malloc(n);
+    if (!p)
+        return;
+    memcpy(p, bytes, n);
+    corpus[n_corpus].bytes = p;
+    corpus[n_corpus].size = n;
+    n_corpus++;
+}
+
 static void add_file(const char *path)
 {
-    if (n_corpus == MAX_INPUTS)
-        return;
     FILE *f = fopen(path, "rb");
     if (!f)
         return;
     uint8_t buf[MAX_INPUT_SIZE];
     size_t n = fread(buf, 1, sizeof(buf), f);
     fclose(f);
-    if (n == 0)
-        return;
-    uint8_t *p = malloc(n);
-    if (!p)
-        return;
-    memcpy(p, buf, n);
-    corpus[n_corpus].bytes = p;
-    corpus[n_corpus].size = n;
-    n_corpus++;
+    add_input(buf, n);
+}
+
+/* -chains: CHAIN_SEEDS inputs per kind of chain, random bytes after the
+ * kind's, from the seeded generator (the same on every machine). */
+static void add_chain_seeds(void)
+{
+    for (int kind = 0; kind < fuzz_op_chain_kinds; kind++)
+        for (int i = 0; i < CHAIN_SEEDS; i++) {
+            uint8_t in[CHAIN_SEED_SIZE];
+            for (size_t k = 0; k < sizeof(in); k++)
+                in[k] = (uint8_t)(rnd() >> 24);
+            in[0] = (uint8_t)kind;
+            if (i & 1) {
+                in[0] = EDGES_MARK;
+                in[1] = (uint8_t)kind;
+            }
+            add_input(in, sizeof(in));
+        }
 }
 
 /* A directory's regular files (not its subdirectories), in name order so
@@ -430,8 +464,16 @@ int main(int argc, char **argv)
     double seconds = 60, timeout = 30;
     long max_runs = -1;
     const char *artifacts = ".";
+    bool chains = false;
     int i = 1;
-    for (; i + 1 < argc && argv[i][0] == '-'; i += 2) {
+    for (; i < argc && argv[i][0] == '-'; i += 2) {
+        if (!strcmp(argv[i], "-chains")) {
+            chains = true;
+            i--;  /* a flag without a value */
+            continue;
+        }
+        if (i + 1 >= argc)
+            break;
         if (!strcmp(argv[i], "-seconds"))
             seconds = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-runs"))
@@ -447,11 +489,16 @@ int main(int argc, char **argv)
         else
             break;
     }
-    if (i >= argc || argv[i][0] == '-') {
+    if ((i >= argc && !chains) || (i < argc && argv[i][0] == '-')) {
         fprintf(stderr,
-                "usage: %s [-seconds N] [-runs N] [-seed N] [-timeout N] [-artifacts DIR] [-selftest 1] PATH...\n",
+                "usage: %s [-seconds N] [-runs N] [-seed N] [-timeout N] [-artifacts DIR] [-selftest 1] [-chains] "
+                "PATH...\n",
                 argv[0]);
         return 2;
+    }
+    if (chains) {
+        setenv("FUZZ_OP_CHAINS", "1", 1);  /* for the children */
+        add_chain_seeds();
     }
     for (; i < argc; i++)
         add_path(argv[i]);
@@ -506,10 +553,10 @@ int main(int argc, char **argv)
             await(child.from, 5, NULL);  /* its end */
         child_stop(false, NULL);
     }
-    printf("apir-fuzz-op-dev: %ld inputs (%ld from the corpus, %ld mutated) in %.0f s on %s, %ld ended the child "
+    printf("apir-fuzz-op-dev: %ld inputs (%ld from the corpus, %ld mutated) in %.0f s on %s%s, %ld ended the child "
            "(%ld children), %d kinds\n",
            runs, runs - mutated, mutated, now_s() - start, getenv("FUZZ_BACKEND") ? getenv("FUZZ_BACKEND") : "CPU",
-           findings, restarts, n_kinds);
+           chains ? " (chains)" : "", findings, restarts, n_kinds);
     printf("  outcomes: %ld built no node, %ld refused by the host, %ld accepted and computed, "
            "%ld computed in a child of their own\n",
            outcomes[0], outcomes[1], outcomes[2], outcomes[3]);

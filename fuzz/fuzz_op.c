@@ -86,6 +86,7 @@
 #include "ggml-impl.h"
 
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -116,6 +117,10 @@
 /* Nodes here are tiny (dims <= 40): a compute that takes longer than this
  * does not end (a finding), and the child must not outlive the parent. */
 #define CHILD_SECONDS 4
+/* Chain mode: room for a chain's nodes (the top-k router's longest form
+ * has 13) and the key its graph is sent with (any but 0). */
+#define CHAIN_MAX 16
+#define CHAIN_KEY 0x63686169ull
 
 /* Memory of the buffers: [guard][GUARDED_SIZE][guard] each, and
  * [guard][OWN_SIZE][guard] for each own mapping. */
@@ -125,6 +130,7 @@ static uint8_t *msg_blob;
 static uint8_t snapshot[N_BUFS][REGION_MAX];
 static bool verbose;
 static bool device_path;        /* see the top: host-allocated buffers, no fork */
+static bool chains;             /* FUZZ_OP_CHAINS=1: chain mode (see "chain mode" below) */
 static uint8_t stage[N_BUFS][REGION_MAX];  /* the device path's buffer contents */
 static uint8_t *data_blob;      /* DATA_RES */
 /* What the last input came to, for apir-fuzz-op-dev's counts: 'N' no node
@@ -185,6 +191,46 @@ static void on_abort(const char *message)
 
 /* ---- the input, and what it builds --------------------------------------- */
 
+/*
+ * Chain mode (FUZZ_OP_CHAINS=1; apir-fuzz-op-dev -chains): every input is a
+ * chain of 2-13 consecutive nodes of a shape a backend fuses into one kernel
+ * (ggml-cuda's ggml_cuda_try_fuse; the CPU backend's RMS_NORM + MUL), sent
+ * as one keyed graph with its use counts (BACKEND_GRAPH_COMPUTE_KEYED,
+ * APIR_GRAPH_USE_COUNTS_TAG), as a guest sends a model's graph: only then
+ * does a backend fuse, and the host decides which chains it may
+ * (host/check/op_fusion.c).  A fused kernel assumes more than each of its
+ * nodes does alone (the index tensor's layout, the VIEW's shape, sizes
+ * taken from nodes nothing compares, a dense result), and the host checks
+ * each node alone; so the chains are made by ggml's own constructors, as a
+ * model's graph has them (ggml's fusion checks accept those), then changed
+ * where a hostile guest could: leaves' and views' strides, views' shapes
+ * and offsets, index tensors' lengths and types, a node that no longer
+ * reads the one before it, in-place variants, the use counts sent.  The
+ * write oracle allows each node's own result (check_writes).  A mode of
+ * its own, not a share of the inputs: without it the corpus's inputs keep
+ * their meaning.
+ */
+enum chain_kind {
+    CH_ROPE_SET_ROWS,       /* ROPE, VIEW, SET_ROWS: a K cache store */
+    CH_NORM_ROPE_SET_ROWS,  /* RMS_NORM, MUL, ROPE, VIEW, SET_ROWS */
+    CH_NORM_ROPE,           /* RMS_NORM, MUL, ROPE */
+    CH_NORM_MUL,            /* RMS_NORM, MUL (, ADD) */
+    CH_UNARY_MUL,           /* SILU, SIGMOID or SOFTPLUS, then MUL */
+    CH_TOPK,                /* a MoE router's top-k (topk-moe.cu) */
+    CH_MUL_MAT_ADD,         /* MUL_MAT and its bias */
+    CH_MUL_MAT_ID_ADD_ID,   /* MUL_MAT_ID and its bias per expert */
+    CH_ADDS,                /* ADDs (or MULs) one after another */
+    CH_COUNT
+};
+
+/* How many kinds there are, for apir-fuzz-op-dev's own inputs per kind. */
+const int fuzz_op_chain_kinds = CH_COUNT;
+
+static const char *const chain_names[CH_COUNT] = {
+    "rope-set_rows", "norm-rope-set_rows", "norm-rope", "norm-mul", "unary-mul", "topk",
+    "mul_mat-add", "mul_mat_id-add_id", "adds",
+};
+
 struct gen {
     struct fz_reader r;
     struct ggml_context *ctx;
@@ -200,6 +246,14 @@ struct gen {
     int n_own;                       /* own mappings taken */
     uint64_t own_start[N_OWN];       /* where that buffer starts in its mapping */
     uint64_t own_size[N_OWN];
+    /* chain mode (FUZZ_OP_CHAINS=1): the nodes in graph order, and the use
+     * count sent for each */
+    struct ggml_tensor *chain[CHAIN_MAX];
+    int n_chain;
+    uint32_t uses[CHAIN_MAX];
+    int kind;                        /* enum chain_kind */
+    uint32_t inplace;                /* bit k: the k-th constructor that has one is in place */
+    int n_inplace;                   /* constructors asked so far */
 };
 
 static uint32_t rd(struct gen *g, unsigned n) { return (uint32_t)fz_read_le(&g->r, n); }
@@ -311,6 +365,8 @@ static struct ggml_tensor *as_view(struct gen *g, struct ggml_tensor *t)
     return v;
 }
 
+static struct ggml_tensor *relayout(struct gen *g, struct ggml_tensor *t);
+
 /* A leaf: shape mostly from the shared dims, layout varied. */
 static struct ggml_tensor *leaf_of(struct gen *g, enum ggml_type type)
 {
@@ -320,7 +376,15 @@ static struct ggml_tensor *leaf_of(struct gen *g, enum ggml_type type)
         ne[k] = (how >> (2 * k)) & 1 ? 1 : g->dims[(k + ((how >> 7) & 1)) & 3];
     if (ggml_blck_size(type) > 1 && ne[0] % ggml_blck_size(type))
         ne[0] = ggml_blck_size(type);
-    struct ggml_tensor *t = ggml_new_tensor(g->ctx, type, 4, ne);
+    return relayout(g, ggml_new_tensor(g->ctx, type, 4, ne));
+}
+
+/* t's layout varied by the input (the leaves' variants: permuted, gapped,
+ * broadcast, odd element strides; edges inputs' strides and views): t, or
+ * the view that takes its place. */
+static struct ggml_tensor *relayout(struct gen *g, struct ggml_tensor *t)
+{
+    const enum ggml_type type = t->type;
     uint32_t layout = rd(g, 1);
     switch (layout & 7) {
     case 1: /* permuted: two dims' strides swapped */ {
@@ -816,10 +880,35 @@ static void dump(const struct gen *g)
                     t->op_params[3], t->op_params[4], t->op_params[5]);
         fputc('\n', stderr);
     }
+    if (g->n_chain) {
+        fprintf(stderr, "fuzz_op: chain %s, nodes and the use counts sent:", chain_names[g->kind]);
+        for (int i = 0; i < g->n_chain; i++)
+            fprintf(stderr, " #%d %u", find_t(g, g->chain[i]) + 1, g->uses[i]);
+        fputc('\n', stderr);
+    }
 }
 
-/* In the child, after the host answered: the write oracle. */
-static void check_writes(const struct gen *g, int node, bool accepted, uint8_t *const *base)
+/* What an input sent, for messages: its node's op, or its chain's ops. */
+static const char *sent_name(const struct gen *g, const int *nodes, int n_nodes)
+{
+    static char buf[512];
+    if (!g->n_chain)
+        return op_name(g->t[nodes[0]]);
+    size_t n = (size_t)snprintf(buf, sizeof(buf), "chain %s:", chain_names[g->kind]);
+    for (int i = 0; i < n_nodes && n < sizeof(buf); i++)
+        n += (size_t)snprintf(buf + n, sizeof(buf) - n, " %s", op_name(g->t[nodes[i]]));
+    return buf;
+}
+
+/*
+ * In the child, after the host answered: the write oracle, over the nodes
+ * sent (a chain's each may write its own result; a fused kernel writes
+ * fewer).  A refused node writes nothing; but a refused chain may have
+ * computed the nodes before the one refused: an index tensor that an
+ * earlier node writes over is checked right before its use, after those
+ * nodes ran (op_policy.c, "late" uses).
+ */
+static void check_writes(const struct gen *g, const int *nodes, int n_nodes, bool accepted, uint8_t *const *base)
 {
     static uint8_t allow_mem[N_BUFS][REGION_MAX];
     uint8_t *allow[N_BUFS];
@@ -827,8 +916,9 @@ static void check_writes(const struct gen *g, int node, bool accepted, uint8_t *
         allow[b] = allow_mem[b];
         memset(allow[b], 0, region_size_of(b));
     }
-    if (accepted && !ggml_op_is_empty(g->t[node]->op))
-        allowed_writes(g, node, allow);
+    for (int i = 0; i < n_nodes && (accepted || g->n_chain); i++)
+        if (!ggml_op_is_empty(g->t[nodes[i]]->op))
+            allowed_writes(g, nodes[i], allow);
     for (int b = 0; b < n_bufs_of(g); b++) {
         if (memcmp(base[b], snapshot[b], region_size_of(b)) == 0)
             continue;
@@ -839,7 +929,7 @@ static void check_writes(const struct gen *g, int node, bool accepted, uint8_t *
                 fprintf(stderr,
                         "FUZZ ORACLE: %s (%s) changed byte %llu of buffer %d (region of %llu, buffer at %llu) "
                         "outside what it may write\n",
-                        op_name(g->t[node]), accepted ? "accepted" : "refused", (unsigned long long)k, b,
+                        sent_name(g, nodes, n_nodes), accepted ? "accepted" : "refused", (unsigned long long)k, b,
                         (unsigned long long)region_size_of(b), (unsigned long long)buf_start_of(g, b));
                 if (device_path)
                     abort();  /* the driver (or libFuzzer) keeps the input */
@@ -978,6 +1068,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     strict_aborts = getenv("FUZZ_OP_STRICT") && strcmp(getenv("FUZZ_OP_STRICT"), "0") != 0;
     const char *dp = getenv("FUZZ_OP_DEVICE_PATH");
     device_path = strcmp(fz_backend_name(), "CPU") != 0 || (dp && strcmp(dp, "0") != 0);
+    const char *ch = getenv("FUZZ_OP_CHAINS");
+    chains = ch && strcmp(ch, "0") != 0;
     fz_host_init();
     previous_abort = ggml_set_abort_callback(on_abort);
     if (getenv("FUZZ_OP_SEEDS"))
@@ -1029,6 +1121,464 @@ static bool build(struct gen *g, struct ggml_tensor **node)
     construct_trap = NULL;
     *node = made;
     return made && place(g, made) >= 0;
+}
+
+/* ---- chain mode: the chains (enum chain_kind says why) -------------------- */
+
+/* One of the values listed, by the input. */
+#define PICK(g, ...) \
+    pick_of(g, (const int64_t[]){ __VA_ARGS__ }, sizeof((const int64_t[]){ __VA_ARGS__ }) / sizeof(int64_t))
+static int64_t pick_of(struct gen *g, const int64_t *pool, size_t n) { return pool[rd(g, 1) % n]; }
+
+/* A chain's leaf: the shape its constructor needs, dense as a model's
+ * tensors are (what ggml's fusion checks want); one in six with its layout
+ * varied as a plain input's leaf (relayout).  Here and below a byte past
+ * the input's end (0) takes the common case. */
+static struct ggml_tensor *cleaf(struct gen *g, enum ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                                 int64_t ne3)
+{
+    struct ggml_tensor *t = ggml_new_tensor_4d(g->ctx, type, ne0, ne1, ne2, ne3);
+    return rd(g, 1) >= 216 ? relayout(g, t) : t;
+}
+
+/* Whether the next constructor that has an in-place form takes it. */
+static bool in_place(struct gen *g)
+{
+    return g->n_inplace < 32 && ((g->inplace >> g->n_inplace++) & 1);
+}
+
+/* t as the chain's next node. */
+static struct ggml_tensor *push(struct gen *g, struct ggml_tensor *t)
+{
+    if (g->n_chain == CHAIN_MAX)
+        abort();  /* a builder below made more nodes than CHAIN_MAX */
+    g->chain[g->n_chain++] = t;
+    return t;
+}
+
+/* RMS_NORM of x times a weight, as a layer makes it: a row broadcast over x
+ * (the norm the first operand, ggml_mul's rule), or x's shape (either). */
+static struct ggml_tensor *chain_norm_mul(struct gen *g, struct ggml_tensor *x)
+{
+    const float eps = rd(g, 1) < 240 ? 1e-6f : rf(g);
+    struct ggml_tensor *n = push(g, (in_place(g) ? ggml_rms_norm_inplace : ggml_rms_norm)(g->ctx, x, eps));
+    const uint32_t how = rd(g, 1);
+    struct ggml_tensor *w = how & 1 ? cleaf(g, GGML_TYPE_F32, x->ne[0], x->ne[1], x->ne[2], x->ne[3])
+                                    : cleaf(g, GGML_TYPE_F32, x->ne[0], 1, 1, 1);
+    const bool swap = (how & 3) == 3;
+    struct ggml_tensor *(*mul)(struct ggml_context *, struct ggml_tensor *, struct ggml_tensor *) =
+        in_place(g) ? ggml_mul_inplace : ggml_mul;
+    return push(g, swap ? mul(g->ctx, w, n) : mul(g->ctx, n, w));
+}
+
+/* ROPE of x ([head size, heads, tokens]) with a position per token: NORMAL
+ * or NEOX mostly (the modes the fused kernels have), the head's whole size
+ * rotated mostly. */
+static struct ggml_tensor *chain_rope(struct gen *g, struct ggml_tensor *x)
+{
+    const uint32_t m = rd(g, 1), d = rd(g, 1);
+    /* any other: ggml_rope_impl asserts an odd mode */
+    const int mode = m < 110 ? GGML_ROPE_TYPE_NORMAL : m < 220 ? GGML_ROPE_TYPE_NEOX : (int)(rd(g, 1) & 0x2e);
+    const int n_dims = d < 192 ? (int)x->ne[0] : d < 240 ? (int)(x->ne[0] / 2) & ~1 : ri(g, 0, 2 * (int)x->ne[0]);
+    struct ggml_tensor *pos = cleaf(g, GGML_TYPE_I32, x->ne[2] * (mode & GGML_ROPE_TYPE_MROPE ? 4 : 1), 1, 1, 1);
+    struct ggml_tensor *ff = rd(g, 1) >= 232 ? cleaf(g, GGML_TYPE_F32, n_dims / 2 > 0 ? n_dims / 2 : 1, 1, 1, 1) : NULL;
+    if (mode & GGML_ROPE_TYPE_MROPE) {
+        int sections[GGML_MROPE_SECTIONS] = { ri(g, 0, 8), ri(g, 0, 8), ri(g, 0, 8), ri(g, 0, 8) };
+        return push(g, ggml_rope_multi(g->ctx, x, pos, ff, n_dims, sections, mode, 0, 10000.0f, 1.0f, 0.0f, 1.0f,
+                                       32.0f, 1.0f));
+    }
+    return push(g, (in_place(g) ? ggml_rope_ext_inplace : ggml_rope_ext)(g->ctx, x, pos, ff, n_dims, mode, 0, 10000.0f,
+                                                                         1.0f, 0.0f, 1.0f, 32.0f, 1.0f));
+}
+
+/* The rows of every head of rope (a VIEW), stored by SET_ROWS in a cache at
+ * the rows an index tensor names (llama's K cache store: int64 indices,
+ * an F16 or F32 cache). */
+static void chain_set_rows(struct gen *g, struct ggml_tensor *rope)
+{
+    const int64_t row = rope->ne[0] * rope->ne[1], n_tokens = rope->ne[2];
+    struct ggml_tensor *v = push(g, ggml_view_2d(g->ctx, rope, row, n_tokens, rope->nb[2], 0));
+    int64_t n_kv = PICK(g, 16, 10, 12, 32, 8, 4);  /* fill's indices are mostly 0..9 */
+    if (row * n_kv > 4096)
+        n_kv = 10;
+    struct ggml_tensor *cache = cleaf(g, rd(g, 1) & 1 ? GGML_TYPE_F16 : GGML_TYPE_F32, row, n_kv, 1, 1);
+    struct ggml_tensor *idx = cleaf(g, rd(g, 1) < 224 ? GGML_TYPE_I64 : GGML_TYPE_I32, n_tokens, 1, 1, 1);
+    push(g, ggml_set_rows(g->ctx, cache, v, idx));
+}
+
+/*
+ * A MoE router's top-k, in the orders ggml-cuda's topk-moe matcher takes
+ * (ggml_cuda_topk_moe_fusion): the gate (SOFT_MAX, a sigmoid, or the square
+ * root of a softplus), its probabilities reshaped to one row per expert, an
+ * optional selection bias, ARGSORT, the VIEW of the first experts, their
+ * weights by GET_ROWS, then optionally the weights normalised (RESHAPE,
+ * SUM_ROWS, CLAMP, DIV, RESHAPE) and scaled; or gpt-oss's order (ARGSORT of
+ * the logits first, the softmax over the weights chosen).
+ */
+static void chain_topk(struct gen *g)
+{
+    struct ggml_context *c = g->ctx;
+    const int64_t n_expert = PICK(g, 8, 16, 4, 32, 2, 64, 6, 12), n_tokens = PICK(g, 1, 2, 3, 4, 8, 1, 5, 2);
+    const int64_t k = 1 + (int64_t)(rd(g, 1) % (uint32_t)n_expert);
+    struct ggml_tensor *logits = cleaf(g, GGML_TYPE_F32, n_expert, n_tokens, 1, 1);
+    const uint32_t how = rd(g, 1);
+    if ((how & 3) == 3) {
+        struct ggml_tensor *r = push(g, ggml_reshape_3d(c, logits, 1, n_expert, n_tokens));
+        struct ggml_tensor *sel = push(g, ggml_argsort(c, logits, GGML_SORT_ORDER_DESC));
+        struct ggml_tensor *top = push(g, ggml_view_2d(c, sel, k, n_tokens, sel->nb[1], 0));
+        struct ggml_tensor *w = push(g, ggml_get_rows(c, r, top));
+        struct ggml_tensor *sm = push(g, ggml_soft_max(c, push(g, ggml_reshape_2d(c, w, k, n_tokens))));
+        push(g, ggml_reshape_3d(c, sm, 1, k, n_tokens));
+        return;
+    }
+    struct ggml_tensor *probs;
+    if ((how & 3) == 0)
+        probs = push(g, (in_place(g) ? ggml_soft_max_inplace : ggml_soft_max)(c, logits));
+    else if ((how & 3) == 1)
+        probs = push(g, ggml_sigmoid(c, logits));
+    else
+        probs = push(g, ggml_sqrt(c, push(g, ggml_softplus(c, logits))));
+    struct ggml_tensor *r = push(g, ggml_reshape_3d(c, probs, 1, n_expert, n_tokens));
+    struct ggml_tensor *sel_in = probs;
+    if (how & 4)
+        sel_in = push(g, ggml_add(c, probs, cleaf(g, GGML_TYPE_F32, n_expert, 1, 1, 1)));
+    struct ggml_tensor *sel = push(g, ggml_argsort(c, sel_in, GGML_SORT_ORDER_DESC));
+    struct ggml_tensor *top = push(g, ggml_view_2d(c, sel, k, n_tokens, sel->nb[1], 0));
+    struct ggml_tensor *w = push(g, ggml_get_rows(c, r, top));
+    if (how & 8) {
+        struct ggml_tensor *w2 = push(g, ggml_reshape_2d(c, w, k, n_tokens));
+        struct ggml_tensor *sum = push(g, ggml_clamp(c, push(g, ggml_sum_rows(c, w2)), 6.103515625e-5f, INFINITY));
+        w = push(g, ggml_reshape_3d(c, push(g, ggml_div(c, w2, sum)), 1, k, n_tokens));
+    }
+    if (how & 16)
+        push(g, ggml_scale(c, w, rf(g)));
+}
+
+/* The chain g->kind names, from shapes the input picks (a constructor's
+ * assert longjmps out: no chain). */
+static void construct_chain(struct gen *g)
+{
+    struct ggml_context *c = g->ctx;
+    static const enum ggml_type wtypes[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
+                                             GGML_TYPE_F16, GGML_TYPE_BF16 };
+    switch (g->kind) {
+    case CH_ROPE_SET_ROWS: case CH_NORM_ROPE_SET_ROWS: case CH_NORM_ROPE: {
+        const int64_t hd = PICK(g, 4, 8, 16, 32, 64, 6, 2, 8), heads = PICK(g, 1, 2, 4, 3, 1, 2, 8, 2);
+        struct ggml_tensor *x = cleaf(g, GGML_TYPE_F32, hd, heads, PICK(g, 1, 2, 3, 4, 8, 1, 5, 2), 1);
+        if (g->kind != CH_ROPE_SET_ROWS)
+            x = chain_norm_mul(g, x);
+        struct ggml_tensor *rope = chain_rope(g, x);
+        if (g->kind != CH_NORM_ROPE)
+            chain_set_rows(g, rope);
+        break;
+    }
+    case CH_NORM_MUL: {
+        struct ggml_tensor *x = cleaf(g, GGML_TYPE_F32, PICK(g, 4, 8, 16, 32, 64, 5, 3, 128), g->dims[1], g->dims[2],
+                                      rd(g, 1) < 200 ? 1 : g->dims[3]);
+        struct ggml_tensor *m = chain_norm_mul(g, x);
+        const uint32_t how = rd(g, 1);
+        if (how & 1) {  /* the residual */
+            struct ggml_tensor *b = how & 2 ? cleaf(g, GGML_TYPE_F32, m->ne[0], 1, 1, 1)
+                                            : cleaf(g, GGML_TYPE_F32, m->ne[0], m->ne[1], m->ne[2], m->ne[3]);
+            const bool swap = (how & 6) == 4;
+            push(g, (in_place(g) ? ggml_add_inplace : ggml_add)(c, swap ? b : m, swap ? m : b));
+        }
+        break;
+    }
+    case CH_UNARY_MUL: {
+        static const enum ggml_unary_op ops[] = { GGML_UNARY_OP_SILU, GGML_UNARY_OP_SIGMOID, GGML_UNARY_OP_SOFTPLUS };
+        const enum ggml_unary_op u = ops[rd(g, 1) % 3];
+        const enum ggml_type type = rd(g, 1) < 192 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+        struct ggml_tensor *x = cleaf(g, type, PICK(g, 4, 8, 16, 32, 64, 5, 3, 128), g->dims[1], g->dims[2], 1);
+        struct ggml_tensor *a = push(g, (in_place(g) ? ggml_unary_inplace : ggml_unary)(c, x, u));
+        const uint32_t how = rd(g, 1);
+        struct ggml_tensor *y = how & 1 ? cleaf(g, type, x->ne[0], 1, 1, 1) : cleaf(g, type, x->ne[0], x->ne[1], x->ne[2], 1);
+        const bool swap = (how & 3) == 2;
+        push(g, (in_place(g) ? ggml_mul_inplace : ggml_mul)(c, swap ? y : a, swap ? a : y));
+        break;
+    }
+    case CH_TOPK:
+        chain_topk(g);
+        break;
+    case CH_MUL_MAT_ADD: {
+        /* a matrix-vector product mostly (the fused kernels' case: one column) */
+        const enum ggml_type wt = wtypes[rd(g, 1) % (sizeof(wtypes) / sizeof(wtypes[0]))];
+        const int64_t k = PICK(g, 32, 64, 128, 32, 96), n = PICK(g, 1, 2, 4, 8, 16, 3, 32, 5);
+        const int64_t cols = rd(g, 1) < 192 ? 1 : PICK(g, 2, 3, 4, 8);
+        struct ggml_tensor *mm = push(g, ggml_mul_mat(c, cleaf(g, wt, k, n, 1, 1), cleaf(g, GGML_TYPE_F32, k, cols, 1, 1)));
+        const uint32_t how = rd(g, 1);
+        struct ggml_tensor *bias = how & 1 ? cleaf(g, GGML_TYPE_F32, n, 1, 1, 1) : cleaf(g, GGML_TYPE_F32, n, cols, 1, 1);
+        const bool swap = (how & 3) == 2;
+        push(g, (in_place(g) ? ggml_add_inplace : ggml_add)(c, swap ? bias : mm, swap ? mm : bias));
+        break;
+    }
+    case CH_MUL_MAT_ID_ADD_ID: {
+        const enum ggml_type wt = wtypes[rd(g, 1) % (sizeof(wtypes) / sizeof(wtypes[0]))];
+        const int64_t k = PICK(g, 32, 64, 32, 96), n_expert = PICK(g, 10, 16, 12, 4);
+        int64_t n = PICK(g, 1, 2, 4, 8, 16, 3);
+        if (ggml_row_size(wt, k) * (size_t)(n * n_expert) > 32768)
+            n = 1;
+        const int64_t used = 1 + (int64_t)(rd(g, 1) % 4), tokens = rd(g, 1) < 192 ? 1 : PICK(g, 2, 3, 4);
+        struct ggml_tensor *as = cleaf(g, wt, k, n, n_expert, 1);
+        struct ggml_tensor *b = cleaf(g, GGML_TYPE_F32, k, rd(g, 1) & 1 ? 1 : used, tokens, 1);
+        struct ggml_tensor *ids = cleaf(g, GGML_TYPE_I32, used, tokens, 1, 1);
+        struct ggml_tensor *mm = push(g, ggml_mul_mat_id(c, as, b, ids));
+        push(g, ggml_add_id(c, mm, cleaf(g, GGML_TYPE_F32, n, n_expert, 1, 1), ids));
+        break;
+    }
+    case CH_ADDS: default: {
+        /* the operands of one layout (what the multi-add kernel takes); MULs
+         * in one chain of eight (the same kernel's other form) */
+        const int n_ops = 2 + (int)(rd(g, 1) % 4);
+        const uint32_t how = rd(g, 1);
+        const bool muls = (how & 0xe) == 0xe;
+        struct ggml_tensor *cur = cleaf(g, GGML_TYPE_F32, PICK(g, 4, 8, 16, 32, 64, 5, 3, 128), g->dims[1], g->dims[2], 1);
+        for (int i = 0; i < n_ops; i++) {
+            struct ggml_tensor *y = how & 1 ? cleaf(g, GGML_TYPE_F32, cur->ne[0], 1, 1, 1)
+                                            : cleaf(g, GGML_TYPE_F32, cur->ne[0], cur->ne[1], cur->ne[2], 1);
+            const bool swap = !(how & 1) && rd(g, 1) >= 232, ip = in_place(g);
+            struct ggml_tensor *(*op)(struct ggml_context *, struct ggml_tensor *, struct ggml_tensor *) =
+                muls ? (ip ? ggml_mul_inplace : ggml_mul) : (ip ? ggml_add_inplace : ggml_add);
+            cur = push(g, op(c, swap ? y : cur, swap ? cur : y));
+        }
+        break;
+    }
+    }
+}
+
+/* The chain's leaves: each tensor a chain node reads (or views) that is no
+ * chain node, once; their count. */
+static int chain_leaves(const struct gen *g, struct ggml_tensor **out)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_chain; i++)
+        for (int k = 0; k <= GGML_MAX_SRC; k++) {
+            struct ggml_tensor *t = k < GGML_MAX_SRC ? g->chain[i]->src[k] : g->chain[i]->view_src;
+            bool seen = !t;
+            for (int j = 0; j < g->n_chain && !seen; j++)
+                seen = g->chain[j] == t;
+            for (int j = 0; j < n && !seen; j++)
+                seen = out[j] == t;
+            if (!seen && n < MAX_TENSORS)
+                out[n++] = t;
+        }
+    return n;
+}
+
+/* A new stride for dimension k of t: one from the edges' range, or one
+ * element off ggml's own, or a small one. */
+static size_t chain_stride(struct gen *g, const struct ggml_tensor *t, int k)
+{
+    if (g->edges)
+        return stride_value(g, t, k);
+    const uint32_t v = rd(g, 1);
+    const size_t ts = ggml_type_size(t->type);
+    return v & 1 ? natural_stride(t, k) + ts * (size_t)ri(g, 0, 2) - ts : (size_t)ri(g, 0, 64) * 4;
+}
+
+/*
+ * What a hostile guest changes in a chain ggml made (0-3 changes; none in
+ * nearly half the inputs, so that most chains stay what ggml's fusion
+ * checks accept): strides of a leaf or a view; a view's shape or offset; an
+ * index tensor's length, stride or type; a node that reads a fresh leaf
+ * (or the node two before) where it read the node before it, or its two
+ * operands swapped; one field of a node (mutate); a node marked an output.
+ */
+static void chain_mutate(struct gen *g)
+{
+    const uint32_t m = rd(g, 1);
+    const int n_changes = m < 112 ? 0 : m < 200 ? 1 : m < 240 ? 2 : 3;
+    for (int j = 0; j < n_changes; j++) {
+        struct ggml_tensor *leaves[MAX_TENSORS], *views[CHAIN_MAX + MAX_TENSORS], *index[MAX_TENSORS];
+        const int n_leaves = chain_leaves(g, leaves);
+        int n_views = 0, n_index = 0;
+        for (int i = 0; i < g->n_chain; i++)
+            if (g->chain[i]->view_src)
+                views[n_views++] = g->chain[i];
+        for (int i = 0; i < n_leaves; i++) {
+            if (leaves[i]->view_src)
+                views[n_views++] = leaves[i];
+            if (leaves[i]->type == GGML_TYPE_I32 || leaves[i]->type == GGML_TYPE_I64)
+                index[n_index++] = leaves[i];
+        }
+        const int at = (int)rd(g, 1) % g->n_chain, kdim = (int)(rd(g, 1) & 3);
+        struct ggml_tensor *node = g->chain[at];
+        switch (rd(g, 1) % 9) {
+        case 0: /* a leaf's strides */
+            if (n_leaves) {
+                struct ggml_tensor *t = leaves[rd(g, 1) % (uint32_t)n_leaves];
+                t->nb[kdim] = chain_stride(g, t, kdim);
+            }
+            break;
+        case 1: /* a view's shape (the fused ROPE + SET_ROWS never looks at it) */
+            if (n_views) {
+                struct ggml_tensor *v = views[rd(g, 1) % (uint32_t)n_views];
+                v->ne[kdim] = rd(g, 1) & 1 ? v->ne[kdim] * 2 : v->ne[kdim] + ri(g, -1, 2);
+            }
+            break;
+        case 2: /* a view's strides */
+            if (n_views) {
+                struct ggml_tensor *v = views[rd(g, 1) % (uint32_t)n_views];
+                v->nb[kdim] = chain_stride(g, v, kdim);
+            }
+            break;
+        case 3: /* a view's offset, as VIEW's op_params carry it too */
+            if (n_views) {
+                struct ggml_tensor *v = views[rd(g, 1) % (uint32_t)n_views];
+                v->view_offs = rd(g, 1) & 1 ? v->view_offs + (size_t)ri(g, 1, 64) * 4 : ggml_nbytes(v->view_src) / 2;
+                if (v->op == GGML_OP_VIEW)
+                    memcpy(v->op_params, &v->view_offs, sizeof(v->view_offs));
+            }
+            break;
+        case 4: /* an index tensor's length, stride or type */
+            if (n_index) {
+                struct ggml_tensor *t = index[rd(g, 1) % (uint32_t)n_index];
+                switch (rd(g, 1) % 4) {
+                case 0: t->ne[0] = rd(g, 1) & 1 ? t->ne[0] * 2 : t->ne[0] + ri(g, -1, 1); break;
+                case 1: t->ne[1] += ri(g, -1, 1); break;
+                case 2: t->nb[kdim] = chain_stride(g, t, kdim); break;
+                default: /* the other width, ggml's strides for it */
+                    t->type = t->type == GGML_TYPE_I32 ? GGML_TYPE_I64 : GGML_TYPE_I32;
+                    t->nb[0] = ggml_type_size(t->type);
+                    for (int d = 1; d < 4; d++)
+                        t->nb[d] = t->nb[d - 1] * (size_t)t->ne[d - 1];
+                    break;
+                }
+            }
+            break;
+        case 5: /* node at no longer reads the node before it */
+            for (int s = 0; at > 0 && s < GGML_MAX_SRC; s++) {
+                const struct ggml_tensor *prev = g->chain[at - 1];
+                if (node->src[s] != prev)
+                    continue;
+                node->src[s] = at > 1 && (rd(g, 1) & 1) ? g->chain[at - 2]
+                                                         : ggml_new_tensor(g->ctx, prev->type, 4, prev->ne);
+                break;
+            }
+            break;
+        case 6: /* its first two operands swapped */
+            if (node->src[1]) {
+                struct ggml_tensor *t = node->src[0];
+                node->src[0] = node->src[1];
+                node->src[1] = t;
+            }
+            break;
+        case 7:
+            node->flags |= GGML_TENSOR_FLAG_OUTPUT;
+            break;
+        default:
+            mutate(g, node);
+            break;
+        }
+    }
+}
+
+/* The use counts sent: each node's uses by the chain's src slots (what a
+ * guest counts), one of them then changed in one input of four. */
+static void chain_counts(struct gen *g)
+{
+    for (int i = 0; i < g->n_chain; i++) {
+        g->uses[i] = 0;
+        for (int j = 0; j < g->n_chain; j++)
+            for (int k = 0; k < GGML_MAX_SRC; k++)
+                g->uses[i] += g->chain[j]->src[k] == g->chain[i];
+    }
+    if (rd(g, 1) < 192)
+        return;
+    uint32_t *u = &g->uses[rd(g, 1) % (uint32_t)g->n_chain];
+    switch (rd(g, 1) % 6) {
+    case 0: *u = 0; break;
+    case 1: *u = 1; break;
+    case 2: *u += 1; break;             /* read elsewhere too: no fusion */
+    case 3: *u = *u ? *u - 1 : 0; break;
+    case 4: *u = UINT32_MAX; break;
+    default: *u = rd(g, 4); break;
+    }
+}
+
+/*
+ * After fill: the index leaves a chain's gathers and scatters read (SET_ROWS'
+ * rows, MUL_MAT_ID's and ADD_ID's experts), in three inputs of four
+ * rewritten in range and distinct along a row, as a model's are (fill's
+ * small values are out of range of a few rows, and repeat an expert, which
+ * the host refuses): the chains then get past the value checks to the
+ * kernels.  Written as fill writes, element after element from the
+ * tensor's start, whatever its strides.
+ */
+static void chain_indices(struct gen *g, uint8_t *const *base)
+{
+    if (rd(g, 1) >= 192)
+        return;
+    for (int i = 0; i < g->n_chain; i++) {
+        const struct ggml_tensor *n = g->chain[i];
+        const struct ggml_tensor *idx = NULL;
+        int64_t limit = 0;
+        if (n->op == GGML_OP_SET_ROWS) {
+            idx = n->src[1];
+            limit = n->ne[1];
+        } else if (n->op == GGML_OP_MUL_MAT_ID && n->src[0]) {
+            idx = n->src[2];
+            limit = n->src[0]->ne[2];
+        } else if (n->op == GGML_OP_ADD_ID && n->src[1]) {
+            idx = n->src[2];
+            limit = n->src[1]->ne[1];
+        }
+        const int t = idx ? find_t(g, idx) : -1;
+        if (t < 0 || idx->op != GGML_OP_NONE || idx->view_src || limit <= 0 ||
+            (idx->type != GGML_TYPE_I32 && idx->type != GGML_TYPE_I64))
+            continue;
+        const uint64_t size = buf_size_of(g, g->buf_of[t]), nbytes = ggml_nbytes(idx);
+        if (g->off_of[t] > size || nbytes > size - g->off_of[t] || idx->ne[0] <= 0)
+            continue;  /* does not fit: the host refuses it */
+        uint8_t *p = base[g->buf_of[t]] + buf_start_of(g, g->buf_of[t]) + g->off_of[t];
+        const size_t ts = ggml_type_size(idx->type);
+        for (uint64_t k = 0; k < nbytes / ts; k++) {
+            const int64_t row = (int64_t)k / idx->ne[0], v = (row * 3 + (int64_t)k % idx->ne[0]) % limit;
+            if (idx->type == GGML_TYPE_I32) {
+                const int32_t v32 = (int32_t)v;
+                memcpy(p + k * 4, &v32, 4);
+            } else {
+                memcpy(p + k * 8, &v, 8);
+            }
+        }
+    }
+}
+
+/* Builds a chain (chain mode's build); false when nothing can be sent. */
+static bool build_chain(struct gen *g)
+{
+    if (g->r.left && g->r.p[0] == EDGES_MARK) {
+        g->edges = true;
+        rd(g, 1);
+    }
+    g->kind = (int)(rd(g, 1) % CH_COUNT);
+    const uint32_t mode = rd(g, 1);
+    g->use_alloc = (mode & 0x80) != 0;
+    g->inplace = (mode & 0x70) == 0 ? rd(g, 4) : 0;  /* 1 in 8: some constructors in place */
+    for (int k = 0; k < 4; k++) {
+        static const int64_t pool[] = { 1, 2, 3, 4, 8, 16, 1, 5 };
+        g->dims[k] = pool[rd(g, 1) & 7];
+    }
+    /* volatile: assigned between setjmp and a longjmp back to it */
+    volatile bool made = false;
+    jmp_buf trap;
+    if (setjmp(trap) == 0) {
+        construct_trap = &trap;
+        construct_chain(g);
+        chain_mutate(g);
+        made = true;
+    }
+    construct_trap = NULL;
+    if (!made && verbose)
+        fprintf(stderr, "fuzz_op: chain %s: a constructor asserted\n", chain_names[g->kind]);
+    if (!made || g->n_chain == 0)
+        return false;
+    g->constructed = true;
+    for (int i = 0; i < g->n_chain; i++)
+        if (place(g, g->chain[i]) < 0)
+            return false;
+    chain_counts(g);
+    return true;
 }
 
 /* A blob of the harness's memory and the guest buffer over all of it
@@ -1108,31 +1658,42 @@ static void device_move(struct apir_session *s, const struct gen *g, const uint6
     }
 }
 
+/* The graph request (cmd: GRAPH_COMPUTE_AT, or GRAPH_COMPUTE_KEYED for a
+ * chain) to the host: whether it computed the graph. */
+static bool send_graph(struct apir_session *s, uint32_t cmd, const uint8_t *req, size_t req_len)
+{
+    uint8_t rep[64];
+    size_t used = 0;
+    uint32_t res = fz_forward(s, cmd, req, req_len, rep, sizeof(rep), &used);
+    uint32_t status = 99;
+    struct apir_decoder dec;
+    apir_decoder_init(&dec, rep, used);
+    const bool decoded = cmd == APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED
+                             ? apir_decode_reply_BACKEND_GRAPH_COMPUTE_KEYED(&dec, &status)
+                             : apir_decode_reply_BACKEND_GRAPH_COMPUTE_AT(&dec, &status);
+    if (res != APIR_HANDLER_OK || !decoded)
+        status = 99;
+    if (verbose)
+        fprintf(stderr, "fuzz_op: -> handler %u, status %u\n", res, status);
+    return res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS;
+}
+
 /* The device path's compute, in this process (see the top). */
-static void device_compute(struct apir_session *s, const struct gen *g, int node_i, const uint64_t *handles,
-                           uint8_t *const *base, const uint8_t *req, size_t req_len)
+static void device_compute(struct apir_session *s, const struct gen *g, const int *nodes, int n_nodes,
+                           const uint64_t *handles, uint8_t *const *base, uint32_t cmd, const uint8_t *req,
+                           size_t req_len)
 {
     device_move(s, g, handles, base, true);
     if (verbose)
         dump(g);
     in_child = true;  /* aborts from here on are the node's */
     alarm(CHILD_SECONDS);
-    uint8_t rep[64];
-    size_t used = 0;
-    uint32_t res = fz_forward(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req, req_len, rep, sizeof(rep), &used);
-    uint32_t status = 99;
-    struct apir_decoder dec;
-    apir_decoder_init(&dec, rep, used);
-    if (res != APIR_HANDLER_OK || !apir_decode_reply_BACKEND_GRAPH_COMPUTE_AT(&dec, &status))
-        status = 99;
-    const bool accepted = res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS;
+    const bool accepted = send_graph(s, cmd, req, req_len);
     fuzz_op_last_outcome = accepted ? 'A' : 'R';
-    if (verbose)
-        fprintf(stderr, "fuzz_op: -> handler %u, status %u\n", res, status);
     device_move(s, g, handles, base, false);  /* also waits for the device */
     alarm(0);
     in_child = false;
-    check_writes(g, node_i, accepted, base);
+    check_writes(g, nodes, n_nodes, accepted, base);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -1142,11 +1703,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     g.r.p = data;
     g.r.left = size;
     g.ctx = scratch_ctx();
-    struct ggml_tensor *node;
+    struct ggml_tensor *node = NULL;
     fuzz_op_last_outcome = 'N';
-    if (!build(&g, &node))
+    if (chains ? !build_chain(&g) : !build(&g, &node))
         return 0;
     fuzz_op_last_outcome = 'C';
+    /* the nodes sent, in graph order: the chain's, or the one node */
+    int nodes[CHAIN_MAX], n_nodes = 0;
+    for (int i = 0; i < g.n_chain; i++)
+        nodes[n_nodes++] = find_t(&g, g.chain[i]);
+    if (!chains)
+        nodes[n_nodes++] = find_t(&g, node);
 
     struct fz_known k;
     struct apir_session *s = fz_session_new(&k);
@@ -1173,30 +1740,44 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     fill(&g, base);
+    if (chains)
+        chain_indices(&g, base);
     for (int b = 0; b < n_bufs_of(&g); b++)
         memcpy(snapshot[b], base[b], region_size_of(b));
 
-    /* The graph message: one node, every tensor it reaches. */
+    /* The graph message: the nodes, every tensor they reach; a chain's keyed,
+     * with its use counts (without them nothing is fused). */
     static struct apir_tensor_rec recs[MAX_TENSORS];
     for (int i = 0; i < g.n; i++)
         recs[i] = rec_of(&g, i, handles);
-    int node_i = find_t(&g, node);
     struct apir_encoder e;
     apir_encoder_init(&e, msg_blob, MSG_SIZE);
-    apir_encode_u32(&e, 1);
-    apir_encode_u64(&e, (uint64_t)node_i + 1);
+    apir_encode_u32(&e, (uint32_t)n_nodes);
+    for (int i = 0; i < n_nodes; i++)
+        apir_encode_u64(&e, (uint64_t)nodes[i] + 1);
     apir_encode_tensor_list(&e, (uint32_t)g.n, recs);
-    uint8_t req[32];
+    uint8_t req[48];
     struct apir_encoder re;
     apir_encoder_init(&re, req, sizeof(req));
-    apir_encode_request_BACKEND_GRAPH_COMPUTE_AT(&re, MSG_RES, 0, apir_encoder_used(&e));
+    const uint32_t cmd = chains ? APIR_CMD_BACKEND_GRAPH_COMPUTE_KEYED : APIR_CMD_BACKEND_GRAPH_COMPUTE_AT;
+    if (chains) {
+        apir_encode_u32(&e, APIR_GRAPH_USE_COUNTS_TAG);
+        for (int i = 0; i < n_nodes; i++)
+            apir_encode_u32(&e, g.uses[i]);
+        apir_encode_request_BACKEND_GRAPH_COMPUTE_KEYED(&re, MSG_RES, 0, apir_encoder_used(&e), CHAIN_KEY);
+    } else {
+        apir_encode_request_BACKEND_GRAPH_COMPUTE_AT(&re, MSG_RES, 0, apir_encoder_used(&e));
+    }
 
-    if (fz_skipping_known() && (hits_known(&g, find_t(&g, node)) || has_odd_size1_stride(&g))) {
+    bool known = false;
+    for (int i = 0; i < n_nodes; i++)
+        known |= hits_known(&g, nodes[i]);
+    if (fz_skipping_known() && (known || has_odd_size1_stride(&g))) {
         apir_session_free(s);
         return 0;
     }
     if (device_path) {
-        device_compute(s, &g, node_i, handles, base, req, apir_encoder_used(&re));
+        device_compute(s, &g, nodes, n_nodes, handles, base, cmd, req, apir_encoder_used(&re));
         apir_session_free(s);
         return 0;
     }
@@ -1208,31 +1789,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         alarm(CHILD_SECONDS);
         if (verbose)
             dump(&g);
-        uint8_t rep[64];
-        size_t used = 0;
-        uint32_t res = fz_forward(s, APIR_CMD_BACKEND_GRAPH_COMPUTE_AT, req, apir_encoder_used(&re), rep, sizeof(rep),
-                                  &used);
-        uint32_t status = 99;
-        struct apir_decoder dec;
-        apir_decoder_init(&dec, rep, used);
-        if (res != APIR_HANDLER_OK || !apir_decode_reply_BACKEND_GRAPH_COMPUTE_AT(&dec, &status))
-            status = 99;
-        bool accepted = res == APIR_HANDLER_OK && status == GGML_STATUS_SUCCESS;
-        if (verbose)
-            fprintf(stderr, "fuzz_op: -> handler %u, status %u\n", res, status);
-        check_writes(&g, node_i, accepted, base);
+        const bool accepted = send_graph(s, cmd, req, apir_encoder_used(&re));
+        check_writes(&g, nodes, n_nodes, accepted, base);
         _exit(0);
     }
+    const char *what = sent_name(&g, nodes, n_nodes);
     int status = 0;
     pid_t w = fz_wait_child(pid, &status);
     FZ_ASSERT(pid > 0 && w == pid, "fork/wait failed (errno %d)", errno);
     FZ_ASSERT(!WIFSIGNALED(status) || WTERMSIG(status) != SIGALRM, "%s: compute did not end within %d s",
-              op_name(node), CHILD_SECONDS);
-    FZ_ASSERT(WIFEXITED(status), "%s: the computing process died of signal %d", op_name(node),
+              what, CHILD_SECONDS);
+    FZ_ASSERT(WIFEXITED(status), "%s: the computing process died of signal %d", what,
               WIFSIGNALED(status) ? WTERMSIG(status) : -1);
-    FZ_ASSERT(WEXITSTATUS(status) != ORACLE_EXIT, "%s: oracle (see the child's line above)", op_name(node));
+    FZ_ASSERT(WEXITSTATUS(status) != ORACLE_EXIT, "%s: oracle (see the child's line above)", what);
     FZ_ASSERT(WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == CONTAINED_ABORT_EXIT, "%s: child exit %d",
-              op_name(node), WEXITSTATUS(status));
+              what, WEXITSTATUS(status));
     apir_session_free(s);
     return 0;
 }

@@ -6,6 +6,10 @@
 #     number of mutations from a fixed seed: no input ends the child, and
 #     the host accepts and computes some of them (the path is exercised,
 #     not only refused);
+#   - chain mode (-chains, FUZZ_OP_CHAINS=1: chains of nodes a backend
+#     fuses, sent keyed with their use counts) over its own inputs per kind
+#     of chain and fixed mutations: no input ends the child, some chains
+#     compute, under the CPU's rules and under the CUDA rules;
 #   - the driver's own verdict (-selftest): an input that aborts through
 #     ggml and one that never answers each end their child; the run fails
 #     (exit 1), names each reason, keeps each input, and a new child takes
@@ -30,6 +34,18 @@ accepted=$(sed -n 's/.* \([0-9]*\) accepted and computed.*/\1/p' "$work/run.log"
 grep -q "6000 inputs (224 from the corpus, 5776 mutated)" "$work/run.log" || fail "not the inputs asked for"
 [ "${accepted:-0}" -gt 500 ] || fail "device path: only ${accepted:-0} of 6000 inputs computed"
 echo "device path: 6000 inputs, $accepted accepted and computed, none ended the child"
+
+for rules in cpu cuda; do
+  env $([ $rules = cuda ] && echo APIR_TEST_KERNEL_RULES=cuda) FUZZ_OP_DEVICE_PATH=1 "$drv" -chains -runs 600 -seed 1 \
+    -artifacts "$work/ch-$rules" >"$work/chains-$rules.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || fail "chain mode ($rules rules): exit $rc (a finding: see $work/ch-$rules)"
+  grep -q "600 inputs (144 from the corpus, 456 mutated) .* (chains)" "$work/chains-$rules.log" ||
+    fail "chain mode ($rules rules): not the inputs asked for"
+  accepted=$(sed -n 's/.* \([0-9]*\) accepted and computed.*/\1/p' "$work/chains-$rules.log")
+  [ "${accepted:-0}" -gt 200 ] || fail "chain mode ($rules rules): only ${accepted:-0} of 600 chains computed"
+  echo "chain mode, $rules rules: 600 chains, $accepted accepted and computed, none ended the child"
+done
 
 printf 'SELFTEST-ABORT' >"$work/abort.bin"
 printf 'SELFTEST-HANG' >"$work/hang.bin"
