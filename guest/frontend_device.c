@@ -563,6 +563,17 @@ void apir_device_setup(struct apir_device *d, ggml_backend_reg_t reg)
         d->remote.graph_spin_ns = 0;
         d->remote.graph_sleeps = d->remote.t->blobs_shared;
     }
+    /* And such a graph is done when its reply comes (a host of 0.9 computes
+     * a CPU device's keyed graph before its reply where blobs are shared,
+     * host/dispatch/graph_exec.c defers_graph): no wait for the device
+     * after it - the SYNCHRONIZE that a read of a shared buffer sent after
+     * each graph was a second round trip a decode step.  Over a stream the
+     * host still computes after its reply.  APIR_GRAPH_DONE_AT_REPLY=0
+     * waits all the same. */
+    const char *dr = getenv("APIR_GRAPH_DONE_AT_REPLY");
+    d->remote.graph_done_at_reply = type == GGML_BACKEND_DEVICE_TYPE_CPU && d->remote.t->blobs_shared &&
+                                    apir_minor_has(d->remote.minor, APIR_FEATURE_SYNC_GRAPHS_DONE) &&
+                                    !(dr && !strcmp(dr, "0"));
     /* Async compute and events (dev_event_new): a host of 0.2 or later
      * answers a keyed graph before computing it.  APIR_EVENTS=0 leaves them
      * out, and with them llama.cpp's pipeline over several devices. */

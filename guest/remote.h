@@ -50,6 +50,7 @@ struct apir_remote {
     uint64_t graph_spin_ns;       /* how long graph waits spin (APIR_SPIN_GRAPH_US) */
     bool graph_sleeps;            /* a graph command's own wait hardly spins (a CPU host: frontend_device.c) */
     bool host_computing;          /* the last command was a keyed graph (computed after its reply) */
+    bool graph_done_at_reply;     /* keyed graphs are computed before their reply (frontend_device.c) */
     /* Uploads the device keeps for its next graph (struct apir_inputs,
      * frontend.h): a command that may touch device memory must not pass
      * them (apir_remote_begin_locked says so when one does). */

@@ -343,7 +343,8 @@ static inline bool apir_minor_speaks(uint32_t minor, uint32_t cmd)
     X(HOST_BUFFER,  2, "a pinned host buffer type in shared blobs")                                \
     X(EVENTS,       2, "keyed graphs answered before they are computed: guest events")              \
     X(LIMIT_REASON, 3, "a refusal for a limit carries its reason in the reply")                    \
-    X(FILE_BLOBS,   3, "SHM_BLOB_FILE: a file the guest mapped, shared without a copy")
+    X(FILE_BLOBS,   3, "SHM_BLOB_FILE: a file the guest mapped, shared without a copy")            \
+    X(SYNC_GRAPHS_DONE, 9, "over shared blobs a CPU device's keyed graph is done at its reply")
 
 enum apir_feature {
 #define APIR_X_FEATURE_ENUM(name, since, what) APIR_FEATURE_##name,
