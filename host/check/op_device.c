@@ -283,9 +283,11 @@ static const char *cuda_error(const struct ggml_tensor *n)
         if (!contiguous(s0) || s0->type != GGML_TYPE_F32 || n->type != GGML_TYPE_I32)
             return "CUDA's ARGMAX, ARGSORT and TOP_K take a contiguous F32 source";
         return NULL;
-    case GGML_OP_COUNT_EQUAL:
-        return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
-                                                                 : "CUDA's COUNT_EQUAL takes contiguous operands";
+    case GGML_OP_COUNT_EQUAL: case GGML_OP_GET_ROWS_BACK:
+        /* count-equal.cu, getrows.cu */
+        return contiguous(s0) && contiguous(s1) && contiguous(n)
+                   ? NULL
+                   : "CUDA's COUNT_EQUAL and GET_ROWS_BACK take contiguous operands";
     case GGML_OP_SUM:
         return s0 && s0->type == GGML_TYPE_F32 && ggml_is_contiguously_allocated(s0)
                    ? NULL
@@ -299,9 +301,6 @@ static const char *cuda_error(const struct ggml_tensor *n)
              n->nb[0] != ggml_type_size(n->type) || s1->type != GGML_TYPE_I32))
             return "CUDA's GET_ROWS takes rows of consecutive elements and I32 indices";
         return NULL;
-    case GGML_OP_GET_ROWS_BACK:
-        return contiguous(s0) && contiguous(s1) && contiguous(n) ? NULL
-                                                                 : "CUDA's GET_ROWS_BACK takes contiguous operands";
     case GGML_OP_OUT_PROD:
         /* out-prod.cu asserts F32 operands (supports_op asks it too), and
          * hands cuBLAS src1 as a matrix of consecutive floats */
