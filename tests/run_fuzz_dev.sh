@@ -18,7 +18,8 @@
 #     on or, one, write past), replayed on this CPU host with the CUDA rules
 #     forced (APIR_TEST_KERNEL_RULES=cuda, host/check/op_device.c): every one
 #     refused; without the rules every one computes (the CPU's kernels take
-#     them), so it is the rules that refuse them.
+#     them), so it is the rules that refuse them; and the same of the fused
+#     chains' findings (fuzz/findings/cuda-chains), read as chains.
 # usage: run_fuzz_dev.sh BUILD SOURCE
 set -uo pipefail
 BUILD=$1 SRC=$2
@@ -72,3 +73,15 @@ FUZZ_OP_DEVICE_PATH=1 "$drv" -runs "$n" -artifacts "$work/d" "$SRC/fuzz/findings
   fail "CUDA findings on the CPU's rules: a child ended"
 grep -q " 0 refused by the host, $n accepted" "$work/cpu.log" || fail "CUDA findings: the CPU's rules alone refuse some"
 echo "CUDA findings: all $n refused under the CUDA rules, all $n computed under the CPU's"
+
+# the fused chains' findings (fuzz/findings/cuda-chains), read as chains (FUZZ_OP_CHAINS=1)
+n=$(ls "$SRC"/fuzz/findings/cuda-chains/*.bin | wc -l)
+[ "$n" -gt 0 ] || fail "no CUDA chain findings"
+FUZZ_OP_CHAINS=1 APIR_TEST_KERNEL_RULES=cuda FUZZ_OP_DEVICE_PATH=1 "$drv" -runs "$n" -artifacts "$work/e" \
+  "$SRC/fuzz/findings/cuda-chains" >"$work/cuda-chains.log" 2>&1 || fail "CUDA chain findings with the CUDA rules: a child ended"
+grep -q " $n refused by the host, 0 accepted" "$work/cuda-chains.log" ||
+  fail "CUDA chain findings: not all $n refused with the CUDA rules"
+FUZZ_OP_CHAINS=1 FUZZ_OP_DEVICE_PATH=1 "$drv" -runs "$n" -artifacts "$work/f" "$SRC/fuzz/findings/cuda-chains" \
+  >"$work/cpu-chains.log" 2>&1 || fail "CUDA chain findings on the CPU's rules: a child ended"
+grep -q " 0 refused by the host, $n accepted" "$work/cpu-chains.log" || fail "CUDA chain findings: the CPU's rules alone refuse some"
+echo "CUDA chain findings: all $n refused under the CUDA rules, all $n computed under the CPU's"

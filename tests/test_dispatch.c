@@ -913,6 +913,89 @@ static void test_cuda_leading_dims(void)
     ggml_free(ctx);
 }
 
+/* The CUDA rules of the H100 fuzz run of 2026-12-06 (cuda-25..29,
+ * chain-cuda-00..06): llama.cpp's shapes taken, each finding's shape
+ * refused under the CUDA rules and taken under the CPU's. */
+static void expect_cuda_only_refusal(struct ggml_tensor *t, const char *what)
+{
+    CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, t) != NULL, "%s taken", what);
+    CHECK_MSG(apir_op_device_error(APIR_KERNELS_OTHER, t) == NULL, "%s refused on the CPU", what);
+}
+
+static void test_cuda_kernel_layouts(void)
+{
+    struct ggml_init_params p = { .mem_size = 64 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    /* an MoE layer of one token: 8 experts of 64 x 256 (Q4_0), 2 a token */
+    struct ggml_tensor *experts = ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_0, 256, 64, 8);
+    struct ggml_tensor *cur = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 256, 1, 1);
+    struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 1);
+    struct ggml_tensor *mmid = ggml_mul_mat_id(ctx, experts, cur, ids);
+    struct ggml_tensor *bias = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 8);
+    struct ggml_tensor *addid = ggml_add_id(ctx, mmid, bias, ids);
+    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 256, 64);
+    struct ggml_tensor *mm = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1));
+    struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 4);
+    struct ggml_tensor *taken[] = { mmid, addid, mm, ggml_norm(ctx, x, 1e-5f), ggml_l2_norm(ctx, x, 1e-5f),
+                                    ggml_cont(ctx, ggml_transpose(ctx, x)) };
+    for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
+        CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, taken[i]) == NULL, "%s: %s", ggml_op_desc(taken[i]),
+                  apir_op_device_error(APIR_KERNELS_CUDA, taken[i]));
+    /* norms of a source whose row of one float has a stride (cuda-25, -26) */
+    struct ggml_tensor *col = ggml_view_2d(ctx, x, 1, 4, 4 * 64, 0);
+    col->nb[0] = 1u << 28;
+    expect_cuda_only_refusal(ggml_l2_norm(ctx, col, 1e-5f), "L2_NORM of a strided row");
+    /* MUL_MAT_ID of a Q8_0 src1 (cuda-27) */
+    struct ggml_tensor *q8 = ggml_new_tensor_3d(ctx, GGML_TYPE_Q8_0, 256, 1, 1);
+    expect_cuda_only_refusal(ggml_mul_mat_id(ctx, experts, q8, ids), "MUL_MAT_ID of a Q8_0 src1");
+    /* ids with gaps (chain-cuda-01, -02, -04) */
+    struct ggml_tensor *gapped = ggml_view_2d(ctx, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 8), 2, 1, 32, 0);
+    gapped->nb[0] = 16;
+    expect_cuda_only_refusal(ggml_mul_mat_id(ctx, experts, cur, gapped), "MUL_MAT_ID of ids with gaps");
+    expect_cuda_only_refusal(ggml_add_id(ctx, mmid, bias, gapped), "ADD_ID of ids with gaps");
+    /* one token's experts of 3 rows (chain-cuda-05): mmvq's blocks pass them */
+    struct ggml_tensor *thin = ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_0, 256, 3, 8);
+    expect_cuda_only_refusal(ggml_mul_mat_id(ctx, thin, cur, ids), "MUL_MAT_ID of 3 rows an expert");
+    struct ggml_tensor *one = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, 1);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, ggml_mul_mat_id(ctx, thin, cur, one)) == NULL);
+    /* a MUL_MAT result with gaps between its columns: mmvq bounds rows by
+     * the column stride (import.c makes a size-1 dimension's stride
+     * canonical in a contiguous tensor) */
+    struct ggml_tensor *mm2 = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 2));
+    mm2->nb[1] = 4096;
+    mm2->nb[2] = mm2->nb[3] = 8192;
+    expect_cuda_only_refusal(mm2, "MUL_MAT into a strided result");
+    /* GATED_DELTA_NET of heads of 1 (cuda-29) */
+    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 2, 1, 1);
+    struct ggml_tensor *g = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 2, 1, 1);
+    struct ggml_tensor *beta = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 2, 1, 1);
+    struct ggml_tensor *state = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, 2, 1);
+    expect_cuda_only_refusal(ggml_gated_delta_net(ctx, q, q, q, g, beta, state, 1), "GATED_DELTA_NET of heads of 1");
+    /* elements off their size: a copy whose source planes are a byte apart
+     * (cuda-28), a view at byte 2 of floats; a MUL_MAT src1 at byte 12,
+     * float2 loads at 4 (chain-cuda-00) */
+    struct ggml_tensor *planes = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, 16, 16);
+    planes->nb[1] = 1024;
+    planes->nb[2] = 1;
+    expect_cuda_only_refusal(ggml_cont(ctx, planes), "a copy of planes a byte apart");
+    struct ggml_tensor *shifted = ggml_view_1d(ctx, x, 8, 0);
+    shifted->data = (void *)(uintptr_t)4098;
+    expect_cuda_only_refusal(ggml_scale(ctx, shifted, 2.0f), "a SCALE of floats at byte 2");
+    struct ggml_tensor *y = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1);
+    struct ggml_tensor *mm3 = ggml_mul_mat(ctx, w, y);
+    y->data = (void *)(uintptr_t)4108;
+    expect_cuda_only_refusal(mm3, "MUL_MAT of an F16 matrix, src1 at byte 12");
+    y->data = (void *)(uintptr_t)4104;
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, mm3) == NULL);
+    /* rope_norm's pair stores: a ROPE result at byte 4 of a pair of floats */
+    struct ggml_tensor *rope = ggml_rope(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 64, 2, 3),
+                                         ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 3), 64, 0);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, rope) == NULL);
+    rope->data = (void *)(uintptr_t)4100;
+    expect_cuda_only_refusal(rope, "a ROPE result at byte 4");
+    ggml_free(ctx);
+}
+
 /* A graph of out's nodes as ggml builds it, its use counts ggml's, made
  * with the capacity the host gives its graphs (op_fusion.h). */
 static struct ggml_cgraph *fusion_graph(struct ggml_context *ctx, struct ggml_tensor *out)
@@ -973,6 +1056,14 @@ static void test_fusion_seal(void)
     CHECK(rope_chain_fuses(g, rope));
     apir_fusion_seal(g, true);
     CHECK(!rope_chain_fuses(g, rope));
+    /* a cache at byte 36 (4 mod 8): the kernel stores pairs of floats as
+     * one float2, a misaligned store (the H100 chain run) */
+    struct ggml_tensor *sr = ggml_set_rows(ctx, kv, v, idx);
+    sr->data = (void *)(uintptr_t)4132;
+    g = fusion_graph(ctx, sr);
+    CHECK(rope_chain_fuses(g, rope));
+    apir_fusion_seal(g, true);
+    CHECK(!rope_chain_fuses(g, rope));
 
     /* RMS_NORM then MUL: by its weights (fused), and in place over rows
      * that overlap (the kernel writes 64 x 100 floats densely) */
@@ -1003,6 +1094,15 @@ static void test_fusion_seal(void)
     struct ggml_tensor *row = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 64);  /* ggml_view_3d asks room for a dense view */
     /* (the bias first: ggml lists the VIEW node before the product) */
     g = fusion_graph(ctx, ggml_add(ctx, ggml_view_3d(ctx, row, 16, 1, 4, 64, 0, 0), mm));
+    CHECK(ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
+    apir_fusion_seal(g, true);
+    CHECK(!ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
+    /* a bias node whose result has gaps between its columns: the fused
+     * kernel writes that node's result and bounds its rows by its strides */
+    struct ggml_tensor *gapped = ggml_add(ctx, mm, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 16, 1, 4));
+    gapped->nb[2] = 256;
+    gapped->nb[3] = 1024;
+    g = fusion_graph(ctx, gapped);
     CHECK(ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
     apir_fusion_seal(g, true);
     CHECK(!ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
@@ -1701,6 +1801,7 @@ TEST_MAIN("dispatch",
           TEST(test_cuda_transposing_copy),
           TEST(test_cuda_entry_rules),
           TEST(test_cuda_leading_dims),
+          TEST(test_cuda_kernel_layouts),
           TEST(test_fusion_seal),
           TEST(test_isolation_and_limits),
           TEST(test_index_policy),

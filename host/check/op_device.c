@@ -3,6 +3,7 @@
 #include "ggml.h"
 #include "ggml-impl.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,19 @@ static bool whole_elements(const struct ggml_tensor *t)
     const size_t size = ggml_type_size(t->type);
     for (int k = 0; k < GGML_MAX_DIMS; k++)
         if (size == 0 || t->nb[k] % size != 0)
+            return false;
+    return true;
+}
+
+/* The address and the strides of the dimensions of more than one element
+ * multiples of two elements: a kernel that moves pairs (float2, half2). */
+static bool pairs_aligned(const struct ggml_tensor *t)
+{
+    const size_t pair = 2 * ggml_type_size(t->type);
+    if ((uintptr_t)t->data % pair != 0)
+        return false;
+    for (int k = 1; k < GGML_MAX_DIMS; k++)
+        if (t->ne[k] > 1 && t->nb[k] % pair != 0)
             return false;
     return true;
 }
@@ -143,8 +157,25 @@ static bool leading_dim_ok(size_t nb, int64_t rows, size_t unit)
  * paths that fall back to it): src0 transposed with lda nb01 / type size in
  * blocks (lda >= ne00), src1 with ldb nb11 / type size (ldb >= ne10).  Asked
  * whichever path the shapes would take: which one is ggml-cuda's choice. */
-static const char *cuda_mul_mat_error(const struct ggml_tensor *s0, const struct ggml_tensor *s1)
+static const char *cuda_mul_mat_error(const struct ggml_tensor *s0, const struct ggml_tensor *s1,
+                                      const struct ggml_tensor *n)
 {
+    /*
+     * mmvf.cu (ggml_cuda_should_use_mmvf: a float src0 of even rows, its
+     * strides in pairs) loads src0 and src1 in pairs of elements (float2,
+     * half2) and asserts src1's strides in pairs; it checks src0's strides,
+     * not the pointers (chain-cuda-00: a src1 at byte 12, a misaligned
+     * float2, a CUDA error).  MUL_MAT_ID takes it fused with its bias.
+     */
+    const struct ggml_tensor *y = s1 ? s1 : n->src[1];
+    if (s0 && y && !ggml_is_quantized(s0->type) && s0->ne[0] % 2 == 0 && s0->nb[0] == ggml_type_size(s0->type)) {
+        const size_t x2 = 2 * ggml_type_size(s0->type), y2 = 2 * ggml_type_size(y->type);
+        bool pairs = (uintptr_t)s0->data % x2 == 0 && (uintptr_t)y->data % y2 == 0;
+        for (int k = 1; k < GGML_MAX_DIMS; k++)
+            pairs = pairs && y->nb[k] % y2 == 0;
+        if (!pairs)
+            return "CUDA's MUL_MAT takes float operands aligned to pairs of elements";
+    }
     if (s0 && ggml_blck_size(s0->type) > 0 &&
         !leading_dim_ok(s0->nb[1], s0->ne[0] / ggml_blck_size(s0->type), ggml_type_size(s0->type)))
         return "CUDA's MUL_MAT hands cuBLAS src0 rows at least a row apart";
@@ -206,9 +237,13 @@ static const char *cuda_error(const struct ggml_tensor *n)
          * diagmask.cu, ssm-conv.cu: F32 in, F32 out */
         return is_f32(s0) && is_f32(n) ? NULL : "CUDA's kernel for this op takes F32 only";
     case GGML_OP_NORM: case GGML_OP_RMS_NORM: case GGML_OP_L2_NORM: case GGML_OP_GROUP_NORM:
-        /* norm.cu: F32 in and out, eps >= 0 (a NaN fails it too; GROUP_NORM's is its second parameter) */
+        /* norm.cu: F32 in and out, eps >= 0 (a NaN fails it too; GROUP_NORM's is its second parameter);
+         * NORM, RMS_NORM and L2_NORM assert a row's floats adjacent, also in a row of one
+         * (cuda-25, -26: an nb[0] of 2^28) */
         if (!is_f32(s0) || !is_f32(n))
             return "CUDA's kernel for this op takes F32 only";
+        if (n->op != GGML_OP_GROUP_NORM && s0->nb[0] != sizeof(float))
+            return "CUDA's norms take a source whose rows' floats are adjacent";
         return param_f32(n, n->op == GGML_OP_GROUP_NORM ? 1 : 0) >= 0.0f ? NULL : "CUDA's norms take eps >= 0";
     case GGML_OP_RMS_NORM_BACK:
         return param_f32(n, 0) >= 0.0f ? NULL : "CUDA's norms take eps >= 0";
@@ -246,11 +281,19 @@ static const char *cuda_error(const struct ggml_tensor *n)
                    : "CUDA's LEAKY_RELU takes a contiguous F32 or F16 source of the result's type";
     case GGML_OP_ROPE:
         /* rope.cu, unfused: the source's type is the result's */
-        return s0 && f32_or_f16(s0->type) && s0->type == n->type ? NULL
-                                                                 : "CUDA's ROPE takes F32 or F16, as its result";
+        if (!s0 || !f32_or_f16(s0->type) || s0->type != n->type)
+            return "CUDA's ROPE takes F32 or F16, as its result";
+        /* rope_norm stores each rotated pair as one float2 / half2 at an
+         * even element (a misaligned store is a CUDA error: fuzz_op's chain
+         * mode found it through the fused store, op_fusion.c) */
+        return pairs_aligned(n) ? NULL : "CUDA's ROPE writes pairs of elements at addresses aligned to a pair";
     case GGML_OP_ADD_ID:
-        return is_f32(s0) && is_f32(s1) && s2 && s2->type == GGML_TYPE_I32 ? NULL
-                                                                           : "CUDA's ADD_ID takes F32 and I32 ids";
+        /* add-id.cu: types, and each operand's first dimension dense (chain-cuda-04: ids every 32 bytes) */
+        if (!is_f32(s0) || !is_f32(s1) || !s2 || s2->type != GGML_TYPE_I32)
+            return "CUDA's ADD_ID takes F32 and I32 ids";
+        return s0->nb[0] == sizeof(float) && s1->nb[0] == sizeof(float) && s2->nb[0] == sizeof(int32_t)
+                   ? NULL
+                   : "CUDA's ADD_ID takes operands whose first dimension is dense";
     case GGML_OP_CROSS_ENTROPY_LOSS: case GGML_OP_CROSS_ENTROPY_LOSS_BACK:
         for (int k = 0; k < 3; k++)
             if (n->src[k] && (!is_f32(n->src[k]) || !contiguous(n->src[k])))
@@ -316,7 +359,9 @@ static const char *cuda_error(const struct ggml_tensor *n)
             return "CUDA's OUT_PROD hands cuBLAS matrices whose rows are at least a row apart";
         return NULL;
     case GGML_OP_MUL_MAT:
-        return cuda_mul_mat_error(s0, s1);
+        if (!contiguous(n))
+            return "CUDA's MUL_MAT writes a contiguous result";
+        return cuda_mul_mat_error(s0, s1, n);
     case GGML_OP_CONV_TRANSPOSE_2D:
         /* conv2d-transpose.cu: kernel src0, input src1 */
         if (!s0 || !f32_or_f16(s0->type) || !is_f32(s1) || !is_f32(n))
@@ -336,10 +381,13 @@ static const char *cuda_error(const struct ggml_tensor *n)
     case GGML_OP_RWKV_WKV6: case GGML_OP_RWKV_WKV7:
         return head_size_ok(n, s0, 64, 128) ? NULL : "CUDA's RWKV_WKV6/7 take heads of 64 or 128";
     case GGML_OP_GATED_DELTA_NET: {
-        /* gated_delta_net.cu: q and k alike, v's rows dense, g per head or per key */
+        /* gated_delta_net.cu: q and k alike, v's rows dense, g per head or per key; a kernel
+         * for heads (v's ne[0]) of 16, 32, 64 and 128 only (cuda-29: 1) */
         const struct ggml_tensor *g = n->src[3], *beta = n->src[4], *state = n->src[5];
         if (!s0 || !s1 || !s2 || !g || !beta || !state)
             return NULL;
+        if (s2->ne[0] != 16 && s2->ne[0] != 32 && s2->ne[0] != 64 && s2->ne[0] != 128)
+            return "CUDA's GATED_DELTA_NET takes heads of 16, 32, 64 or 128";
         if (s0->ne[1] != s1->ne[1] || !ggml_is_contiguous_rows(s0) || !ggml_is_contiguous_rows(s1) ||
             !ggml_is_contiguous_rows(s2) || !ggml_are_same_stride(s0, s1) ||
             (g->ne[0] != 1 && g->ne[0] != s2->ne[0]) || !contiguous(g) || !contiguous(beta) || !contiguous(state))
@@ -353,21 +401,66 @@ static const char *cuda_error(const struct ggml_tensor *n)
     case GGML_OP_SET:
         return cuda_set_error(n);
     case GGML_OP_MUL_MAT_ID:
+        /* ggml_cuda_mul_mat_id asserts F32 src1 and result (cuda-27: a Q8_0 src1); mmvq and
+         * mmvf assert dense ids rows (chain-cuda-01, -02) */
+        if (!s1 || !s2 || !is_f32(s1) || !is_f32(n) || s2->nb[0] != sizeof(int32_t))
+            return "CUDA's MUL_MAT_ID takes F32 src1 and result and dense ids rows";
         /* ggml_cuda_mul_mat_id's grouping path asserts these */
-        if (s1 && (s1->nb[1] == 0 || s1->nb[2] % s1->nb[1] != 0 || n->nb[1] == 0 || n->nb[2] % n->nb[1] != 0))
+        if (s1->nb[1] == 0 || s1->nb[2] % s1->nb[1] != 0 || n->nb[1] == 0 || n->nb[2] % n->nb[1] != 0)
             return "CUDA's MUL_MAT_ID takes src1 and result matrices a whole number of rows apart";
+        if (!contiguous(n))
+            return "CUDA's MUL_MAT_ID writes a contiguous result";
+        /*
+         * mmvq.cu's one-token kernel (mul_mat_vec_q, ncols_dst 1) computes
+         * rows in blocks of up to 8 and keeps a block's rows below the
+         * result's nb[2] / 4, not below its row count: with several experts
+         * a token, rows past an expert's last were written over the next
+         * expert's, and past the result after the last (chain-cuda-03, -05,
+         * -06: results of 2, 3 and 1 rows per expert, a float past them).  Row counts a
+         * multiple of 8, as every model's are.
+         */
+        if (ggml_is_quantized(s0->type) && n->ne[2] == 1 && n->ne[1] > 1 && n->ne[0] % 8 != 0)
+            return "CUDA's MUL_MAT_ID of a quantized matrix takes rows in multiples of 8";
         /* its fallback path computes each expert's rows with MUL_MAT on
          * src0's matrix and contiguous copies of src1's rows */
-        return cuda_mul_mat_error(s0, NULL);
+        return cuda_mul_mat_error(s0, NULL, n);
     default:
         return NULL;
     }
+}
+
+/*
+ * ggml-cuda's kernels index typed pointers: an element at an address that
+ * is not a multiple of its size is a misaligned access, a CUDA error that
+ * ends the worker's context (cuda-28: a DUP whose source's planes were one
+ * byte apart).  ggml's allocator places tensors at the buffer type's
+ * alignment, so only views of other offsets and strides get here.  Every
+ * operand of a node: its address and the strides of its dimensions of more
+ * than one element in whole elements.  Quantized blocks are not checked
+ * (MXFP4's are 17 bytes: its rows start at any byte).
+ */
+static bool element_aligned(const struct ggml_tensor *t)
+{
+    if (!t || ggml_is_quantized(t->type))
+        return true;
+    const size_t size = ggml_type_size(t->type);
+    if (size == 0 || (uintptr_t)t->data % size != 0)
+        return false;
+    for (int k = 0; k < GGML_MAX_DIMS; k++)
+        if (t->ne[k] > 1 && t->nb[k] % size != 0)
+            return false;
+    return true;
 }
 
 const char *apir_op_device_error(enum apir_kernel_family family, const struct ggml_tensor *node)
 {
     if (family != APIR_KERNELS_CUDA || ggml_op_is_empty(node->op))
         return NULL;
+    bool aligned = element_aligned(node);
+    for (int i = 0; i < GGML_MAX_SRC; i++)
+        aligned = aligned && element_aligned(node->src[i]);
+    if (!aligned)
+        return "CUDA's kernels take elements at multiples of their size";
     return cuda_error(node);
 }
 

@@ -2,6 +2,8 @@
 
 #include "ggml-impl.h"
 
+#include <stdint.h>
+
 /* The node the padding repeats: op NONE, no sources - no matcher's chain
  * starts or goes on with it. */
 static struct ggml_tensor fusion_end = { .op = GGML_OP_NONE };
@@ -55,7 +57,10 @@ static bool dense_f32(const struct ggml_tensor *t)
  * VIEW's rows by the index tensor's strides, is of the entries the kernel
  * reads), a contiguous index tensor, rows of set_rows dense and at least
  * a row apart (a row stride of 0 makes the kernel write the ROPE's own
- * layout there), and every row's offset inside 32 bits.
+ * layout there), every row's offset inside 32 bits, and the cache's
+ * address and row stride in pairs of elements: rope_norm stores a rotated
+ * pair as one float2 / half2 (fuzz_op's chain mode on an H100: a cache
+ * at byte 36, a misaligned store, a CUDA error).
  */
 static bool rope_set_rows_ok(const struct ggml_tensor *rope, const struct ggml_tensor *view,
                              const struct ggml_tensor *sr)
@@ -66,6 +71,7 @@ static bool rope_set_rows_ok(const struct ggml_tensor *rope, const struct ggml_t
            ggml_is_contiguous(rope) && rope->ne[3] == 1 && view->ne[0] == rope->ne[0] * rope->ne[1] &&
            view->ne[1] == rope->ne[2] && view->ne[2] == 1 && view->ne[3] == 1 && ggml_is_contiguous(idx) &&
            ts > 0 && sr->nb[0] == ts && sr->nb[1] >= (size_t)sr->ne[0] * ts &&
+           (uintptr_t)sr->data % (2 * ts) == 0 && sr->nb[1] % (2 * ts) == 0 &&
            (uint64_t)(sr->nb[1] / ts) * (uint64_t)sr->ne[1] <= INT32_MAX;
 }
 
@@ -94,10 +100,12 @@ static bool norm_mul_ok(const struct ggml_cgraph *g, int i)
 /*
  * A matrix product with its bias (mmvf.cu, mmvq.cu: MUL_MAT + ADD,
  * MUL_MAT_ID (+ scale MUL) + ADD_ID, and the GLU forms with two of them):
- * the kernel reads the bias with the result's strides and asserts it F32,
- * and ADD_ID's bias one row per expert.  Taken: every ADD in the next four
- * nodes of F32 contiguous operands; an ADD_ID's rows from a node of the
- * chain and a bias row per expert of the head's weights.
+ * the kernel writes the bias node's result with that node's strides, and
+ * bounds a block's rows by them, not by the row count; it reads the bias
+ * with the same strides, asserts it F32, and ADD_ID's bias one row per
+ * expert.  Taken: every ADD in the next four nodes with F32 contiguous
+ * operands and result; an ADD_ID's rows from a node of the chain and a
+ * bias row per expert of the head's weights.
  */
 static bool bias_ok(const struct ggml_cgraph *g, int i)
 {
@@ -105,13 +113,14 @@ static bool bias_ok(const struct ggml_cgraph *g, int i)
     for (int j = i + 1; j <= i + 4 && j < g->n_nodes; j++) {
         const struct ggml_tensor *n = g->nodes[j];
         if (n->op == GGML_OP_ADD) {
-            if (!dense_f32(n->src[0]) || !dense_f32(n->src[1]))
+            if (!dense_f32(n) || !dense_f32(n->src[0]) || !dense_f32(n->src[1]))
                 return false;
         } else if (n->op == GGML_OP_ADD_ID) {
             bool from_chain = false;
             for (int k = i; k < j; k++)
                 from_chain |= n->src[0] == g->nodes[k];
-            if (!from_chain || !dense_f32(n->src[0]) || !dense_f32(n->src[1]) || head->op != GGML_OP_MUL_MAT_ID ||
+            if (!from_chain || !dense_f32(n) || !dense_f32(n->src[0]) || !dense_f32(n->src[1]) ||
+                head->op != GGML_OP_MUL_MAT_ID ||
                 !head->src[0] || n->src[1]->ne[1] != head->src[0]->ne[2])
                 return false;
         }
