@@ -220,6 +220,8 @@ enum chain_kind {
     CH_MUL_MAT_ADD,         /* MUL_MAT and its bias */
     CH_MUL_MAT_ID_ADD_ID,   /* MUL_MAT_ID and its bias per expert */
     CH_ADDS,                /* ADDs (or MULs) one after another */
+    CH_GLU,                 /* a gate and an up product (MUL_MAT or MUL_MAT_ID, with or
+                               without biases) and their GLU: an FFN (mmvq/mmvf fused) */
     CH_COUNT
 };
 
@@ -228,7 +230,7 @@ const int fuzz_op_chain_kinds = CH_COUNT;
 
 static const char *const chain_names[CH_COUNT] = {
     "rope-set_rows", "norm-rope-set_rows", "norm-rope", "norm-mul", "unary-mul", "topk",
-    "mul_mat-add", "mul_mat_id-add_id", "adds",
+    "mul_mat-add", "mul_mat_id-add_id", "adds", "glu",
 };
 
 struct gen {
@@ -1324,6 +1326,33 @@ static void construct_chain(struct gen *g)
         struct ggml_tensor *ids = cleaf(g, GGML_TYPE_I32, used, tokens, 1, 1);
         struct ggml_tensor *mm = push(g, ggml_mul_mat_id(c, as, b, ids));
         push(g, ggml_add_id(c, mm, cleaf(g, GGML_TYPE_F32, n, n_expert, 1, 1), ids));
+        break;
+    }
+    case CH_GLU: {
+        /* llama.cpp's FFN for a token: gate = W_g x (+ b_g), up = W_u x (+ b_u),
+         * GLU(gate, up); by experts (MUL_MAT_ID, ADD_ID) as gpt-oss has it */
+        const enum ggml_type wt = wtypes[rd(g, 1) % (sizeof(wtypes) / sizeof(wtypes[0]))];
+        const uint32_t how = rd(g, 1);
+        const bool experts = how & 1, biased = how & 2;
+        const int64_t k = PICK(g, 32, 64, 96, 32), n = PICK(g, 8, 16, 3, 1, 32, 4);
+        const int64_t n_expert = experts ? PICK(g, 4, 8, 3) : 1;
+        const int64_t used = experts ? 1 + (int64_t)(rd(g, 1) % 3) : 1;
+        const int64_t tokens = rd(g, 1) < 192 ? 1 : PICK(g, 2, 3, 4);
+        struct ggml_tensor *lane[2];
+        struct ggml_tensor *x = experts ? cleaf(g, GGML_TYPE_F32, k, rd(g, 1) & 1 ? 1 : used, tokens, 1)
+                                        : cleaf(g, GGML_TYPE_F32, k, tokens, 1, 1);
+        struct ggml_tensor *ids = experts ? cleaf(g, GGML_TYPE_I32, used, tokens, 1, 1) : NULL;
+        for (int l = 0; l < 2; l++) {  /* the gate's lane, then the up's (ggml-cuda's order) */
+            struct ggml_tensor *w = cleaf(g, wt, k, n, n_expert, 1);
+            lane[l] = push(g, experts ? ggml_mul_mat_id(c, w, x, ids) : ggml_mul_mat(c, w, x));
+            if (biased)
+                lane[l] = push(g, experts ? ggml_add_id(c, lane[l], cleaf(g, GGML_TYPE_F32, n, n_expert, 1, 1), ids)
+                                          : ggml_add(c, lane[l], cleaf(g, GGML_TYPE_F32, n, tokens, 1, 1)));
+        }
+        static const enum ggml_glu_op glus[] = { GGML_GLU_OP_SWIGLU, GGML_GLU_OP_GEGLU, GGML_GLU_OP_SWIGLU_OAI };
+        const enum ggml_glu_op op = glus[rd(g, 1) % 3];
+        push(g, op == GGML_GLU_OP_SWIGLU_OAI ? ggml_swiglu_oai(c, lane[0], lane[1], 1.702f, 7.0f)
+                                             : ggml_glu_split(c, lane[0], lane[1], op));
         break;
     }
     case CH_ADDS: default: {

@@ -1107,6 +1107,15 @@ static void test_fusion_seal(void)
     apir_fusion_seal(g, true);
     CHECK(!ggml_can_fuse(g, chain_at(g, mm, 2), mm_add, 2));
 
+    /* an expert product and its bias per expert, as gpt-oss has them: fused */
+    struct ggml_tensor *ex = ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_0, 64, 16, 4);
+    struct ggml_tensor *eids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 1);
+    struct ggml_tensor *emm = ggml_mul_mat_id(ctx, ex, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 64, 1, 1), eids);
+    const enum ggml_op mmid_add_id[] = { GGML_OP_MUL_MAT_ID, GGML_OP_ADD_ID };
+    g = fusion_graph(ctx, ggml_add_id(ctx, emm, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 16, 4), eids));
+    apir_fusion_seal(g, true);
+    CHECK(ggml_can_fuse(g, chain_at(g, emm, 2), mmid_add_id, 2));
+
     /* a router's top-k: its gating op keeps a count no chain matches */
     struct ggml_tensor *probs = ggml_soft_max(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 4));
     g = fusion_graph(ctx, ggml_argsort(ctx, probs, GGML_SORT_ORDER_DESC));

@@ -104,7 +104,7 @@ static bool norm_mul_ok(const struct ggml_cgraph *g, int i)
  * bounds a block's rows by them, not by the row count; it reads the bias
  * with the same strides, asserts it F32, and ADD_ID's bias one row per
  * expert.  Taken: every ADD in the next four nodes with F32 contiguous
- * operands and result; an ADD_ID's rows from a node of the chain and a
+ * operands and result; an ADD_ID's rows from the node before it and a
  * bias row per expert of the head's weights.
  */
 static bool bias_ok(const struct ggml_cgraph *g, int i)
@@ -116,9 +116,9 @@ static bool bias_ok(const struct ggml_cgraph *g, int i)
             if (!dense_f32(n) || !dense_f32(n->src[0]) || !dense_f32(n->src[1]))
                 return false;
         } else if (n->op == GGML_OP_ADD_ID) {
-            bool from_chain = false;
-            for (int k = i; k < j; k++)
-                from_chain |= n->src[0] == g->nodes[k];
+            /* its rows from the node just before (the product or its
+             * scale): ggml-cuda's matcher asserts that of a bias node */
+            const bool from_chain = n->src[0] == g->nodes[j - 1];
             if (!from_chain || !dense_f32(n) || !dense_f32(n->src[0]) || !dense_f32(n->src[1]) ||
                 head->op != GGML_OP_MUL_MAT_ID ||
                 !head->src[0] || n->src[1]->ne[1] != head->src[0]->ne[2])
