@@ -68,6 +68,9 @@
 #                              process (host RSS, GPU), time to the first token (bench/many_guests.sh)
 #   bench/h200.sh kprof        issue 26 item 3 on the device's side: each kernel's GPU time (ncu) over one llama-bench
 #                              prompt natively and through apir (8B Q4_0 pp2048; KPROF_MODELS, KPROF_P)
+#   bench/h200.sh fusion       the CUDA rules and the fusion seal on the GPU: index checks, every CUDA finding
+#                              replayed on CUDA, test-backend-ops' fusion cases through a CUDA host, 1B F16 tg128
+#                              natively and through apir each with and without ggml-cuda's fusion (FUSION_ROUNDS)
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -671,5 +674,45 @@ kprof)
     gzip -f $OUT/kprof-$m-*.raw.csv; rm -f $OUT/kprof-$m-native.csv $OUT/kprof-$m-apir.csv
   done
   log "done, $(left) s left"
+  ;;
+fusion)
+  # The CUDA rules and the fusion seal on the GPU (2026-12-06's checks, one call): the index checks
+  # (with test_fused_chains, the fused ROPE store's own test); every CUDA finding replayed on CUDA
+  # (all refused, none ends the child); test-backend-ops' fusion cases through a CUDA host; then
+  # 1B F16 tg128 natively and through apir, each with and without ggml-cuda's fusion
+  # (GGML_CUDA_DISABLE_FUSION=1; through apir on the host), FUSION_ROUNDS rounds (2): apir's fused
+  # rate near native's and above its own unfused one says llama.cpp's fusions still happen.
+  M=/tmp/models; mkdir -p $M; model 1b-f16
+  sock=/tmp/apir-fusion.sock
+  log "index checks on CUDA"
+  APIR_TEST_BACKEND=CUDA timeout 120 build/tests/test_index_checks 2>&1 | grep -E 'FAIL|passed|refused a graph' | tee -a "$OUT/h200.log"
+  for d in cuda cuda-chains; do
+    n=$(ls fuzz/findings/$d/*.bin | wc -l)
+    log "fuzz/findings/$d on CUDA ($n inputs)"
+    env $([ $d = cuda-chains ] && echo FUZZ_OP_CHAINS=1) FUZZ_BACKEND=CUDA FUZZ_OP_DEVICE_PATH=1 timeout 120 \
+      build/apir-fuzz-op-dev -runs "$n" -timeout 30 -artifacts "$OUT/replay-$d" fuzz/findings/$d 2>&1 |
+      grep -E 'outcomes|finding [0-9]+:' | tee -a "$OUT/h200.log"
+  done
+  build/apir-host --listen unix:$sock --backend CUDA --log-level warn >"$OUT/host-fusion.log" 2>&1 & hp=$!; sleep 2
+  log "test-backend-ops -b APIR0 (host CUDA): fusion cases"
+  (cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock \
+     timeout "$(phase_timeout 150)" ./test-backend-ops test -b APIR0 \
+     -o ROPE_SET_ROWS,RMS_NORM_MUL_ROPE,NORM_MUL_ADD,RMS_NORM_MUL_ADD,ADD_ADD,ADD_RMS_NORM,SILU_MUL,GELU_MUL,TOPK_MOE,MUL_MAT_VEC_FUSION,MUL_MAT_ID_FUSION,MUL_MAT_ID,ADD_ID \
+     2>&1 | grep -E 'tests passed|FAIL' | head -8 | tee -a "$OUT/h200.log")
+  kill $hp; wait $hp 2>/dev/null
+  grep -c refused "$OUT/host-fusion.log" | sed 's/^/host refusals: /' | tee -a "$OUT/h200.log"
+  lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 0 -n 128 -r 4 -o md)
+  tg() { grep -E '^\| llama' | awk -F'|' '{print $(NF-1)}'; }
+  for r in $(seq 1 "${FUSION_ROUNDS:-2}"); do
+    room 60 || break
+    log "round $r native: $(cd .deps/bin && ./llama-bench "${lb[@]}" 2>/dev/null | tg)"
+    log "round $r native, fusion off: $(cd .deps/bin && GGML_CUDA_DISABLE_FUSION=1 ./llama-bench "${lb[@]}" 2>/dev/null | tg)"
+    for f in 0 1; do
+      GGML_CUDA_DISABLE_FUSION=$f build/apir-host --listen unix:$sock --backend CUDA --log-level warn >>"$OUT/host-fusion.log" 2>&1 & hp=$!; sleep 2
+      log "round $r apir, host fusion off=$f: $(cd .deps/bin && CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so \
+        APIR_HOST=unix:$sock ./llama-bench "${lb[@]}" -dev APIR0 2>/dev/null | tg)"
+      kill $hp; wait $hp 2>/dev/null
+    done
+  done
   ;;
 esac
