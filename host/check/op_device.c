@@ -166,6 +166,8 @@ static const char *cuda_mul_mat_error(const struct ggml_tensor *s0, const struct
      * half2) and asserts src1's strides in pairs; it checks src0's strides,
      * not the pointers (chain-cuda-00: a src1 at byte 12, a misaligned
      * float2, a CUDA error).  MUL_MAT_ID takes it fused with its bias.
+     * Asked of every float product of even rows, whichever path ggml-cuda
+     * then takes (ggml's own operands are in pairs).
      */
     const struct ggml_tensor *y = s1 ? s1 : n->src[1];
     if (s0 && y && !ggml_is_quantized(s0->type) && s0->ne[0] % 2 == 0 && s0->nb[0] == ggml_type_size(s0->type)) {
@@ -415,9 +417,9 @@ static const char *cuda_error(const struct ggml_tensor *n)
          * rows in blocks of up to 8 and keeps a block's rows below the
          * result's nb[2] / 4, not below its row count: with several experts
          * a token, rows past an expert's last were written over the next
-         * expert's, and past the result after the last (chain-cuda-03, -05,
-         * -06: results of 2, 3 and 1 rows per expert, a float past them).  Row counts a
-         * multiple of 8, as every model's are.
+         * expert's, and past the result after the last (chain-cuda-03,
+         * -05, -06: 2, 3 and 1 rows an expert, a float past the result).
+         * Row counts a multiple of 8, as every model's are.
          */
         if (ggml_is_quantized(s0->type) && n->ne[2] == 1 && n->ne[1] > 1 && n->ne[0] % 8 != 0)
             return "CUDA's MUL_MAT_ID of a quantized matrix takes rows in multiples of 8";
