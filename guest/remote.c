@@ -153,13 +153,12 @@ int apir_remote_submit_locked(struct apir_remote *r, enum apir_command cmd, cons
     }
     /* Such a graph stays on the device until a command that is neither a
      * query nor another graph or upload (apir_command_runs_beside_device). */
-    if (sub == 0 && (classes & APIR_LEAVES_BUSY) && r->graph_done_at_reply) {
-        /* Computed before its reply: done, nothing to wait for after it. */
-        r->graphs_done = ++r->graphs_launched;
-        r->host_computing = false;
-    } else if (sub == 0 && (classes & APIR_LEAVES_BUSY)) {
-        r->host_computing = true;
+    if (sub == 0 && (classes & APIR_LEAVES_BUSY)) {
         r->graphs_launched++;
+        /* Computed before its reply: done, nothing to wait for after it. */
+        if (r->graph_done_at_reply)
+            r->graphs_done = r->graphs_launched;
+        r->host_computing = !r->graph_done_at_reply;
     } else if (sub == 0 && !apir_command_runs_beside_device(cmd)) {
         /* The host settled before it ran this: every graph before it is done. */
         r->host_computing = false;

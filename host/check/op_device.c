@@ -42,17 +42,23 @@ static bool whole_elements(const struct ggml_tensor *t)
     return true;
 }
 
-/* The address and the strides of the dimensions of more than one element
- * multiples of two elements: a kernel that moves pairs (float2, half2). */
-static bool pairs_aligned(const struct ggml_tensor *t)
+/* t's address, and the strides of its dimensions from `first` on that
+ * have more than one element, multiples of unit bytes (0: never). */
+static bool placed_in_units(const struct ggml_tensor *t, size_t unit, int first)
 {
-    const size_t pair = 2 * ggml_type_size(t->type);
-    if ((uintptr_t)t->data % pair != 0)
+    if (unit == 0 || (uintptr_t)t->data % unit != 0)
         return false;
-    for (int k = 1; k < GGML_MAX_DIMS; k++)
-        if (t->ne[k] > 1 && t->nb[k] % pair != 0)
+    for (int k = first; k < GGML_MAX_DIMS; k++)
+        if (t->ne[k] > 1 && t->nb[k] % unit != 0)
             return false;
     return true;
+}
+
+/* A kernel that moves pairs of elements (float2, half2) from element 0 of
+ * each row: the address and the row-and-up strides in pairs. */
+static bool pairs_aligned(const struct ggml_tensor *t)
+{
+    return placed_in_units(t, 2 * ggml_type_size(t->type), 1);
 }
 
 /* An op parameter read as a float. */
@@ -443,15 +449,7 @@ static const char *cuda_error(const struct ggml_tensor *n)
  */
 static bool element_aligned(const struct ggml_tensor *t)
 {
-    if (!t || ggml_is_quantized(t->type))
-        return true;
-    const size_t size = ggml_type_size(t->type);
-    if (size == 0 || (uintptr_t)t->data % size != 0)
-        return false;
-    for (int k = 0; k < GGML_MAX_DIMS; k++)
-        if (t->ne[k] > 1 && t->nb[k] % size != 0)
-            return false;
-    return true;
+    return !t || ggml_is_quantized(t->type) || placed_in_units(t, ggml_type_size(t->type), 0);
 }
 
 const char *apir_op_device_error(enum apir_kernel_family family, const struct ggml_tensor *node)
