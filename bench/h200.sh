@@ -17,6 +17,7 @@
 #                              FUZZDEV_S seconds (default: what is left of the call less 20); findings in $OUT/fuzzdev;
 #                              FUZZDEV_CHAIN_S of them (a third by default) in chain mode (-chains: chains
 #                              ggml-cuda fuses, sent keyed with use counts), findings in $OUT/fuzzdev-chains
+#                              (FUZZ_OP_CHAIN_KINDS=glu,...: only those kinds of chain, docs/TESTING.md)
 #   bench/h200.sh pp           issue 26 item 3: pp2048 native vs apir vs apir with PP_HOSTB (default
 #                              APIR_HOST_STAGE_MB=0, no upload stage), interleaved, 1B F16 and 8B Q4_0;
 #                              the hosts' profiles (how long the device idled before each launch); PP_TRACE=1

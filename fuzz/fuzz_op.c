@@ -233,6 +233,31 @@ static const char *const chain_names[CH_COUNT] = {
     "mul_mat-add", "mul_mat_id-add_id", "adds", "glu",
 };
 
+/* FUZZ_OP_CHAIN_KINDS=NAME,NAME: only those kinds are built (an input's kind
+ * byte picks among them), to spend a device call's minutes on the chains a
+ * change touched.  Unset: every kind, and an input's kind byte keeps its
+ * meaning (the findings' files are read that way). */
+static int chain_kinds_only[CH_COUNT];
+static int n_chain_kinds_only;
+
+static void read_chain_kinds(const char *list)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *save = NULL, *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < CH_COUNT && strcmp(chain_names[k], name) != 0)
+            k++;
+        if (k == CH_COUNT) {
+            fprintf(stderr, "fuzz_op: FUZZ_OP_CHAIN_KINDS: no chain kind '%s'\n", name);
+            abort();
+        }
+        chain_kinds_only[n_chain_kinds_only++] = k;
+        if (n_chain_kinds_only == CH_COUNT)
+            break;
+    }
+}
+
 struct gen {
     struct fz_reader r;
     struct ggml_context *ctx;
@@ -1072,6 +1097,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     device_path = strcmp(fz_backend_name(), "CPU") != 0 || (dp && strcmp(dp, "0") != 0);
     const char *ch = getenv("FUZZ_OP_CHAINS");
     chains = ch && strcmp(ch, "0") != 0;
+    if (getenv("FUZZ_OP_CHAIN_KINDS"))
+        read_chain_kinds(getenv("FUZZ_OP_CHAIN_KINDS"));
     fz_host_init();
     previous_abort = ggml_set_abort_callback(on_abort);
     if (getenv("FUZZ_OP_SEEDS"))
@@ -1580,7 +1607,9 @@ static bool build_chain(struct gen *g)
         g->edges = true;
         rd(g, 1);
     }
-    g->kind = (int)(rd(g, 1) % CH_COUNT);
+    const uint32_t kind_byte = rd(g, 1);
+    g->kind = n_chain_kinds_only ? chain_kinds_only[kind_byte % (uint32_t)n_chain_kinds_only]
+                                 : (int)(kind_byte % CH_COUNT);
     const uint32_t mode = rd(g, 1);
     g->use_alloc = (mode & 0x80) != 0;
     g->inplace = (mode & 0x70) == 0 ? rd(g, 4) : 0;  /* 1 in 8: some constructors in place */
