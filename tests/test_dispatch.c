@@ -913,8 +913,8 @@ static void test_cuda_leading_dims(void)
     ggml_free(ctx);
 }
 
-/* The CUDA rules of the H100 fuzz run of 2026-12-06 (cuda-25..29,
- * chain-cuda-00..06): llama.cpp's shapes taken, each finding's shape
+/* The CUDA rules of the H100 fuzz runs of 2026-12-06 (cuda-25..29,
+ * chain-cuda-00..08): llama.cpp's shapes taken, each finding's shape
  * refused under the CUDA rules and taken under the CPU's. */
 static void expect_cuda_only_refusal(struct ggml_tensor *t, const char *what)
 {
@@ -993,6 +993,28 @@ static void test_cuda_kernel_layouts(void)
     CHECK(apir_op_device_error(APIR_KERNELS_CUDA, rope) == NULL);
     rope->data = (void *)(uintptr_t)4100;
     expect_cuda_only_refusal(rope, "a ROPE result at byte 4");
+    /* quantized blocks at their own alignment (chain-cuda-07, -08): a Q4_0
+     * matrix viewed at an odd byte (mmvq reads its blocks in 2-byte halves),
+     * taken at a whole block (18 bytes: 2-aligned); MXFP4's 17-byte blocks
+     * at any byte; a Q4_K matrix (144-byte blocks) at 8 bytes off 16 */
+    struct ggml_tensor *qw = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 256, 64);
+    struct ggml_tensor *qmm = ggml_mul_mat(ctx, qw, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1));
+    qw->data = (void *)(uintptr_t)(4096 + 873);
+    expect_cuda_only_refusal(qmm, "MUL_MAT of a Q4_0 matrix at an odd byte");
+    qw->data = (void *)(uintptr_t)(4096 + 18);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, qmm) == NULL);
+    qw->nb[1] = 143;  /* rows an odd number of bytes apart */
+    expect_cuda_only_refusal(qmm, "MUL_MAT of Q4_0 rows 143 bytes apart");
+    struct ggml_tensor *mx = ggml_new_tensor_2d(ctx, GGML_TYPE_MXFP4, 256, 64);
+    struct ggml_tensor *mxmm = ggml_mul_mat(ctx, mx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1));
+    mx->data = (void *)(uintptr_t)(4096 + 17);
+    CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, mxmm) == NULL, "%s", apir_op_device_error(APIR_KERNELS_CUDA, mxmm));
+    struct ggml_tensor *qk = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_K, 256, 64);
+    struct ggml_tensor *qkmm = ggml_mul_mat(ctx, qk, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1));
+    qk->data = (void *)(uintptr_t)(4096 + 144);
+    CHECK(apir_op_device_error(APIR_KERNELS_CUDA, qkmm) == NULL);
+    qk->data = (void *)(uintptr_t)(4096 + 8);
+    expect_cuda_only_refusal(qkmm, "MUL_MAT of a Q4_K matrix at byte 8");
     ggml_free(ctx);
 }
 

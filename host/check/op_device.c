@@ -444,12 +444,20 @@ static const char *cuda_error(const struct ggml_tensor *n)
  * byte apart).  ggml's allocator places tensors at the buffer type's
  * alignment, so only views of other offsets and strides get here.  Every
  * operand of a node: its address and the strides of its dimensions of more
- * than one element in whole elements.  Quantized blocks are not checked
- * (MXFP4's are 17 bytes: its rows start at any byte).
+ * than one element in whole elements.  A quantized block's fields are read
+ * at their own alignment (mmvq reads Q4_0's 18-byte blocks two bytes at a
+ * time: a Q4_0 matrix viewed at an odd byte was a misaligned read,
+ * chain-cuda-07, -08): its address and strides in units of the largest
+ * power of two that divides the block's size - what ggml's views at whole
+ * blocks (rows, experts, heads) from an aligned buffer always are (2 bytes
+ * for Q4_0 and Q8_0, 16 for Q4_K, 1 for MXFP4's 17-byte blocks).
  */
 static bool element_aligned(const struct ggml_tensor *t)
 {
-    return !t || ggml_is_quantized(t->type) || placed_in_units(t, ggml_type_size(t->type), 0);
+    if (!t)
+        return true;
+    const size_t size = ggml_type_size(t->type);
+    return placed_in_units(t, ggml_is_quantized(t->type) ? size & (~size + 1) : size, 0);
 }
 
 const char *apir_op_device_error(enum apir_kernel_family family, const struct ggml_tensor *node)
