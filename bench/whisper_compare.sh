@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # whisper.cpp through APIR0 vs natively, side by side in one run: load time,
 # encode time and the time per decode step (whisper-cli's own timings), and
-# the host round trips (APIR_PROFILE), in all and per decode step.  A random-weight tiny
+# the host round trips (APIR_PROFILE), in all and per decode step, and where a step's time differs
+# (bench/step_split.c, built as build/libapir-step-split.so: plan, compute, between).  A random-weight tiny
 # model (apir-whisper-gen) and samples/jfk.wav, as the CI test uses.  Each round also runs
 # APIR0 with apir 0.8's decode-step features off (APIR_GRAPH_INPUTS=0 APIR_ASK_SERIES=0:
 # uploads sent one by one, op questions asked one at a time), the "before" of issue 26,
@@ -95,9 +96,12 @@ done
 args=(-m "$work/m.bin" -f "$W/share/jfk.wav" -t "$THREADS" -bs 1 -bo 1 -nf -nt -l en)
 native=(); [ "$BACKEND" = CPU ] && native=(-ng)
 # One whisper-cli run through APIR0: guest SOCKET ERRFILE [VAR=VAL...] (the profile on).
+# Each run of the table's rounds also times its scheduler calls from inside (bench/step_split.c:
+# plan, compute, between), appended to $work/ERRFILE's base name.split; split=() leaves it out.
+split() { [ -e "$B/libapir-step-split.so" ] && echo LD_PRELOAD="$B/libapir-step-split.so" APIR_STEP_SPLIT_FILE="$work/${1%.err}.split"; }
 guest() {
   local sock=$1 err=$2; shift 2
-  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="$(ep "$sock")" APIR_PROFILE=1 "$@" \
+  env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="$(ep "$sock")" APIR_PROFILE=1 $(split "$err") "$@" \
     "$W/bin/whisper-cli" "${args[@]}" -dev 0 >/dev/null 2>"$work/$err"
 }
 t() { grep -m1 "$1 time" "$2" | sed -E 's/.*= *([0-9.]+) ms.*\( *([0-9.]+) ms per run\).*/\2/; s/.*= *([0-9.]+) ms.*/\1/'; }
@@ -106,7 +110,7 @@ dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' |
 on_apir() { case $(dev "$1") in APIR*) ;; *) echo "error: $2 did not run on APIR0 (its host unreachable?):"; grep -i -m5 "apir\|error" "$1"; exit 1 ;; esac; }
 printf '%-8s %10s %10s %14s\n' run load_ms encode_ms decode_ms/step
 for r in $(seq 1 "$ROUNDS"); do
-  "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
+  env $(split n.err) "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
   guest h.sock a.err
   runs=(n a)
   if [ -n "$AB" ]; then
@@ -141,6 +145,22 @@ if [ -n "$AB" ]; then
     printf "host A/B: decode step medians apir %.3f ms, apir-b (%s) %.3f ms (%.3fx native); apir/apir-b %.3f\n", a, e, b, b / n, a / b }'
   [ "$HOST_LOG" = debug ] &&
     echo "host A/B: decoder graph import, medians over all rounds: host A $(imp "$work/host.log"), host B $(imp "$work/hostb.log")"
+fi
+# Where the step's time differs: the medians over the rounds of each run's split (the decoder's
+# graphs): plan (ggml's scheduler: split and allocation, apir's cached answers), compute (the
+# graph's trip through the backend), between (whisper.cpp's own work between two graphs).
+if [ -s "$work/n.split" ]; then
+  echo "step split (bench/step_split.c), medians over the rounds, us:  plan  compute  between"
+  for s in n a b o; do
+    [ -s "$work/$s.split" ] || continue
+    name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
+    sed -n 's/.*plan \([0-9.-]*\) us, compute \([0-9.-]*\) us, between \([0-9.-]*\) us/\1 \2 \3/p' "$work/$s.split" |
+      awk -v name="$name" '{ for (k = 1; k <= 3; k++) v[k, NR] = $k }
+        function med(k,   i, j, t, a) { for (i = 1; i <= NR; i++) a[i] = v[k, i]
+          for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+          return (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }
+        END { if (NR) printf "  %-56s %8.1f %8.1f %8.1f\n", name, med(1), med(2), med(3) }'
+  done
 fi
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
 steps() { grep -o 'decode time = [^/]*/ *[0-9]*' "$1" | grep -o '[0-9]*$'; }

@@ -8,6 +8,7 @@
 #include "apir_proto.h"
 #include "ggml-impl.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,22 +67,36 @@ static ggml_backend_buffer_type_t dev_get_host_buffer_type(ggml_backend_dev_t de
     return dev_ctx(dev)->has_host_buft ? &dev_ctx(dev)->host_buft : NULL;
 }
 
-/* Two independent 64-bit hashes of whole words (records are 8-byte
- * multiples): a false cache hit would need both to collide. */
-static void hash_words(const void *p, size_t n, uint64_t *h1, uint64_t *h2)
+/*
+ * Two independent 64-bit hashes of n words (a false cache hit would need
+ * both to collide), each over two lanes, even and odd words, so that the
+ * multiplications of neighbouring words overlap instead of waiting on each
+ * other; the lanes and the count are mixed at the end.
+ */
+static void hash_words(const uint64_t *w, size_t n, uint64_t seed, uint64_t *h1, uint64_t *h2)
 {
-    const uint8_t *b = p;
-    uint64_t a = 0xcbf29ce484222325ull, c = 0x84222325cbf29ce4ull;
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        a = (a ^ w) * 0x100000001b3ull;
-        a ^= a >> 29;
-        c = (c + w) * 0xff51afd7ed558ccdull;
-        c ^= c >> 32;
+    uint64_t a0 = 0xcbf29ce484222325ull ^ seed, a1 = 0x9e3779b97f4a7c15ull;
+    uint64_t c0 = 0x84222325cbf29ce4ull + seed, c1 = 0xc2b2ae3d27d4eb4full;
+#define MIX(a, c, x)                               \
+    do {                                           \
+        a = (a ^ (x)) * 0x100000001b3ull;          \
+        a ^= a >> 29;                              \
+        c = (c + (x)) * 0xff51afd7ed558ccdull;     \
+        c ^= c >> 32;                              \
+    } while (0)
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        MIX(a0, c0, w[i]);
+        MIX(a1, c1, w[i + 1]);
     }
-    *h1 = a;
-    *h2 = c | 1;  /* never 0: (0,0) marks an empty entry */
+    if (i < n)
+        MIX(a0, c0, w[i]);
+    MIX(a0, c0, (uint64_t)n);
+    MIX(a0, c0, a1);
+    MIX(a0, c0, c1);
+#undef MIX
+    *h1 = a0;
+    *h2 = c0 | 1;  /* never 0: (0,0) marks an empty entry */
 }
 
 static bool cache_lookup(struct apir_device *d, uint64_t h1, uint64_t h2, uint64_t *value)
@@ -113,12 +128,44 @@ static void cache_store(struct apir_device *d, uint64_t h1, uint64_t h2, uint64_
     pthread_mutex_unlock(&d->cache_lock);
 }
 
-/* The key of a question: its records, the question's kind among them. */
-static void question_key(struct apir_tensor_rec *recs, uint32_t n, enum apir_op_query kind, uint64_t *h1, uint64_t *h2)
+/*
+ * The key of a question: its kind and the words of its records that one
+ * question's may differ from another's.  apir_op_records and
+ * apir_alloc_size_record leave the rest zero in every record (placement,
+ * view and name; a source's op, parameters and sources), so the key skips
+ * them: 7 words of a source's 38, 25 of the op's own.  Hashing them all was
+ * most of what the guest spent on a graph's plan where ggml's scheduler asks
+ * a question per node and pass (a whisper.cpp decode step: docs/MEASUREMENTS.md).
+ * test_op_cache asks questions that differ in each word kept.
+ */
+#define REC_AT(field) offsetof(struct apir_tensor_rec, field)
+_Static_assert(REC_AT(buffer) % 8 == 0 && REC_AT(ne) % 8 == 0 && REC_AT(op) % 8 == 0 && REC_AT(view_src) % 8 == 0,
+               "question_key takes whole words");
+#define KEY_OP_WORDS ((REC_AT(buffer) - REC_AT(id) + REC_AT(view_src) - REC_AT(ne)) / 8)
+#define KEY_SRC_WORDS ((REC_AT(buffer) - REC_AT(id) + REC_AT(op) - REC_AT(ne)) / 8 + 1)
+
+/* Appends the words [from, to) of rec to w. */
+static size_t take_words(uint64_t *w, size_t n, const struct apir_tensor_rec *rec, size_t from, size_t to)
 {
-    recs[0].pad1 = (uint32_t)kind;
-    hash_words(recs, n * sizeof(recs[0]), h1, h2);
-    recs[0].pad1 = 0;
+    memcpy(w + n, (const uint8_t *)rec + from, to - from);
+    return n + (to - from) / 8;
+}
+
+static void question_key(const struct apir_tensor_rec *recs, uint32_t n, enum apir_op_query kind, uint64_t *h1, uint64_t *h2)
+{
+    uint64_t w[KEY_OP_WORDS + GGML_MAX_SRC * KEY_SRC_WORDS];
+    size_t k = 0;
+    for (uint32_t i = 0; i < n && i <= GGML_MAX_SRC; i++) {
+        k = take_words(w, k, &recs[i], REC_AT(id), REC_AT(buffer));  /* id (a source's slot), type */
+        if (i == 0) {
+            k = take_words(w, k, &recs[i], REC_AT(ne), REC_AT(view_src));  /* shape, strides, op, parameters, flags, sources */
+        } else {
+            k = take_words(w, k, &recs[i], REC_AT(ne), REC_AT(op));  /* shape, strides */
+            const size_t flags_word = REC_AT(flags) & ~(size_t)7;
+            k = take_words(w, k, &recs[i], flags_word, flags_word + 8);  /* flags */
+        }
+    }
+    hash_words(w, k, (uint64_t)kind, h1, h2);
 }
 
 /* The family of a question: its key without the shapes and strides. */

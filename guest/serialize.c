@@ -12,10 +12,11 @@
 
 static uint64_t tensor_id(const struct ggml_tensor *t) { return (uint64_t)(uintptr_t)t; }
 
-bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec, bool placement)
+/* A zeroed record with t's type, shape and strides; false (logged) where a
+ * dimension or stride is beyond 32 bits. */
+static bool rec_start(const struct ggml_tensor *t, struct apir_tensor_rec *rec)
 {
     memset(rec, 0, sizeof(*rec));
-    rec->id = tensor_id(t);
     rec->type = (uint32_t)t->type;
     for (int i = 0; i < GGML_MAX_DIMS; i++) {
         if (t->ne[i] < 0 || (uint64_t)t->ne[i] > UINT32_MAX || t->nb[i] > UINT32_MAX) {
@@ -25,6 +26,14 @@ bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec
         rec->ne[i] = (uint32_t)t->ne[i];
         rec->nb[i] = (uint32_t)t->nb[i];
     }
+    return true;
+}
+
+bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec, bool placement)
+{
+    if (!rec_start(t, rec))
+        return false;
+    rec->id = tensor_id(t);
     rec->op = (uint32_t)t->op;
     memcpy(rec->op_params, t->op_params, sizeof(rec->op_params));
     rec->flags = t->flags;
@@ -51,47 +60,46 @@ bool apir_tensor_to_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec
     return true;
 }
 
+/*
+ * A tensor as a question's record: only what decides the answer is sent,
+ * and so keys the cache (frontend_device.c): the op, its parameters, and
+ * the type, shape, strides and flags of it and of its sources (an
+ * optimizer step takes only a parameter).  Placement and names do not
+ * decide it (leaving them out also keeps the guest's addresses private);
+ * nor does how the sources were made: a source goes as an op-less tensor.
+ * A view's parameter is its offset, which moves every token in a graph
+ * that views a growing cache (whisper's positional embeddings): left out,
+ * the same question is the same key from one step to the next.  Every
+ * other word stays zero (the cache's key skips them).  False as rec_start.
+ */
+static bool question_rec(const struct ggml_tensor *t, struct apir_tensor_rec *rec, bool source)
+{
+    if (!rec_start(t, rec))
+        return false;
+    rec->flags = t->flags;
+    if (!source) {
+        rec->op = (uint32_t)t->op;
+        if (t->op != GGML_OP_VIEW)
+            memcpy(rec->op_params, t->op_params, sizeof(rec->op_params));
+    }
+    return true;
+}
+
 uint32_t apir_op_records(const struct ggml_tensor *op, struct apir_tensor_rec *recs)
 {
     uint32_t n = 0;
-    if (!apir_tensor_to_rec(op, &recs[n], false))
+    if (!question_rec(op, &recs[n], false))
         return 0;
     recs[n].id = 1;
     n++;
     for (int i = 0; i < GGML_MAX_SRC; i++) {
-        if (!op->src[i]) {
-            recs[0].src[i] = 0;
+        if (!op->src[i])
             continue;
-        }
-        if (!apir_tensor_to_rec(op->src[i], &recs[n], false))
+        if (!question_rec(op->src[i], &recs[n], true))
             return 0;
-        recs[n].id = 2 + (uint64_t)i;
+        recs[n].id = 2 + (uint64_t)i;  /* a source's id is its slot */
         recs[0].src[i] = recs[n].id;
         n++;
-    }
-    /*
-     * Only what decides the answer is sent, and so keys the cache
-     * (frontend_device.c): the op, its parameters, and the type, shape,
-     * strides and flags of it and of its sources (an optimizer step takes
-     * only a parameter).  Placement and names do not decide it (leaving them
-     * out also keeps the guest's addresses private); nor does how the
-     * sources were made: a source goes as an op-less tensor.
-     * A view's parameter is its offset, which moves every token in a graph
-     * that views a growing cache (whisper's positional embeddings): left
-     * out, the same question is the same key from one step to the next.
-     */
-    for (uint32_t i = 0; i < n; i++) {
-        recs[i].buffer = 0;
-        recs[i].data = 0;
-        recs[i].view_src = 0;
-        recs[i].view_offs = 0;
-        memset(recs[i].name, 0, sizeof(recs[i].name));
-        if (i > 0) {
-            memset(recs[i].src, 0, sizeof(recs[i].src));
-            recs[i].op = GGML_OP_NONE;
-        }
-        if (i > 0 || recs[i].op == GGML_OP_VIEW)
-            memset(recs[i].op_params, 0, sizeof(recs[i].op_params));
     }
     return n;
 }
@@ -103,15 +111,10 @@ uint32_t apir_alloc_size_record(const struct ggml_tensor *t, struct apir_tensor_
     if (t->op == GGML_OP_FLASH_ATTN_EXT)
         return apir_op_records(t, recs);
     /* Any other size follows from the type and shape alone. */
-    struct apir_tensor_rec full;
-    if (!apir_tensor_to_rec(t, &full, false))
+    if (!question_rec(t, &recs[0], true))
         return 0;
-    memset(&recs[0], 0, sizeof(recs[0]));
     recs[0].id = 1;
-    recs[0].type = full.type;
-    memcpy(recs[0].ne, full.ne, sizeof(full.ne));
-    memcpy(recs[0].nb, full.nb, sizeof(full.nb));
-    recs[0].op = GGML_OP_NONE;
+    recs[0].flags = 0;
     return 1;
 }
 

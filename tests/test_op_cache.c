@@ -79,6 +79,14 @@ static void test_cached_answers(void)
     CHECK(!ggml_backend_dev_supports_op(cpu_dev, mm16));
     ask(mm16, 1, "a source's type changed");
     ask(mm16, 0, "that again");
+    /* The words of a source's record that the cache's key keeps
+     * (frontend_device.c, question_key): its strides and flags too. */
+    struct ggml_tensor *wide = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 6);
+    ask(ggml_mul_mat(ctx, a, ggml_view_2d(ctx, wide, 64, 3, 2 * wide->nb[1], 0)), 1, "a source's strides changed");
+    struct ggml_tensor *b_input = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 3);
+    ggml_set_input(b_input);
+    ask(ggml_mul_mat(ctx, a, b_input), 1, "a source's flags changed");
+    ask(ggml_mul_mat(ctx, a, b), 0, "the first question again");
     ask(ggml_scale(ctx, a, 2.0f), 1, "another op");
     ask(ggml_scale(ctx, a, 3.0f), 1, "an op parameter changed");
     ask(ggml_scale(ctx, a, 2.0f), 0, "the first parameter again");
