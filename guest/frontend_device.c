@@ -68,8 +68,8 @@ static ggml_backend_buffer_type_t dev_get_host_buffer_type(ggml_backend_dev_t de
 }
 
 /*
- * Two independent 64-bit hashes of n words (a false cache hit would need
- * both to collide), each over two lanes, even and odd words, so that the
+ * Two 64-bit hashes of n words, different functions of them (a false cache
+ * hit would need both to collide), each over two lanes, even and odd words, so that the
  * multiplications of neighbouring words overlap instead of waiting on each
  * other; the lanes and the count are mixed at the end.
  */
@@ -151,14 +151,16 @@ static size_t take_words(uint64_t *w, size_t n, const struct apir_tensor_rec *re
     return n + (to - from) / 8;
 }
 
-static void question_key(const struct apir_tensor_rec *recs, uint32_t n, enum apir_op_query kind, uint64_t *h1, uint64_t *h2)
+static void question_key(const struct apir_tensor_rec *recs, uint32_t n, enum apir_op_query kind, uint64_t *h1,
+                         uint64_t *h2)
 {
     uint64_t w[KEY_OP_WORDS + GGML_MAX_SRC * KEY_SRC_WORDS];
     size_t k = 0;
     for (uint32_t i = 0; i < n && i <= GGML_MAX_SRC; i++) {
         k = take_words(w, k, &recs[i], REC_AT(id), REC_AT(buffer));  /* id (a source's slot), type */
         if (i == 0) {
-            k = take_words(w, k, &recs[i], REC_AT(ne), REC_AT(view_src));  /* shape, strides, op, parameters, flags, sources */
+            /* shape, strides, op, parameters, flags, sources */
+            k = take_words(w, k, &recs[i], REC_AT(ne), REC_AT(view_src));
         } else {
             k = take_words(w, k, &recs[i], REC_AT(ne), REC_AT(op));  /* shape, strides */
             const size_t flags_word = REC_AT(flags) & ~(size_t)7;

@@ -1008,7 +1008,8 @@ static void test_cuda_kernel_layouts(void)
     struct ggml_tensor *mx = ggml_new_tensor_2d(ctx, GGML_TYPE_MXFP4, 256, 64);
     struct ggml_tensor *mxmm = ggml_mul_mat(ctx, mx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1));
     mx->data = (void *)(uintptr_t)(4096 + 17);
-    CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, mxmm) == NULL, "%s", apir_op_device_error(APIR_KERNELS_CUDA, mxmm));
+    CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, mxmm) == NULL, "%s",
+              apir_op_device_error(APIR_KERNELS_CUDA, mxmm));
     struct ggml_tensor *qk = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_K, 256, 64);
     struct ggml_tensor *qkmm = ggml_mul_mat(ctx, qk, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1));
     qk->data = (void *)(uintptr_t)(4096 + 144);
