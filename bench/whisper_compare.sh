@@ -131,7 +131,9 @@ awk '$1=="native"{nl+=$2;ne+=$3;nd+=$4;n++} $1=="apir"{al+=$2;ae+=$3;ad+=$4} $1=
      END{printf "apir/native (means of %d rounds): load %.2fx  encode %.2fx  decode step %.2fx\n", n, al/nl, ae/nl*nl/ne, ad/nd
          if (o) printf "apir-off/native (0.8 decode-step features off): decode step %.2fx\n", od/nd}' "$work/rows"
 # The ratio of medians too: one slow native round (a busy machine) moves a mean a lot.
-med() { awk -v k="$1" '$1 == k { print $4 }' "$work/rows" | sort -n | awk '{ v[NR] = $1 } END { if (NR) print (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2 }'; }
+# The median of the numbers on stdin, one a line.
+mid() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2 }'; }
+med() { awk -v k="$1" '$1 == k { print $4 }' "$work/rows" | mid; }
 awk -v n="$(med native)" -v a="$(med apir)" -v o="$(med apir-off)" 'BEGIN { if (n > 0) {
   printf "decode step, medians: native %.3f ms, apir %.3f ms (%.3fx)", n, a, a / n
   if (o != "") printf ", apir-off %.3f ms (%.3fx)", o, o / n
@@ -154,12 +156,8 @@ if [ -s "$work/n.split" ]; then
   for s in n a b o; do
     [ -s "$work/$s.split" ] || continue
     name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
-    sed -n 's/.*plan \([0-9.-]*\) us, compute \([0-9.-]*\) us, between \([0-9.-]*\) us/\1 \2 \3/p' "$work/$s.split" |
-      awk -v name="$name" '{ for (k = 1; k <= 3; k++) v[k, NR] = $k }
-        function med(k,   i, j, t, a) { for (i = 1; i <= NR; i++) a[i] = v[k, i]
-          for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-          return (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }
-        END { if (NR) printf "  %-56s %8.1f %8.1f %8.1f\n", name, med(1), med(2), med(3) }'
+    part() { sed -n "s/.* $1 \([0-9.-]*\) us.*/\1/p" "$work/$s.split" | mid; }
+    printf "  %-56s %8.1f %8.1f %8.1f\n" "$name" "$(part plan)" "$(part compute)" "$(part between)"
   done
 fi
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"
