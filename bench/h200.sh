@@ -72,6 +72,11 @@
 #   bench/h200.sh fusion       the CUDA rules and the fusion seal on the GPU: index checks, every CUDA finding
 #                              replayed on CUDA, test-backend-ops' fusion cases through a CUDA host, 1B F16 tg128
 #                              natively and through apir each with and without ggml-cuda's fusion (FUSION_ROUNDS)
+#                              (and `faprobe` before those rounds)
+#   bench/h200.sh faprobe      flash attention with an operand off 16 bytes (tests/probe_fa_layouts.c): natively on
+#                              CUDA, each case in a process of its own (what ggml-cuda does: misaligned
+#                              addresses, wrong results), then through a CUDA host (every such case refused);
+#                              also in `fusion`
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -702,6 +707,7 @@ fusion)
      2>&1 | grep -E 'tests passed|FAIL' | head -8 | tee -a "$OUT/h200.log")
   kill $hp; wait $hp 2>/dev/null
   grep -c refused "$OUT/host-fusion.log" | sed 's/^/host refusals: /' | tee -a "$OUT/h200.log"
+  room 60 && H200_BUDGET_S=$(left) bash "$0" faprobe
   lb=(-m $M/1b-f16.gguf -ngl 99 -fa 1 -p 0 -n 128 -r 4 -o md)
   tg() { grep -E '^\| llama' | awk -F'|' '{print $(NF-1)}'; }
   for r in $(seq 1 "${FUSION_ROUNDS:-2}"); do
@@ -715,5 +721,21 @@ fusion)
       kill $hp; wait $hp 2>/dev/null
     done
   done
+  ;;
+faprobe)
+  # op_device.c's flash-attention rule against the kernels: natively (the cases that end a process
+  # or compute wrong are what the rule refuses), then through a CUDA host (all refused, none ends
+  # the host's worker).  The native lines in $OUT/faprobe-native.txt.
+  log "flash attention off 16 bytes, natively on CUDA"
+  timeout "$(phase_timeout 240)" build/tests/apir-probe-fa-layouts --backends .deps/bin >"$OUT/faprobe-native.txt" 2>/dev/null
+  grep -v ': computed' "$OUT/faprobe-native.txt" | head -40 | tee -a "$OUT/h200.log"
+  sock=/tmp/apir-faprobe.sock
+  build/apir-host --listen unix:$sock --backend CUDA --log-level warn >"$OUT/host-faprobe.log" 2>&1 & hp=$!; sleep 2
+  log "the same through a CUDA host"
+  CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock timeout "$(phase_timeout 120)" \
+    build/tests/apir-probe-fa-layouts --backends .deps/bin --device APIR0 --expect-refused 2>/dev/null |
+    grep -E 'not as|fa layouts' | tee -a "$OUT/h200.log"
+  kill $hp; wait $hp 2>/dev/null
+  grep -c "flash attention takes" "$OUT/host-faprobe.log" | sed 's/^/host refusals naming the rule: /' | tee -a "$OUT/h200.log"
   ;;
 esac

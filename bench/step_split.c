@@ -21,7 +21,8 @@
  * ggml_backend_sched_graph_compute_async, timed the same way.  One thread:
  * the program's scheduler calls come from one thread at a time.
  * Output: one line on stderr, "step split: ...", or to APIR_STEP_SPLIT_FILE
- * (appended).
+ * (appended); with APIR_STEP_SPLIT_ALL=1, a line per graph before it (the
+ * first steps' extra cost, which the medians leave out).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -188,6 +189,11 @@ __attribute__((destructor)) static void report(void)
     FILE *out = path ? fopen(path, "a") : stderr;
     if (!out)
         return;
+    const char *all = getenv("APIR_STEP_SPLIT_ALL");
+    if (all && *all == '1')
+        for (int i = 0; i < n_samples; i++)
+            fprintf(out, "graph %d: %d nodes, plan %.1f us, compute %.1f us, between %.1f us\n", i,
+                    samples[i].n_nodes, samples[i].plan_us, samples[i].compute_us, samples[i].between_us);
     fprintf(out, "step split: %d graphs of %d nodes, medians: plan %.1f us, compute %.1f us, between %.1f us\n",
             best_count, best, plan, compute, between);
     if (out != stderr)

@@ -98,7 +98,8 @@ native=(); [ "$BACKEND" = CPU ] && native=(-ng)
 # One whisper-cli run through APIR0: guest SOCKET ERRFILE [VAR=VAL...] (the profile on).
 # Each run of the table's rounds also times its scheduler calls from inside (bench/step_split.c:
 # plan, compute, between), appended to $work/ERRFILE's base name.split; split=() leaves it out.
-split() { [ -e "$B/libapir-step-split.so" ] && echo LD_PRELOAD="$B/libapir-step-split.so" APIR_STEP_SPLIT_FILE="$work/${1%.err}.split"; }
+split() { [ -e "$B/libapir-step-split.so" ] &&
+          echo LD_PRELOAD="$B/libapir-step-split.so" APIR_STEP_SPLIT_FILE="$work/${1%.err}.split" APIR_STEP_SPLIT_ALL=1; }
 guest() {
   local sock=$1 err=$2; shift 2
   env CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH="$B/libggml-apir.so" APIR_HOST="$(ep "$sock")" APIR_PROFILE=1 $(split "$err") "$@" \
@@ -156,8 +157,37 @@ if [ -s "$work/n.split" ]; then
   for s in n a b o; do
     [ -s "$work/$s.split" ] || continue
     name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
-    part() { sed -n "s/.* $1 \([0-9.-]*\) us.*/\1/p" "$work/$s.split" | mid; }
+    part() { sed -n "s/^step split: .* $1 \([0-9.-]*\) us.*/\1/p" "$work/$s.split" | mid; }
     printf "  %-56s %8.1f %8.1f %8.1f\n" "$name" "$(part plan)" "$(part compute)" "$(part between)"
+  done
+  # What whisper.cpp's mean sees and the medians leave out: each decode step's whole cycle (its
+  # plan and compute and the program's work after it, to the next graph's plan: on a GPU host
+  # apir's compute returns at the launch and the wait falls after it), each run's graphs of the
+  # decoder's node count after its first (the prompt's), as a mean and a median per run, and the
+  # first three steps' mean (new shapes: questions the guest's cache does not have yet, graphs the
+  # host imports whole; natively, CUDA graphs captured); medians over the rounds.
+  echo "decode step cycles per run (us; medians over the rounds):             mean  median  first 3"
+  for s in n a b o; do
+    [ -s "$work/$s.split" ] || continue
+    name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
+    runs=$(sed 's/[:,]//g' "$work/$s.split" | awk '
+      function flush(  i, j, c, best, k, v, t, sum, first, m) {
+        if (!n) return
+        for (i = 1; i <= n; i++) c[nodes[i]]++
+        best = ""
+        for (k in c) if (best == "" || c[k] > c[best]) best = k
+        m = 0
+        for (i = 1; i < n; i++) if (nodes[i] == best && bt[i + 1] >= 0) v[++m] = pl[i] + co[i] + bt[i + 1]
+        sum = 0; first = 0
+        for (i = 2; i <= m; i++) { sum += v[i]; if (i <= 4) first += v[i]; w[i - 1] = v[i] }
+        for (i = 1; i < m; i++) for (j = i + 1; j < m; j++) if (w[j] < w[i]) { t = w[i]; w[i] = w[j]; w[j] = t }
+        if (m > 4) print sum / (m - 1), (w[int(m / 2)] + w[int((m + 1) / 2)]) / 2, first / 3
+        n = 0; split("", c); split("", v); split("", w) }
+      $1 == "graph" && $2 == 0 { flush() }
+      $1 == "graph" { n++; nodes[n] = $3; pl[n] = $6; co[n] = $9; bt[n] = $12 }
+      END { flush() }')
+    col() { echo "$runs" | awk -v c="$1" '{ print $c }' | mid; }
+    printf "  %-56s %8.1f %8.1f %8.1f\n" "$name" "$(col 1)" "$(col 2)" "$(col 3)"
   done
 fi
 echo "devices (last round): native $(dev "$work/n.err"), apir $(dev "$work/a.err")"

@@ -922,9 +922,49 @@ static void expect_cuda_only_refusal(struct ggml_tensor *t, const char *what)
     CHECK_MSG(apir_op_device_error(APIR_KERNELS_OTHER, t) == NULL, "%s refused on the CPU", what);
 }
 
+/* Flash attention's 16-byte loads (op_device.c, the H100 probe of
+ * tests/probe_fa_layouts.c): llama.cpp's attention of one token and of 16
+ * (a cache of 256 cells, 8 heads over 2 KV heads of 128, F16 and Q8_0)
+ * taken; each operand moved 2, 4 or 8 bytes, or its rows, refused under
+ * the CUDA rules; a move of 16 bytes taken. */
+static void test_cuda_flash_attn_layouts(struct ggml_context *ctx)
+{
+    for (int kvq = 0; kvq < 2; kvq++)
+        for (int tokens = 1; tokens <= 16; tokens += 15) {
+            const enum ggml_type kv = kvq ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+            struct ggml_tensor *q = ggml_permute(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 8, tokens), 0, 2, 1, 3);
+            struct ggml_tensor *k = ggml_new_tensor_3d(ctx, kv, 128, 256, 2);
+            struct ggml_tensor *v = ggml_new_tensor_3d(ctx, kv, 128, 256, 2);
+            struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 256, tokens);
+            struct ggml_tensor *fa = ggml_flash_attn_ext(ctx, q, k, v, mask, 0.125f, 0.0f, 0.0f);
+            CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, fa) == NULL, "%s",
+                      apir_op_device_error(APIR_KERNELS_CUDA, fa));
+            struct ggml_tensor *operands[] = { q, k, v, mask };
+            for (int i = 0; i < 4; i++) {
+                struct ggml_tensor *t = operands[i];
+                for (uintptr_t off = 2; off <= 16; off *= 2) {
+                    t->data = (void *)(4096 + off);
+                    if (off < 16)
+                        expect_cuda_only_refusal(fa, "flash attention of an operand off 16 bytes");
+                    else
+                        CHECK(apir_op_device_error(APIR_KERNELS_CUDA, fa) == NULL);
+                }
+                t->data = NULL;
+                if (i == 3 || ggml_is_quantized(t->type))
+                    continue;
+                /* rows 4 bytes off a multiple of 16 apart (and what follows) */
+                const size_t nb[4] = { t->nb[0], t->nb[1], t->nb[2], t->nb[3] };
+                for (int d = 1; d < 4; d++)
+                    t->nb[d] += 4;
+                expect_cuda_only_refusal(fa, "flash attention of float rows off 16 bytes apart");
+                memcpy(t->nb, nb, sizeof(nb));
+            }
+        }
+}
+
 static void test_cuda_kernel_layouts(void)
 {
-    struct ggml_init_params p = { .mem_size = 64 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_init_params p = { .mem_size = 96 * ggml_tensor_overhead(), .no_alloc = true };
     struct ggml_context *ctx = ggml_init(p);
     /* an MoE layer of one token: 8 experts of 64 x 256 (Q4_0), 2 a token */
     struct ggml_tensor *experts = ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_0, 256, 64, 8);
@@ -1016,6 +1056,7 @@ static void test_cuda_kernel_layouts(void)
     CHECK(apir_op_device_error(APIR_KERNELS_CUDA, qkmm) == NULL);
     qk->data = (void *)(uintptr_t)(4096 + 8);
     expect_cuda_only_refusal(qkmm, "MUL_MAT of a Q4_K matrix at byte 8");
+    test_cuda_flash_attn_layouts(ctx);
     ggml_free(ctx);
 }
 

@@ -215,6 +215,35 @@ static const char *cuda_set_error(const struct ggml_tensor *n)
     return cuda_copy_error(s1, &view);
 }
 
+/*
+ * Flash attention (fattn*.cu) loads Q, K, V and the mask 16 bytes at a time
+ * from each row's start, and converts a quantized K or V to F16 from its
+ * address on.  ggml-cuda's own test of the strides (nb % 16) only picks a
+ * kernel; the one it falls back to loads the same way.  On an H100
+ * (bench/h200.sh faprobe: tests/probe_fa_layouts.c against the CPU's
+ * result), an operand at 2, 4 or 8 bytes off 16 was a "misaligned address"
+ * (K and V in every kernel, Q and the mask in one of them; a Q8_0 K or V at
+ * a whole block, 34 bytes, too), and F16/F32 rows 2, 4 or 8 bytes off a
+ * multiple of 16 apart a misaligned address or, for 16 tokens, wrong
+ * results; 16-byte moves of either computed right.  ggml's attention graphs (llama.cpp's and whisper.cpp's
+ * caches, heads of 40 to 576 elements) are 16-byte placed: every operand's
+ * address, and a float operand's strides of its dimensions of more than
+ * one element.  The mask's rows are left as they are (their length is the
+ * cache's, which ggml does not pad to 16 bytes).
+ */
+static const char *cuda_flash_attn_error(const struct ggml_tensor *n)
+{
+    for (int i = 0; i < 4; i++) {
+        const struct ggml_tensor *t = n->src[i];
+        if (!t)
+            continue;
+        const int first = i == 3 || ggml_is_quantized(t->type) ? GGML_MAX_DIMS : 1;
+        if (!placed_in_units(t, 16, first))
+            return "CUDA's flash attention takes Q, K, V and the mask at 16-byte addresses and float rows 16 bytes apart";
+    }
+    return NULL;
+}
+
 /* C / H of a linear-attention kernel (gla.cu, wkv.cu): a head size it has
  * a kernel for. */
 static bool head_size_ok(const struct ggml_tensor *n, const struct ggml_tensor *s0, int64_t small, int64_t large)
@@ -408,6 +437,8 @@ static const char *cuda_error(const struct ggml_tensor *n)
         return s0 ? cuda_copy_error(s0, n) : NULL;
     case GGML_OP_SET:
         return cuda_set_error(n);
+    case GGML_OP_FLASH_ATTN_EXT:
+        return cuda_flash_attn_error(n);
     case GGML_OP_MUL_MAT_ID:
         /* ggml_cuda_mul_mat_id asserts F32 src1 and result (cuda-27: a Q8_0 src1); mmvq and
          * mmvf assert dense ids rows (chain-cuda-01, -02) */
