@@ -450,6 +450,45 @@ static struct ggml_tensor *F(struct gen *g) { return leaf_of(g, rd(g, 1) < 220 ?
 static struct ggml_tensor *I(struct gen *g) { return leaf_of(g, rd(g, 1) < 240 ? GGML_TYPE_I32 : GGML_TYPE_I64); }
 
 /*
+ * An attention ggml-cuda has kernels for (its supports_op takes heads of
+ * 40 to 576 and F16/BF16/Q8_0/Q4_0 caches, shapes fuzz_op's dims never
+ * make): heads of 40, 64, 80 or 128, a cache of 64 to 256 cells in one or
+ * two KV heads, 1 to 4 query heads to each, the tokens of the input's
+ * second dim, a mask or none, sinks sometimes; each operand's layout varied
+ * as a leaf's (relayout) one time in six.  For inputs whose first dim is 5
+ * (one in eight): the others keep their meaning.
+ */
+static struct ggml_tensor *attention(struct gen *g)
+{
+    static const int64_t heads[] = { 64, 128, 40, 80 };
+    static const enum ggml_type caches[] = { GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_BF16 };
+    const int64_t d = heads[rd(g, 1) & 3], kv_heads = 1 + (rd(g, 1) & 1), gqa = 1 + (rd(g, 1) & 3);
+    int64_t cells = 256 >> (rd(g, 1) % 3), tokens = g->dims[1];
+    /* each operand within one of the fuzzer's 64 KiB buffers, with room */
+    while (cells > 32 && d * cells * 2 * kv_heads > 40 * 1024)
+        cells /= 2;
+    while (tokens > 1 && d * tokens * kv_heads * gqa * 4 > 32 * 1024)
+        tokens /= 2;
+    const enum ggml_type cache = caches[rd(g, 1) & 3];
+    struct ggml_tensor *t[4] = {
+        ggml_new_tensor_4d(g->ctx, GGML_TYPE_F32, d, tokens, kv_heads * gqa, 1),
+        ggml_new_tensor_4d(g->ctx, cache, d, cells, kv_heads, 1),
+        ggml_new_tensor_4d(g->ctx, cache, d, cells, kv_heads, 1),
+        rd(g, 1) & 3 ? ggml_new_tensor_4d(g->ctx, GGML_TYPE_F16, cells, tokens, 1, 1) : NULL,
+    };
+    for (int i = 0; i < 4; i++)
+        if (t[i] && rd(g, 1) >= 216)
+            t[i] = relayout(g, t[i]);
+    struct ggml_tensor *r = ggml_flash_attn_ext(g->ctx, t[0], t[1], t[2], t[3], 1.0f / 8, rd(g, 1) & 1 ? 0.0f : 8.0f,
+                                                rd(g, 1) & 1 ? 0.0f : 30.0f);
+    if ((rd(g, 1) & 3) == 0)
+        ggml_flash_attn_ext_add_sinks(r, ggml_new_tensor_1d(g->ctx, GGML_TYPE_F32, kv_heads * gqa));
+    if (rd(g, 1) & 1)
+        ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32);
+    return r;
+}
+
+/*
  * The node for op, made by its constructor from leaves and arguments the
  * input gives.  NULL: no constructor for it (raw node instead).
  */
@@ -600,6 +639,8 @@ static struct ggml_tensor *construct(struct gen *g, enum ggml_op op)
     case GGML_OP_TRI: return ggml_tri(c, F(g), (enum ggml_tri_type)ri(g, 0, 3));
     case GGML_OP_FILL: return ggml_fill(c, F(g), rf(g));
     case GGML_OP_FLASH_ATTN_EXT: {
+        if (g->dims[0] == 5)
+            return attention(g);
         struct ggml_tensor *q = F(g), *k = L(g), *v = L(g), *mask = rd(g, 1) & 1 ? L(g) : NULL;
         struct ggml_tensor *r = ggml_flash_attn_ext(c, q, k, v, mask, rf(g), rf(g), rf(g));
         if (rd(g, 1) & 1)
