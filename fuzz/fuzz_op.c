@@ -489,6 +489,36 @@ static struct ggml_tensor *attention(struct gen *g)
 }
 
 /*
+ * RWKV's and GLA's linear attention at a head size ggml-cuda has kernels
+ * for (wkv.cu and gla.cu: 64, GLA 128 too, whose state would not fit here;
+ * its supports_op takes any, the CUDA rules the rest): 1 or 2 heads, up to
+ * 16 tokens of the input's second dim in 1 or 2 sequences, each operand's
+ * layout varied as a leaf's one time in six.  For inputs whose first dim
+ * is 5, as attention().
+ */
+static struct ggml_tensor *linear_attention(struct gen *g, enum ggml_op op)
+{
+    /* a state of s * s * h * seqs floats within one of the fuzzer's 64 KiB buffers, with room */
+    const int64_t s = 64, h = 1 + (rd(g, 1) & 1), seqs = h == 1 ? 1 + (rd(g, 1) & 1) : 1;
+    const int64_t tokens = (g->dims[1] < 16 ? g->dims[1] : 16) * seqs;
+    struct ggml_tensor *t[7];
+    const int n = op == GGML_OP_RWKV_WKV7 ? 6 : op == GGML_OP_RWKV_WKV6 ? 5 : 4;
+    for (int i = 0; i < n; i++)
+        t[i] = ggml_new_tensor_3d(g->ctx, GGML_TYPE_F32, s, h, tokens);
+    if (op == GGML_OP_RWKV_WKV6)
+        t[3] = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, s, h);  /* time_faaaa */
+    t[n] = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, s * s * h, seqs);
+    for (int i = 0; i <= n; i++)
+        if (rd(g, 1) >= 216)
+            t[i] = relayout(g, t[i]);
+    switch (op) {
+    case GGML_OP_RWKV_WKV6: return ggml_rwkv_wkv6(g->ctx, t[0], t[1], t[2], t[3], t[4], t[5]);
+    case GGML_OP_GATED_LINEAR_ATTN: return ggml_gated_linear_attn(g->ctx, t[0], t[1], t[2], t[3], t[4], 0.125f);
+    default: return ggml_rwkv_wkv7(g->ctx, t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+    }
+}
+
+/*
  * The node for op, made by its constructor from leaves and arguments the
  * input gives.  NULL: no constructor for it (raw node instead).
  */
@@ -656,9 +686,18 @@ static struct ggml_tensor *construct(struct gen *g, enum ggml_op op)
     case GGML_OP_WIN_UNPART: return ggml_win_unpart(c, F(g), ri(g, 1, 16), ri(g, 1, 16), ri(g, 1, 8));
     case GGML_OP_GET_REL_POS: return ggml_get_rel_pos(c, L(g), ri(g, 1, 8), ri(g, 1, 8));
     case GGML_OP_ADD_REL_POS: return ggml_add_rel_pos(c, F(g), F(g), F(g));
-    case GGML_OP_RWKV_WKV6: return ggml_rwkv_wkv6(c, F(g), F(g), F(g), F(g), F(g), F(g));
-    case GGML_OP_GATED_LINEAR_ATTN: return ggml_gated_linear_attn(c, F(g), F(g), F(g), F(g), F(g), rf(g));
-    case GGML_OP_RWKV_WKV7: return ggml_rwkv_wkv7(c, F(g), F(g), F(g), F(g), F(g), F(g), F(g));
+    case GGML_OP_RWKV_WKV6:
+        if (g->dims[0] == 5)
+            return linear_attention(g, op);
+        return ggml_rwkv_wkv6(c, F(g), F(g), F(g), F(g), F(g), F(g));
+    case GGML_OP_GATED_LINEAR_ATTN:
+        if (g->dims[0] == 5)
+            return linear_attention(g, op);
+        return ggml_gated_linear_attn(c, F(g), F(g), F(g), F(g), F(g), rf(g));
+    case GGML_OP_RWKV_WKV7:
+        if (g->dims[0] == 5)
+            return linear_attention(g, op);
+        return ggml_rwkv_wkv7(c, F(g), F(g), F(g), F(g), F(g), F(g), F(g));
     case GGML_OP_SOLVE_TRI: return ggml_solve_tri(c, F(g), F(g), true, true, false);
     case GGML_OP_GATED_DELTA_NET: return ggml_gated_delta_net(c, F(g), F(g), F(g), F(g), F(g), F(g), ri(g, 1, 2));
     case GGML_OP_LIGHTNING_INDEXER: return ggml_lightning_indexer(c, F(g), F(g), F(g), F(g));
