@@ -73,10 +73,10 @@
 #                              replayed on CUDA, test-backend-ops' fusion cases through a CUDA host, 1B F16 tg128
 #                              natively and through apir each with and without ggml-cuda's fusion (FUSION_ROUNDS)
 #                              (and `faprobe` before those rounds)
-#   bench/h200.sh faprobe      flash attention with an operand off 16 bytes (tests/probe_fa_layouts.c): natively on
-#                              CUDA, each case in a process of its own (what ggml-cuda does: misaligned
-#                              addresses, wrong results), then through a CUDA host (every such case refused);
-#                              also in `fusion`
+#   bench/h200.sh faprobe      flash attention and MUL_MAT at a batch's kernels with an operand off 16 bytes
+#                              (tests/probe_layouts.c): natively on CUDA, each case in a process of its own (what
+#                              ggml-cuda does: misaligned addresses, wrong results), then through a CUDA host
+#                              (flash attention's refused, MUL_MAT's refused or right); also in `fusion`
 #   bench/h200.sh net2         on nvidia-h200-x2: two apir-hosts (--device 0, --device 1) over TCP, the 8B
 #                              model split by layer across APIR0/APIR1 vs CUDA0/CUDA1: tokens and ratios
 # Needs .devcarry/gitRelease.bundle (the pinned llama.cpp, from the npm package); whisper.cpp also
@@ -723,19 +723,23 @@ fusion)
   done
   ;;
 faprobe)
-  # op_device.c's flash-attention rule against the kernels: natively (the cases that end a process
-  # or compute wrong are what the rule refuses), then through a CUDA host (all refused, none ends
-  # the host's worker).  The native lines in $OUT/faprobe-native.txt.
-  log "flash attention off 16 bytes, natively on CUDA"
-  timeout "$(phase_timeout 240)" build/tests/apir-probe-fa-layouts --backends .deps/bin >"$OUT/faprobe-native.txt" 2>/dev/null
-  grep -v ': computed' "$OUT/faprobe-native.txt" | head -40 | tee -a "$OUT/h200.log"
+  # op_device.c's placement rules against the kernels fuzzing seldom reaches (tests/probe_layouts.c):
+  # natively (the cases that end a process or compute wrong are what the rules must refuse), then
+  # through a CUDA host (none ends the host's worker; flash attention's all refused).  The native
+  # lines in $OUT/probe-OP-native.txt.
   sock=/tmp/apir-faprobe.sock
-  build/apir-host --listen unix:$sock --backend CUDA --log-level warn >"$OUT/host-faprobe.log" 2>&1 & hp=$!; sleep 2
-  log "the same through a CUDA host"
-  CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock timeout "$(phase_timeout 120)" \
-    build/tests/apir-probe-fa-layouts --backends .deps/bin --device APIR0 --expect-refused 2>/dev/null |
-    grep -E 'not as|fa layouts' | tee -a "$OUT/h200.log"
-  kill $hp; wait $hp 2>/dev/null
-  grep -c "flash attention takes" "$OUT/host-faprobe.log" | sed 's/^/host refusals naming the rule: /' | tee -a "$OUT/h200.log"
+  for op in flash_attn mul_mat; do
+    room 60 || break
+    log "$op, operands off 16 bytes, natively on CUDA"
+    timeout "$(phase_timeout 200)" build/tests/apir-probe-layouts --op $op --backends .deps/bin >"$OUT/probe-$op-native.txt" 2>/dev/null
+    grep -v ': computed' "$OUT/probe-$op-native.txt" | head -40 | tee -a "$OUT/h200.log"
+    build/apir-host --listen unix:$sock --backend CUDA --log-level warn >"$OUT/host-probe-$op.log" 2>&1 & hp=$!; sleep 2
+    log "$op: the same through a CUDA host"
+    CUDA_VISIBLE_DEVICES= GGML_BACKEND_PATH=$ROOT/build/libggml-apir.so APIR_HOST=unix:$sock timeout "$(phase_timeout 120)" \
+      build/tests/apir-probe-layouts --op $op --backends .deps/bin --device APIR0 --expect-refused 2>/dev/null |
+      grep -E '<-|layouts:' | tee -a "$OUT/h200.log"
+    kill $hp; wait $hp 2>/dev/null
+    grep -c "refused" "$OUT/host-probe-$op.log" | sed 's/^/host refusals: /' | tee -a "$OUT/h200.log"
+  done
   ;;
 esac

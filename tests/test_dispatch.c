@@ -923,7 +923,7 @@ static void expect_cuda_only_refusal(struct ggml_tensor *t, const char *what)
 }
 
 /* Flash attention's 16-byte loads (op_device.c, the H100 probe of
- * tests/probe_fa_layouts.c): llama.cpp's attention of one token and of 16
+ * tests/probe_layouts.c): llama.cpp's attention of one token and of 16
  * (a cache of 256 cells, 8 heads over 2 KV heads of 128, F16 and Q8_0)
  * taken; each operand moved 2, 4 or 8 bytes, or its rows, refused under
  * the CUDA rules; a move of 16 bytes taken. */

@@ -220,7 +220,7 @@ static const char *cuda_set_error(const struct ggml_tensor *n)
  * from each row's start, and converts a quantized K or V to F16 from its
  * address on.  ggml-cuda's own test of the strides (nb % 16) only picks a
  * kernel; the one it falls back to loads the same way.  On an H100
- * (bench/h200.sh faprobe: tests/probe_fa_layouts.c against the CPU's
+ * (bench/h200.sh faprobe: tests/probe_layouts.c against the CPU's
  * result), an operand at 2, 4 or 8 bytes off 16 was a "misaligned address"
  * (K and V in every kernel, Q and the mask in one of them; a Q8_0 K or V at
  * a whole block, 34 bytes, too), and F16/F32 rows 2, 4 or 8 bytes off a
