@@ -932,7 +932,8 @@ static void test_cuda_flash_attn_layouts(struct ggml_context *ctx)
     for (int kvq = 0; kvq < 2; kvq++)
         for (int tokens = 1; tokens <= 16; tokens += 15) {
             const enum ggml_type kv = kvq ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
-            struct ggml_tensor *q = ggml_permute(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 8, tokens), 0, 2, 1, 3);
+            struct ggml_tensor *q =
+                ggml_permute(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 8, tokens), 0, 2, 1, 3);
             struct ggml_tensor *k = ggml_new_tensor_3d(ctx, kv, 128, 256, 2);
             struct ggml_tensor *v = ggml_new_tensor_3d(ctx, kv, 128, 256, 2);
             struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 256, tokens);

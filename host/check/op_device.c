@@ -225,11 +225,12 @@ static const char *cuda_set_error(const struct ggml_tensor *n)
  * (K and V in every kernel, Q and the mask in one of them; a Q8_0 K or V at
  * a whole block, 34 bytes, too), and F16/F32 rows 2, 4 or 8 bytes off a
  * multiple of 16 apart a misaligned address or, for 16 tokens, wrong
- * results; 16-byte moves of either computed right.  ggml's attention graphs (llama.cpp's and whisper.cpp's
- * caches, heads of 40 to 576 elements) are 16-byte placed: every operand's
- * address, and a float operand's strides of its dimensions of more than
- * one element.  The mask's rows are left as they are (their length is the
- * cache's, which ggml does not pad to 16 bytes).
+ * results; 16-byte moves of either computed right.  ggml's attention
+ * graphs (llama.cpp's and whisper.cpp's caches, heads of 40 to 576
+ * elements) are 16-byte placed: every operand's address, and a float
+ * operand's strides of its dimensions of more than one element.  The
+ * mask's rows are left as they are (their length is the cache's, which
+ * ggml does not pad to 16 bytes).
  */
 static const char *cuda_flash_attn_error(const struct ggml_tensor *n)
 {
@@ -239,7 +240,8 @@ static const char *cuda_flash_attn_error(const struct ggml_tensor *n)
             continue;
         const int first = i == 3 || ggml_is_quantized(t->type) ? GGML_MAX_DIMS : 1;
         if (!placed_in_units(t, 16, first))
-            return "CUDA's flash attention takes Q, K, V and the mask at 16-byte addresses and float rows 16 bytes apart";
+            return "CUDA's flash attention takes Q, K, V and the mask at 16-byte addresses "
+                   "and float rows 16 bytes apart";
     }
     return NULL;
 }
