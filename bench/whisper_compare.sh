@@ -109,6 +109,8 @@ t() { grep -m1 "$1 time" "$2" | sed -E 's/.*= *([0-9.]+) ms.*\( *([0-9.]+) ms pe
 dev() { grep -o 'using [A-Za-z0-9]* backend' "$1" | head -1 | awk '{print $2}' | grep . || echo CPU; }
 # A guest that cannot reach its host falls back to its own CPU: its figures would be native's.
 on_apir() { case $(dev "$1") in APIR*) ;; *) echo "error: $2 did not run on APIR0 (its host unreachable?):"; grep -i -m5 "apir\|error" "$1"; exit 1 ;; esac; }
+# A run's row name: n native, a apir, b apir-b, o apir-off.
+label() { case $1 in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac; }
 printf '%-8s %10s %10s %14s\n' run load_ms encode_ms decode_ms/step
 for r in $(seq 1 "$ROUNDS"); do
   env $(split n.err) "$W/bin/whisper-cli" "${args[@]}" "${native[@]}" >/dev/null 2>"$work/n.err"
@@ -124,7 +126,7 @@ for r in $(seq 1 "$ROUNDS"); do
   fi
   for s in "${runs[@]}"; do [ "$s" = n ] || on_apir "$work/$s.err" "run $s of round $r"; done
   for s in "${runs[@]}"; do
-    name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
+    name=$(label "$s")
     printf '%-8s %10s %10s %14s\n' "$name" "$(t load "$work/$s.err")" "$(t encode "$work/$s.err")" "$(t decode "$work/$s.err")"
   done | tee -a "$work/rows"
 done
@@ -156,7 +158,7 @@ if [ -s "$work/n.split" ]; then
   echo "step split (bench/step_split.c), medians over the rounds, us:  plan  compute  between"
   for s in n a b o; do
     [ -s "$work/$s.split" ] || continue
-    name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
+    name=$(label "$s")
     part() { sed -n "s/^step split: .* $1 \([0-9.-]*\) us.*/\1/p" "$work/$s.split" | mid; }
     printf "  %-56s %8.1f %8.1f %8.1f\n" "$name" "$(part plan)" "$(part compute)" "$(part between)"
   done
@@ -169,7 +171,7 @@ if [ -s "$work/n.split" ]; then
   echo "decode step cycles per run (us; medians over the rounds):             mean  median  first 3"
   for s in n a b o; do
     [ -s "$work/$s.split" ] || continue
-    name=$(case $s in n) echo native ;; a) echo apir ;; b) echo apir-b ;; o) echo apir-off ;; esac)
+    name=$(label "$s")
     runs=$(sed 's/[:,]//g' "$work/$s.split" | awk '
       function flush(  i, j, c, best, k, v, t, sum, first, m) {
         if (!n) return

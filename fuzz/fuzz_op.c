@@ -525,6 +525,13 @@ static struct ggml_tensor *linear_attention(struct gen *g, enum ggml_op op)
 static struct ggml_tensor *construct(struct gen *g, enum ggml_op op)
 {
     struct ggml_context *c = g->ctx;
+    /* One input in eight (its first dim 5) builds the shapes ggml-cuda's
+     * attention kernels need instead; no byte is read before this choice,
+     * so the other inputs keep their meaning. */
+    if (g->dims[0] == 5 && op == GGML_OP_FLASH_ATTN_EXT)
+        return attention(g);
+    if (g->dims[0] == 5 && (op == GGML_OP_RWKV_WKV6 || op == GGML_OP_GATED_LINEAR_ATTN || op == GGML_OP_RWKV_WKV7))
+        return linear_attention(g, op);
     switch (op) {
     case GGML_OP_DUP: return ggml_dup(c, L(g));
     case GGML_OP_ADD: return rd(g, 1) & 1 ? ggml_add(c, F(g), F(g)) : ggml_add_cast(c, F(g), F(g), pick_type(g));
@@ -669,8 +676,6 @@ static struct ggml_tensor *construct(struct gen *g, enum ggml_op op)
     case GGML_OP_TRI: return ggml_tri(c, F(g), (enum ggml_tri_type)ri(g, 0, 3));
     case GGML_OP_FILL: return ggml_fill(c, F(g), rf(g));
     case GGML_OP_FLASH_ATTN_EXT: {
-        if (g->dims[0] == 5)
-            return attention(g);
         struct ggml_tensor *q = F(g), *k = L(g), *v = L(g), *mask = rd(g, 1) & 1 ? L(g) : NULL;
         struct ggml_tensor *r = ggml_flash_attn_ext(c, q, k, v, mask, rf(g), rf(g), rf(g));
         if (rd(g, 1) & 1)
@@ -686,18 +691,9 @@ static struct ggml_tensor *construct(struct gen *g, enum ggml_op op)
     case GGML_OP_WIN_UNPART: return ggml_win_unpart(c, F(g), ri(g, 1, 16), ri(g, 1, 16), ri(g, 1, 8));
     case GGML_OP_GET_REL_POS: return ggml_get_rel_pos(c, L(g), ri(g, 1, 8), ri(g, 1, 8));
     case GGML_OP_ADD_REL_POS: return ggml_add_rel_pos(c, F(g), F(g), F(g));
-    case GGML_OP_RWKV_WKV6:
-        if (g->dims[0] == 5)
-            return linear_attention(g, op);
-        return ggml_rwkv_wkv6(c, F(g), F(g), F(g), F(g), F(g), F(g));
-    case GGML_OP_GATED_LINEAR_ATTN:
-        if (g->dims[0] == 5)
-            return linear_attention(g, op);
-        return ggml_gated_linear_attn(c, F(g), F(g), F(g), F(g), F(g), rf(g));
-    case GGML_OP_RWKV_WKV7:
-        if (g->dims[0] == 5)
-            return linear_attention(g, op);
-        return ggml_rwkv_wkv7(c, F(g), F(g), F(g), F(g), F(g), F(g), F(g));
+    case GGML_OP_RWKV_WKV6: return ggml_rwkv_wkv6(c, F(g), F(g), F(g), F(g), F(g), F(g));
+    case GGML_OP_GATED_LINEAR_ATTN: return ggml_gated_linear_attn(c, F(g), F(g), F(g), F(g), F(g), rf(g));
+    case GGML_OP_RWKV_WKV7: return ggml_rwkv_wkv7(c, F(g), F(g), F(g), F(g), F(g), F(g), F(g));
     case GGML_OP_SOLVE_TRI: return ggml_solve_tri(c, F(g), F(g), true, true, false);
     case GGML_OP_GATED_DELTA_NET: return ggml_gated_delta_net(c, F(g), F(g), F(g), F(g), F(g), F(g), ri(g, 1, 2));
     case GGML_OP_LIGHTNING_INDEXER: return ggml_lightning_indexer(c, F(g), F(g), F(g), F(g));
