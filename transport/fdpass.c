@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <poll.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -108,6 +110,52 @@ size_t apir_page_size(void)
     return p;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  /* Linux 5.14; older headers lack it */
+#endif
+
+/* APIR_HUGEPAGES=0: blobs do not ask for huge pages (map_populated). */
+static bool huge_pages_wanted(void)
+{
+    const char *e = getenv("APIR_HUGEPAGES");
+    return !e || strcmp(e, "0") != 0;
+}
+
+/*
+ * A blob mapped with every page committed, up front: on a VM demand paging
+ * costs ~6 us per 4 KiB page (a 593 MB model copied into a fresh blob took
+ * 2.4 s faulting page by page, 0.16 s populating + 1.1 s copying), and a
+ * host refuses a blob with holes (client_shm.c).  Committing 4 KiB pages of
+ * shared memory is itself most of a program's load through apir (whisper.cpp:
+ * ~116 ms of a 202 ms load, docs/MEASUREMENTS.md); where the kernel gives
+ * shared memory huge pages on request (transparent_hugepage/shmem_enabled
+ * "advise"; "always" gives them unasked), the mapping asks for them before it
+ * is populated: 128 MiB committed in 6 ms instead of 85 on the 2-vCPU VM.  A
+ * kernel that gives none (the default, "never") ignores the request.
+ * MADV_POPULATE_WRITE commits what MAP_POPULATE would, after the request;
+ * where it is unknown (a kernel before 5.14) or filtered out, the blob is
+ * mapped again with MAP_POPULATE.  NULL (errno set) when the memory is not
+ * there (ENOMEM, EFAULT: MAP_POPULATE would have left holes silently).
+ */
+static void *map_populated(int fd, size_t size)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    if (huge_pages_wanted())
+        (void)madvise(p, size, MADV_HUGEPAGE);
+    if (madvise(p, size, MADV_POPULATE_WRITE) == 0)
+        return p;
+    const int err = errno;
+    munmap(p, size);
+    if (err != EINVAL && err != ENOSYS && err != EPERM) {  /* the memory is not there */
+        errno = err;
+        return NULL;
+    }
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 int apir_memfd_create(const char *name, size_t size, void **map)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -118,11 +166,8 @@ int apir_memfd_create(const char *name, size_t size, void **map)
         close(fd);
         return -1;
     }
-    /* Populated up front: on a VM, demand paging costs ~6 us per 4 KiB page
-     * (a 593 MB model copied into a fresh blob took 2.4 s faulting page by
-     * page, 0.16 s populating + 1.1 s copying). */
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
+    void *p = map_populated(fd, size);
+    if (!p) {
         close(fd);
         return -1;
     }
