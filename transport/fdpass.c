@@ -126,12 +126,13 @@ static bool huge_pages_wanted(void)
  * costs ~6 us per 4 KiB page (a 593 MB model copied into a fresh blob took
  * 2.4 s faulting page by page, 0.16 s populating + 1.1 s copying), and a
  * host refuses a blob with holes (client_shm.c).  Committing 4 KiB pages of
- * shared memory is itself most of a program's load through apir (whisper.cpp:
- * ~116 ms of a 202 ms load, docs/MEASUREMENTS.md); where the kernel gives
- * shared memory huge pages on request (transparent_hugepage/shmem_enabled
- * "advise"; "always" gives them unasked), the mapping asks for them before it
- * is populated: 128 MiB committed in 6 ms instead of 85 on the 2-vCPU VM.  A
- * kernel that gives none (the default, "never") ignores the request.
+ * shared memory is itself about half of a program's load through apir when
+ * its weights are read into buffers (whisper.cpp, docs/MEASUREMENTS.md).
+ * Where the kernel gives shared memory huge pages on request
+ * (transparent_hugepage/shmem_enabled "advise"; "always" gives them unasked),
+ * the mapping asks for them before it is populated: 128 MiB committed in 6 ms
+ * instead of 85 on the 2-vCPU VM.  A kernel that gives none (the default,
+ * "never") ignores the request.
  * MADV_POPULATE_WRITE commits what MAP_POPULATE would, after the request;
  * where it is unknown (a kernel before 5.14) or filtered out, the blob is
  * mapped again with MAP_POPULATE.  NULL (errno set) when the memory is not
