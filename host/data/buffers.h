@@ -33,6 +33,12 @@ bool apir_buffer_quota_ok(struct apir_session *s, uint64_t size);
 uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf, uint32_t device,
                               struct apir_blob *blob);
 
+/* Asks the kernel for huge pages for a buffer in this process's memory (a
+ * CPU backend's; a no-op for device memory and blobs): on a VM every 4 KiB
+ * page of it costs a fault when its bytes first arrive.  APIR_HOST_HUGEPAGES=0:
+ * not. */
+void apir_buffer_prefer_huge_pages(ggml_backend_buffer_t buf);
+
 /* [data, data+len) of hb is about to change: the host's copies of those
  * bytes - upload mirrors (upload_mirror.c), weight copies
  * (weight_copies.c) - are old.  len SIZE_MAX: the whole buffer. */
