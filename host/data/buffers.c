@@ -4,6 +4,7 @@
 #include "upload_mirror.h"
 #include "weight_copies.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,21 +16,25 @@
  * A guest's buffer in the host's memory (tcp: guests, zero copy off) and the
  * host's weight copies are written once, from end to end, as a model loads:
  * page by page, the faults of a VM's 4 KiB pages were a third of a 1B Q4_0
- * load over loopback TCP here (597-655 ms against 399-446 with huge pages;
+ * load over loopback TCP here (570-604 ms against 402-457 with huge pages;
  * docs/MEASUREMENTS.md).  Anonymous memory that asks gets huge pages where
  * transparent_hugepage/enabled is "madvise" ("always" gives them unasked,
- * "never" none).  Only the whole huge
- * pages inside the buffer are advised: nothing beyond it changes, and the
- * memory is what the buffer's size (the quota's) already says.
+ * "never" none).  Only the whole huge pages (2 MiB: x86-64's, and arm64's
+ * with 4 KiB pages) inside the buffer are advised: nothing beyond it
+ * changes, and the memory is what the buffer's size (the quota's) already
+ * says.  Sessions on threads of one process call this at once: the setting
+ * is read into an atomic.
  */
 void apir_buffer_prefer_huge_pages(ggml_backend_buffer_t buf)
 {
-    static int wanted = -1;  /* APIR_HOST_HUGEPAGES, read once */
-    if (wanted < 0) {
+    static _Atomic int wanted = -1;  /* APIR_HOST_HUGEPAGES: -1 not read yet */
+    int w = atomic_load_explicit(&wanted, memory_order_relaxed);
+    if (w < 0) {
         const char *e = getenv("APIR_HOST_HUGEPAGES");
-        wanted = !e || strcmp(e, "0") != 0;
+        w = !e || strcmp(e, "0") != 0;
+        atomic_store_explicit(&wanted, w, memory_order_relaxed);
     }
-    if (!wanted || !buf || !ggml_backend_buffer_is_host(buf))
+    if (!w || !buf || !ggml_backend_buffer_is_host(buf))
         return;
     const uintptr_t base = (uintptr_t)ggml_backend_buffer_get_base(buf);
     const size_t size = ggml_backend_buffer_get_size(buf);
