@@ -6,8 +6,10 @@
  *     (APIR_HUGEPAGES=0);
  *   - where the kernel gives shared memory huge pages on request
  *     (transparent_hugepage/shmem_enabled "advise" or "always"), a blob of
- *     whole huge pages is mapped with them (ShmemPmdMapped grows); elsewhere
- *     that check is skipped, and says so;
+ *     whole huge pages asked for with APIR_HUGEPAGES=1 is mapped with them
+ *     (ShmemPmdMapped grows); elsewhere that check is skipped, and says so;
+ *   - APIR_HUGEPAGES: 0 and 1 decide, unset asks unless free memory goes back
+ *     to a hypervisor;
  *   - apir_memfd_map_checked: a host's mapping shares the guest's bytes; an
  *     unsealed memfd and a size past the file are refused.
  */
@@ -116,7 +118,7 @@ static void test_blob_huge_pages(void)
     const size_t size = 4 * HUGE_BYTES;
     const long before = shmem_pmd_kb();
     void *map = NULL;
-    unsetenv("APIR_HUGEPAGES");
+    setenv("APIR_HUGEPAGES", "1", 1);  /* asked for even where free memory is reported */
     int fd = apir_memfd_create("test-huge", size, &map);
     CHECK(fd >= 0);
     if (fd < 0)
@@ -127,6 +129,19 @@ static void test_blob_huge_pages(void)
               after);
     munmap(map, size);
     close(fd);
+    unsetenv("APIR_HUGEPAGES");
+}
+
+/* The setting: 0 and 1 decide; unset, what the machine's memory says. */
+static void test_wanted(void)
+{
+    setenv("APIR_TEST_HUGE", "0", 1);
+    CHECK(!apir_huge_pages_wanted("APIR_TEST_HUGE"));
+    setenv("APIR_TEST_HUGE", "1", 1);
+    CHECK(apir_huge_pages_wanted("APIR_TEST_HUGE"));
+    unsetenv("APIR_TEST_HUGE");
+    CHECK(apir_huge_pages_wanted("APIR_TEST_HUGE") == !apir_free_memory_reported());
+    printf("free memory reported to a hypervisor: %s\n", apir_free_memory_reported() ? "yes" : "no");
 }
 
 static void test_unsealed_refused(void)
@@ -141,4 +156,4 @@ static void test_unsealed_refused(void)
     close(fd);
 }
 
-TEST_MAIN("memfd", TEST(test_blob_committed), TEST(test_blob_huge_pages), TEST(test_unsealed_refused))
+TEST_MAIN("memfd", TEST(test_wanted), TEST(test_blob_committed), TEST(test_blob_huge_pages), TEST(test_unsealed_refused))

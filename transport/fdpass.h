@@ -2,6 +2,7 @@
 #ifndef APIR_FDPASS_H
 #define APIR_FDPASS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -23,6 +24,13 @@ static inline size_t apir_page_round_down(size_t size)
 {
     return size & ~(apir_page_size() - 1);
 }
+
+/* Whether this machine's free memory is reported to a hypervisor (a virtio
+ * balloon's free page reporting), which makes fresh huge pages slow. */
+bool apir_free_memory_reported(void);
+/* Whether to ask for huge pages, by the setting env_name: "0" no, "1" yes,
+ * otherwise yes unless apir_free_memory_reported(). */
+bool apir_huge_pages_wanted(const char *env_name);
 
 /* A sealed memfd of `size` bytes (it cannot shrink or grow), mapped shared.
  * Returns the fd, or -1; *map receives the mapping. */

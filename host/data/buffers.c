@@ -1,6 +1,7 @@
 #include "buffers.h"
 
 #include "apir_log.h"
+#include "fdpass.h"
 #include "upload_mirror.h"
 #include "weight_copies.h"
 
@@ -22,16 +23,17 @@
  * "never" none).  Only the whole huge pages (2 MiB: x86-64's, and arm64's
  * with 4 KiB pages) inside the buffer are advised: nothing beyond it
  * changes, and the memory is what the buffer's size (the quota's) already
- * says.  Sessions on threads of one process call this at once: the setting
- * is read into an atomic.
+ * says.  Not by default where free memory goes back to a hypervisor
+ * (apir_free_memory_reported: fresh huge pages are slower there).  Sessions
+ * on threads of one process call this at once: the setting is read into an
+ * atomic.
  */
 void apir_buffer_prefer_huge_pages(ggml_backend_buffer_t buf)
 {
-    static _Atomic int wanted = -1;  /* APIR_HOST_HUGEPAGES: -1 not read yet */
+    static _Atomic int wanted = -1;  /* APIR_HOST_HUGEPAGES (0, 1, unset): -1 not read yet */
     int w = atomic_load_explicit(&wanted, memory_order_relaxed);
     if (w < 0) {
-        const char *e = getenv("APIR_HOST_HUGEPAGES");
-        w = !e || strcmp(e, "0") != 0;
+        w = apir_huge_pages_wanted("APIR_HOST_HUGEPAGES");
         atomic_store_explicit(&wanted, w, memory_order_relaxed);
     }
     if (!w || !buf || !ggml_backend_buffer_is_host(buf))

@@ -26,6 +26,7 @@
 #include "apir_build.h"
 #include "apir_log.h"
 #include "control.h"
+#include "fdpass.h"
 #include "host.h"
 #include "host_stats.h"
 #include "sandbox.h"
@@ -786,7 +787,11 @@ static void log_shmem_pages(void)
         return;
     mode++;
     const int len = (int)(end - mode);
-    if (!strncmp(mode, "never", 5) || !strncmp(mode, "deny", 4))
+    if (apir_free_memory_reported())
+        APIR_INFO("host", "huge pages not asked for by default (guests' blobs, the host's buffers): this machine's "
+                  "free memory goes back to its hypervisor (virtio balloon free page reporting), which makes fresh "
+                  "ones slower (%s: %.*s; APIR_HUGEPAGES=1, APIR_HOST_HUGEPAGES=1 ask anyway)", knob, len, mode);
+    else if (!strncmp(mode, "never", 5) || !strncmp(mode, "deny", 4))
         APIR_INFO("host", "local guests' shared memory in 4 KiB pages (%s: %.*s); 'advise' there gives their "
                   "blobs huge pages, loads up to 2x faster (README: Configuration)", knob, len, mode);
     else
