@@ -768,7 +768,9 @@ static struct apir_stats_page *map_stats_page(int fd)
  * memfds, transport/fdpass.c), in huge pages where the kernel gives shared
  * memory huge pages on request: in 4 KiB pages, committing them was half of
  * whisper.cpp's load through apir (docs/MEASUREMENTS.md).  The setting is the
- * machine's, so the operator is told once which one this host's guests get.
+ * machine's, so the operator is told once which one this host's guests get;
+ * and where neither guests nor host ask by default (free memory reported to
+ * a hypervisor, fdpass.h), why.
  */
 static void log_shmem_pages(void)
 {
