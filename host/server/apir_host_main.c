@@ -1017,6 +1017,12 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     const bool worker = a.serve_fd >= 0 || a.serve_stream_fd >= 0;
+    /* Huge pages for the host's buffers (host/data/buffers.c), decided once
+     * here, before any thread and before a worker's sandbox: a daemon's
+     * workers inherit the answer and do not read /sys again (a worker of
+     * libapir-virgl.so, whose parent did not decide, reads it here). */
+    if (!a.list && !getenv("APIR_HOST_HUGEPAGES"))
+        setenv("APIR_HOST_HUGEPAGES", apir_free_memory_reported() ? "0" : "1", 1);
     if (worker) {
         /* The daemon reads this worker's stderr (worker_log.c) and logs
          * each line again, stamped and named by the guest it knows. */
@@ -1027,17 +1033,9 @@ int main(int argc, char **argv)
         }
         /* The backend's load lines: the daemon said them at its start. */
         apir_log_relay_demote_info(true);
-        /* Read now, not from inside the sandbox later (buffers.c asks
-         * where the daemon did not decide: libapir-virgl.so's workers). */
-        (void)apir_free_memory_reported();
         signal(SIGHUP, SIG_IGN);
         pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
     } else if (!a.list) {
-        /* Huge pages for the host's buffers (host/data/buffers.c): the
-         * daemon decides, before any thread, and its workers inherit the
-         * answer instead of reading /sys from their sandbox. */
-        if (!getenv("APIR_HOST_HUGEPAGES"))
-            setenv("APIR_HOST_HUGEPAGES", apir_free_memory_reported() ? "0" : "1", 1);
         if (a.log_file && !apir_log_set_file(a.log_file, err, sizeof(err))) {
             fprintf(stderr, "apir-host: --log-file %s\n", err);
             return EXIT_USAGE;
