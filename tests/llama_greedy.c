@@ -1,7 +1,8 @@
 /* apir-llama-greedy: load a GGUF model on one ggml device and decode greedily.
  *
  *   apir-llama-greedy -m MODEL.gguf [-d DEVICE_NAME[,DEVICE_NAME...]] [-n N_TOKENS] [-t THREADS]
- *                     [-c N_CTX] [-u N_UBATCH] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]
+ *                     [-c N_CTX] [-u N_UBATCH] [--prompt-ids 1,2,3,...] [--dump-logits FILE]
+ *                     [--window FILE] [-v]
  *   apir-llama-greedy --compare FILE_A FILE_B [--tol X]
  *   apir-llama-greedy --list-devices
  *
@@ -26,7 +27,9 @@
  *   N_TOKENS (default 16) tokens are picked by argmax of the logits (lowest id
  *   wins a tie), each fed back for the next step.  Prints
  *       tokens: ID ID ...
- *   (the N generated ids) on stdout.
+ *   (the N generated ids) on stdout.  --window FILE writes "from NS" once the
+ *   step a third of the way in has its logits and "to NS" after the last
+ *   (CLOCK_MONOTONIC): the warmed-up steps, for tests/run_token_heap.sh.
  *
  * Logits dump format (--dump-logits FILE), binary, little-endian (host order):
  *   header:  char magic[8] = "APIRLGT1"; uint32 n_vocab; uint32 n_steps;
@@ -59,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DUMP_MAGIC "APIRLGT1"
 
@@ -69,7 +73,7 @@ static bool g_verbose;
 static void usage(FILE *f) {
     fprintf(f,
             "usage: apir-llama-greedy -m MODEL.gguf [-d DEVICE[,DEVICE...]] [-n N_TOKENS] [-t THREADS] [-c N_CTX]\n"
-            "                         [-u N_UBATCH] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [-v]\n"
+            "                         [-u N_UBATCH] [--prompt-ids 1,2,3,...] [--dump-logits FILE] [--window FILE] [-v]\n"
             "       apir-llama-greedy --compare FILE_A FILE_B [--tol X]\n"
             "       apir-llama-greedy --list-devices\n");
 }
@@ -318,6 +322,21 @@ static int parse_ids(const char *s, int32_t **out) {
     return (int)n;
 }
 
+/* --window FILE: "from NS" after the step a third of the way in, "to NS" after
+ * the last (CLOCK_MONOTONIC; tests/run_token_heap.sh counts what both sides
+ * allocated in between). */
+static bool write_window(const char *path, bool from) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    FILE *f = fopen(path, from ? "w" : "a");
+    if (!f) {
+        fprintf(stderr, "apir-llama-greedy: cannot write %s\n", path);
+        return false;
+    }
+    fprintf(f, "%s %lld\n", from ? "from" : "to", (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec);
+    return fclose(f) == 0;
+}
+
 static bool write_all(FILE *f, const void *p, size_t n) {
     return fwrite(p, 1, n, f) == n;
 }
@@ -328,6 +347,7 @@ int main(int argc, char **argv) {
     const char *dump_path = NULL;
     const char *cmp_a = NULL, *cmp_b = NULL;
     const char *prompt_arg = NULL;
+    const char *window_path = NULL;
     bool list_only = false;
     long n_gen = 16, n_threads = 2, n_ctx_arg = 0, n_ubatch_arg = 0;
     double tol = 1e-3;
@@ -361,6 +381,8 @@ int main(int argc, char **argv) {
             dump_path = argv[++i];
         } else if (strcmp(a, "--prompt-ids") == 0) {
             prompt_arg = argv[++i];
+        } else if (strcmp(a, "--window") == 0) {
+            window_path = argv[++i];
         } else if (strcmp(a, "--tol") == 0) {
             char *end = NULL;
             const char *v = argv[++i];
@@ -578,6 +600,12 @@ int main(int argc, char **argv) {
             break;
         }
         if (rc != 0) {
+            break;
+        }
+        /* --window: the warmed-up steps, a third of them in, to the last:
+         * each step's logits have been read, so both sides are done with it. */
+        if (window_path && (step == n_gen / 3 || step == n_gen - 1) && !write_window(window_path, step == n_gen / 3)) {
+            rc = 1;
             break;
         }
     }
