@@ -963,6 +963,34 @@ static void test_cuda_flash_attn_layouts(struct ggml_context *ctx)
         }
 }
 
+/* Flash attention with a logit softcap (cuda-30): ggml-cuda builds its
+ * softcap kernels for heads of 128, 256 and 512 only; Gemma 2's (256, a cap
+ * of 50) and Grok's (128, 30) taken, heads of 40 and 64 with a cap refused
+ * under the CUDA rules, and every head size taken without one. */
+static void test_cuda_flash_attn_softcap(void)
+{
+    struct ggml_init_params p = { .mem_size = 80 * ggml_tensor_overhead(), .no_alloc = true };
+    struct ggml_context *ctx = ggml_init(p);
+    const int64_t heads[] = { 40, 64, 80, 128, 192, 256, 512 };
+    for (size_t h = 0; h < sizeof(heads) / sizeof(heads[0]); h++) {
+        const int64_t d = heads[h];
+        struct ggml_tensor *q = ggml_permute(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, 8, 1), 0, 2, 1, 3);
+        struct ggml_tensor *k = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, d, 256, 8);
+        struct ggml_tensor *v = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, d, 256, 8);
+        struct ggml_tensor *mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 256, 1);
+        struct ggml_tensor *plain = ggml_flash_attn_ext(ctx, q, k, v, mask, 0.125f, 0.0f, 0.0f);
+        CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, plain) == NULL, "head %lld without a cap: %s",
+                  (long long)d, apir_op_device_error(APIR_KERNELS_CUDA, plain));
+        struct ggml_tensor *capped = ggml_flash_attn_ext(ctx, q, k, v, mask, 0.125f, 0.0f, d == 256 ? 50.0f : 30.0f);
+        if (d == 128 || d == 256 || d == 512)
+            CHECK_MSG(apir_op_device_error(APIR_KERNELS_CUDA, capped) == NULL, "head %lld with a cap: %s",
+                      (long long)d, apir_op_device_error(APIR_KERNELS_CUDA, capped));
+        else
+            expect_cuda_only_refusal(capped, "flash attention with a softcap, heads of another size");
+    }
+    ggml_free(ctx);
+}
+
 static void test_cuda_kernel_layouts(void)
 {
     struct ggml_init_params p = { .mem_size = 96 * ggml_tensor_overhead(), .no_alloc = true };
@@ -1059,6 +1087,7 @@ static void test_cuda_kernel_layouts(void)
     expect_cuda_only_refusal(qkmm, "MUL_MAT of a Q4_K matrix at byte 8");
     test_cuda_flash_attn_layouts(ctx);
     ggml_free(ctx);
+    test_cuda_flash_attn_softcap();
 }
 
 /* A graph of out's nodes as ggml builds it, its use counts ggml's, made

@@ -234,6 +234,20 @@ static const char *cuda_set_error(const struct ggml_tensor *n)
  */
 static const char *cuda_flash_attn_error(const struct ggml_tensor *n)
 {
+    /*
+     * A logit softcap is compiled into the attention kernels only for heads
+     * of 128, 256 and 512 elements (fattn-mma-f16.cuh and fattn-tile.cuh;
+     * the vector kernel, which ggml-cuda picks for heads of up to 256, for
+     * 128 and 256): any other head size with a softcap launches a kernel
+     * built without code, which traps - a CUDA error that ends the worker's
+     * context (an H100, `bench/h200.sh fuzzdev`: heads of 40 with a softcap
+     * of 30).  ggml-cuda's supports_op does not ask.  Models that cap their
+     * logits (Gemma 2, Grok) have heads of 128 or 256.
+     */
+    const struct ggml_tensor *k = n->src[1], *v = n->src[2];
+    if (param_f32(n, 2) != 0.0f && k && v &&
+        !(k->ne[0] == v->ne[0] && (k->ne[0] == 128 || k->ne[0] == 256 || k->ne[0] == 512)))
+        return "CUDA's flash attention caps logits only for heads of 128, 256 or 512";
     for (int i = 0; i < 4; i++) {
         const struct ggml_tensor *t = n->src[i];
         if (!t)
