@@ -926,6 +926,32 @@ static void fill(struct gen *g, uint8_t *const *base)
 
 /* Which bytes the node may write: its own extent, and for OPT_STEP_* the
  * tensors it updates in place. */
+/*
+ * A result's extent as the device's buffer type allocates it, where that is
+ * more than its bytes: ggml-cuda writes a FLASH_ATTN_EXT's f16 copies of a
+ * quantized or BF16 K and V after the result, in the room its get_alloc_size
+ * asks for (fattn-common.cuh, ggml_cuda_flash_attn_ext_get_f16_extra_data);
+ * the host keeps that room inside the result's buffer (op_shapes.c,
+ * allocation_error).  Writes there are the guest's own business; past it,
+ * a finding.  The address only matters modulo 128 (the copies start at
+ * 128-byte boundaries): a device buffer's base is at least that aligned.
+ */
+static size_t result_alloc_size(const struct ggml_tensor *t, uint64_t off)
+{
+    static ggml_backend_buffer_type_t buft;
+    if (!buft) {
+        ggml_backend_reg_t reg = ggml_backend_reg_by_name(fz_backend_name());
+        ggml_backend_dev_t dev = reg && ggml_backend_reg_dev_count(reg) ? ggml_backend_reg_dev_get(reg, 0) : NULL;
+        buft = dev ? ggml_backend_dev_buffer_type(dev) : NULL;
+        if (!buft)
+            return 0;
+    }
+    struct ggml_tensor at = *t;
+    at.data = (void *)(uintptr_t)((1ull << 32) + off);
+    at.buffer = NULL;
+    return ggml_backend_buft_get_alloc_size(buft, &at);
+}
+
 static void allowed_writes(const struct gen *g, int node, uint8_t *const *allow)
 {
     const struct ggml_tensor *t = g->t[node];
@@ -943,6 +969,10 @@ static void allowed_writes(const struct gen *g, int node, uint8_t *const *allow)
         uint64_t size = buf_size_of(g, b), off = g->off_of[i], n = ggml_nbytes(w[k]);
         if (off >= size)
             continue;
+        if (k == 0 && device_path && !w[k]->view_src) {
+            const uint64_t alloc = result_alloc_size(w[k], off);
+            n = alloc > n ? alloc : n;
+        }
         if (n > size - off)
             n = size - off;
         memset(allow[b] + buf_start_of(g, b) + off, 1, n);
