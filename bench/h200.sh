@@ -17,7 +17,9 @@
 #                              FUZZDEV_S seconds (default: what is left of the call less 20); findings in $OUT/fuzzdev;
 #                              FUZZDEV_CHAIN_S of them (a third by default) in chain mode (-chains: chains
 #                              ggml-cuda fuses, sent keyed with use counts), findings in $OUT/fuzzdev-chains
-#                              (FUZZ_OP_CHAIN_KINDS=glu,...: only those kinds of chain, docs/TESTING.md)
+#                              (FUZZ_OP_CHAIN_KINDS=glu,...: only those kinds of chain, docs/TESTING.md);
+#                              FUZZDEV_SEED: the same inputs again (the driver has no feedback); each kind's
+#                              first input replayed verbose into the log, all of them in $OUT/fuzzdev.tgz
 #   bench/h200.sh pp           issue 26 item 3: pp2048 native vs apir vs apir with PP_HOSTB (default
 #                              APIR_HOST_STAGE_MB=0, no upload stage), interleaved, 1B F16 and 8B Q4_0;
 #                              the hosts' profiles (how long the device idled before each launch); PP_TRACE=1
@@ -219,6 +221,17 @@ fuzzdev)
     FUZZ_BACKEND=CUDA build/apir-fuzz-op-dev -chains -seconds "$CS" -timeout 60 -seed $seed \
       -artifacts "$OUT/fuzzdev-chains" fuzz/corpus/fuzz_op 2>&1 | tee -a "$OUT/h200.log"
   fi
+  # Each kind's first input again, alone and verbose (its nodes into the log), then every input
+  # found in one tarball: a device call returns only so many files.
+  for f in "$OUT"/fuzzdev/finding-*-1.bin; do
+    [ -f "$f" ] && [ "$(left)" -gt 30 ] || break
+    rm -rf /tmp/fuzzdev-one
+    FUZZ_BACKEND=CUDA FUZZ_VERBOSE=1 timeout 25 build/apir-fuzz-op-dev -runs 1 -timeout 20 -artifacts /tmp/fuzzdev-one "$f" \
+      >/dev/null 2>&1
+    log "$(basename "$f"): $(grep -o 'FUZZ ORACLE.*' /tmp/fuzzdev-one/child.log | head -1 | cut -c1-200)"
+    grep -E '^fuzz_op: (#|->)' /tmp/fuzzdev-one/child.log | cut -c1-240 | tee -a "$OUT/h200.log"
+  done
+  (cd "$OUT" && ls -d fuzzdev fuzzdev-chains 2>/dev/null | xargs -r tar czf fuzzdev.tgz && rm -rf fuzzdev fuzzdev-chains)
   ;;
 pp)
   # issue 26 item 3: pp through the Unix socket against native, and an A/B
