@@ -924,8 +924,6 @@ static void fill(struct gen *g, uint8_t *const *base)
     }
 }
 
-/* Which bytes the node may write: its own extent, and for OPT_STEP_* the
- * tensors it updates in place. */
 /*
  * A result's extent as the device's buffer type allocates it, where that is
  * more than its bytes: ggml-cuda writes a FLASH_ATTN_EXT's f16 copies of a
@@ -952,6 +950,8 @@ static size_t result_alloc_size(const struct ggml_tensor *t, uint64_t off)
     return ggml_backend_buft_get_alloc_size(buft, &at);
 }
 
+/* Which bytes the node may write: its own extent (on a device, its
+ * allocation's), and for OPT_STEP_* the tensors it updates in place. */
 static void allowed_writes(const struct gen *g, int node, uint8_t *const *allow)
 {
     const struct ggml_tensor *t = g->t[node];
