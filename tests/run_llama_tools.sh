@@ -41,16 +41,22 @@ PROMPT="The meaning of life is"
 # through gdb after an assertion: left out).
 why() { grep -v '^#\|^\[\|ptrace\|No stack\|not being run\|already traced\|No such file\|^[0-9]*\s' "$1" | tail -${2:-8}; }
 
+# Both runs drain llama.cpp's log at exit (tests/drain_log.c; not from a
+# sanitizer build, whose library would need its runtime loaded first).
+drain=$APIR_BUILD/tests/libapir-drain-log.so
+preload=()
+[ -f "$drain" ] && ! ldd "$drain" 2>/dev/null | grep -q 'lib[at]san' && preload=(LD_PRELOAD="$drain")
+
 # run NAME PROGRAM ARGS... -- once natively (NAME.native.*), once through APIR0
 # (NAME.apir.*; the APIR0 device options appended unless NO_DEV=1).
 run_both() {
   local name=$1 prog=$2; shift 2
   local t0=$SECONDS
-  timeout 300 "$bin/$prog" "$@" >"$work/$name.native.out" 2>"$work/$name.native.err" ||
+  timeout 300 env "${preload[@]}" "$bin/$prog" "$@" >"$work/$name.native.out" 2>"$work/$name.native.err" ||
     { echo "FAIL: $prog natively exited $?"; why "$work/$name.native.err"; return 1; }
   local t1=$SECONDS
   local dev=("${apir_dev[@]}"); [ "${NO_DEV:-0}" = 1 ] && dev=()
-  (cd "${APIR_CWD:-$work}" && timeout 300 env "${apir_env[@]}" "$bin/$prog" "$@" "${dev[@]}") >"$work/$name.apir.out" 2>"$work/$name.apir.err" ||
+  (cd "${APIR_CWD:-$work}" && timeout 300 env "${preload[@]}" "${apir_env[@]}" "$bin/$prog" "$@" "${dev[@]}") >"$work/$name.apir.out" 2>"$work/$name.apir.err" ||
     { echo "FAIL: $prog through APIR0 exited $?"; why "$work/$name.apir.err"; why "$APIR_TEST_DIR/host.log" 3; return 1; }
   echo "$prog: native $((t1 - t0)) s, APIR0 $((SECONDS - t1)) s"
 }
@@ -87,9 +93,10 @@ truncated() {
 # run_compare NAME FILTER PROGRAM ARGS...: run_both, then same.  llama.cpp's
 # logger writes from a thread that the program never waits for at exit
 # (common/log.cpp leaks it on purpose), so on a loaded machine a program's
-# last log lines can be lost: when one output is a strict prefix of the other,
-# both runs are repeated, at most four times (a CI run on 2 busy cores once
-# lost the native run's last lines three times in a row).
+# last log lines can be lost; run_both drains it at exit (drain_log.c), and
+# should one output still be a strict prefix of the other, both runs are
+# repeated, at most four times (before the drain, a CI run on 2 busy cores
+# lost the native run's last lines five times in a row).
 run_compare() {
   local name=$1 filter=$2; shift 2
   local attempt rc
