@@ -936,14 +936,9 @@ static void fill(struct gen *g, uint8_t *const *base)
  */
 static size_t result_alloc_size(const struct ggml_tensor *t, uint64_t off)
 {
-    static ggml_backend_buffer_type_t buft;
-    if (!buft) {
-        ggml_backend_reg_t reg = ggml_backend_reg_by_name(fz_backend_name());
-        ggml_backend_dev_t dev = reg && ggml_backend_reg_dev_count(reg) ? ggml_backend_reg_dev_get(reg, 0) : NULL;
-        buft = dev ? ggml_backend_dev_buffer_type(dev) : NULL;
-        if (!buft)
-            return 0;
-    }
+    ggml_backend_buffer_type_t buft = fz_host.n_devices ? ggml_backend_dev_buffer_type(fz_host.devices[0]) : NULL;
+    if (!buft)
+        return 0;
     struct ggml_tensor at = *t;
     at.data = (void *)(uintptr_t)((1ull << 32) + off);
     at.buffer = NULL;

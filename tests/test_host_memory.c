@@ -7,15 +7,18 @@
  *     "always" (with "never" the check is skipped, and says so);
  *   - only the whole huge pages inside the buffer are advised: the memory
  *     around it is left as it was (its mapping's flags are unchanged);
- *   - device memory (is_host false) and APIR_HOST_HUGEPAGES=0 are left alone
- *     (the others run with APIR_HOST_HUGEPAGES=1: this machine's default may
- *     be not to ask, fdpass.h's apir_free_memory_reported).
+ *   - device memory (is_host false) and a host whose config says no
+ *     (APIR_HOST_HUGEPAGES=0) are left alone; the others run with a config
+ *     that asks (this machine's default may be not to ask, fdpass.h's
+ *     apir_free_memory_reported);
+ *   - apir_host_config_default reads APIR_HOST_HUGEPAGES: 0 no, 1 yes.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "buffers.h"
 #include "ggml-backend-impl.h"
+#include "host.h"
 #include "ggml.h"
 #include "test_util.h"
 
@@ -24,7 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define HUGE ((size_t)2 << 20)
@@ -32,6 +34,7 @@
 static void *mem_base;
 static size_t mem_size;
 static bool mem_is_host = true;
+static const struct apir_host_config asks = { .huge_pages = true }, declines = { .huge_pages = false };
 
 static void *fake_get_base(ggml_backend_buffer_t b) { (void)b; return mem_base; }
 static const char *fake_name(ggml_backend_buffer_type_t bt) { (void)bt; return "FAKE"; }
@@ -117,7 +120,7 @@ static void test_host_buffer(void)
     mem_size = 2 * HUGE;  /* [0.5, 2.5) huge pages: the page [1, 2) is whole */
     mem_is_host = true;
     struct ggml_backend_buffer buf = fake_buffer();
-    apir_buffer_prefer_huge_pages(&buf);
+    apir_buffer_prefer_huge_pages(&asks, &buf);
     memset(region, 1, 3 * HUGE);
     char flags[512] = "";
     const long inside = anon_huge_kb_at(region + HUGE, flags, sizeof(flags));
@@ -141,47 +144,40 @@ static void test_left_alone(void)
     /* Device memory: its pointer is not ours to advise. */
     mem_is_host = false;
     struct ggml_backend_buffer buf = fake_buffer();
-    apir_buffer_prefer_huge_pages(&buf);
+    apir_buffer_prefer_huge_pages(&asks, &buf);
     flags[0] = '\0';
     anon_huge_kb_at(region, flags, sizeof(flags));
     CHECK_MSG(strstr(flags, " hg") == NULL, "device memory advised: VmFlags:%s", flags);
+    /* A host whose config declines (APIR_HOST_HUGEPAGES=0). */
+    mem_is_host = true;
+    buf = fake_buffer();
+    apir_buffer_prefer_huge_pages(&declines, &buf);
+    flags[0] = '\0';
+    anon_huge_kb_at(region, flags, sizeof(flags));
+    CHECK_MSG(strstr(flags, " hg") == NULL, "APIR_HOST_HUGEPAGES=0 advised anyway: VmFlags:%s", flags);
     /* A buffer smaller than a huge page: nothing whole inside it. */
     mem_is_host = true;
     mem_base = region;
     mem_size = HUGE - 4096;
     buf = fake_buffer();
-    apir_buffer_prefer_huge_pages(&buf);
+    apir_buffer_prefer_huge_pages(&asks, &buf);
     flags[0] = '\0';
     anon_huge_kb_at(region, flags, sizeof(flags));
     CHECK_MSG(strstr(flags, " hg") == NULL, "a small buffer advised: VmFlags:%s", flags);
-    apir_buffer_prefer_huge_pages(NULL);  /* no buffer: nothing */
+    apir_buffer_prefer_huge_pages(&asks, NULL);  /* no buffer: nothing */
 }
 
-/* APIR_HOST_HUGEPAGES=0, in a child: the setting is read once a process. */
-static void test_env_off(void)
+/* apir_host_config_default takes APIR_HOST_HUGEPAGES from the environment: 0 no, 1 yes. */
+static void test_config(void)
 {
-    pid_t pid = fork();
-    if (pid == 0) {
-        uint8_t *region = map_region();
-        if (!region)
-            _exit(2);
-        setenv("APIR_HOST_HUGEPAGES", "0", 1);
-        mem_base = region;
-        mem_size = 2 * HUGE;
-        mem_is_host = true;
-        struct ggml_backend_buffer buf = fake_buffer();
-        apir_buffer_prefer_huge_pages(&buf);
-        char flags[512] = "";
-        anon_huge_kb_at(region, flags, sizeof(flags));
-        _exit(strstr(flags, " hg") ? 1 : 0);
-    }
-    int status = -1;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "APIR_HOST_HUGEPAGES=0 advised anyway (status %d)", status);
+    struct apir_host_config cfg;
+    setenv("APIR_HOST_HUGEPAGES", "0", 1);
+    apir_host_config_default(&cfg);
+    CHECK(!cfg.huge_pages);
+    setenv("APIR_HOST_HUGEPAGES", "1", 1);
+    apir_host_config_default(&cfg);
+    CHECK(cfg.huge_pages);
+    unsetenv("APIR_HOST_HUGEPAGES");
 }
 
-/* The parent's tests ask for huge pages whatever the machine (APIR_HOST_HUGEPAGES=1, read at
- * the first call); test_env_off's child reads 0. */
-static void test_ask_always(void) { setenv("APIR_HOST_HUGEPAGES", "1", 1); }
-
-TEST_MAIN("host_memory", TEST(test_env_off), TEST(test_ask_always), TEST(test_left_alone), TEST(test_host_buffer))
+TEST_MAIN("host_memory", TEST(test_config), TEST(test_left_alone), TEST(test_host_buffer))

@@ -4,6 +4,7 @@
 #include "apir_log.h"
 #include "apir_proto.h"
 #include "cpus.h"
+#include "fdpass.h"
 #include "stream_proto.h"
 
 #include <errno.h>
@@ -258,6 +259,7 @@ void apir_host_config_default(struct apir_host_config *cfg)
         cfg->stage_bytes = (size_t)n << 20;
     const char *st = getenv("APIR_HOST_TLS_SEND_THREAD");
     cfg->tls_send_thread = st && *st ? strcmp(st, "0") != 0 : apir_host_default_threads() >= 4;
+    cfg->huge_pages = apir_huge_pages_wanted("APIR_HOST_HUGEPAGES");
     cfg->max_lanes = apir_host_default_threads() >= 4 ? APIR_STREAM_MAX_LANES : 0;
     if (env_number("APIR_HOST_LANES", APIR_STREAM_MAX_LANES + 1, &n))
         cfg->max_lanes = (uint32_t)n;

@@ -96,6 +96,11 @@ struct apir_host_config {
      * by default all of them where this process has 4 CPUs or more (each
      * lane's copies need a core), else none. */
     uint32_t max_lanes;
+    /* Huge pages asked for the buffers in this process's memory and the
+     * weight copies (data/buffers.c): APIR_HOST_HUGEPAGES=1 always, =0
+     * never, unset unless free memory goes back to a hypervisor
+     * (transport/fdpass.h, apir_huge_pages_wanted). */
+    bool huge_pages;
     /* The weight cache (weight_cache.h; --weight-cache, APIR_HOST_WEIGHT_CACHE): NULL: none */
     const char *weight_cache_dir;
     uint64_t weight_cache_max_bytes;   /* --weight-cache-max-gib, APIR_HOST_WEIGHT_CACHE_MAX_GIB; 0: no bound */

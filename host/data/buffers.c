@@ -1,11 +1,9 @@
 #include "buffers.h"
 
 #include "apir_log.h"
-#include "fdpass.h"
 #include "upload_mirror.h"
 #include "weight_copies.h"
 
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,19 +22,11 @@
  * with 4 KiB pages) inside the buffer are advised: nothing beyond it
  * changes, and the memory is what the buffer's size (the quota's) already
  * says.  Not by default where free memory goes back to a hypervisor
- * (apir_free_memory_reported: fresh huge pages are slower there).  Sessions
- * on threads of one process call this at once: the setting is read into an
- * atomic.
+ * (the host's config, huge_pages: fresh huge pages are slower there).
  */
-void apir_buffer_prefer_huge_pages(ggml_backend_buffer_t buf)
+void apir_buffer_prefer_huge_pages(const struct apir_host_config *cfg, ggml_backend_buffer_t buf)
 {
-    static _Atomic int wanted = -1;  /* APIR_HOST_HUGEPAGES (0, 1, unset): -1 not read yet */
-    int w = atomic_load_explicit(&wanted, memory_order_relaxed);
-    if (w < 0) {
-        w = apir_huge_pages_wanted("APIR_HOST_HUGEPAGES");
-        atomic_store_explicit(&wanted, w, memory_order_relaxed);
-    }
-    if (!w || !buf || !ggml_backend_buffer_is_host(buf))
+    if (!cfg->huge_pages || !buf || !ggml_backend_buffer_is_host(buf))
         return;
     const uintptr_t base = (uintptr_t)ggml_backend_buffer_get_base(buf);
     const size_t size = ggml_backend_buffer_get_size(buf);
@@ -90,7 +80,7 @@ uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf,
     s->n_buffers++;
     s->bytes_allocated += hb->size;
     if (!blob)
-        apir_buffer_prefer_huge_pages(buf);
+        apir_buffer_prefer_huge_pages(&s->host->cfg, buf);
     return handle;
 }
 

@@ -35,9 +35,9 @@ uint64_t apir_buffer_register(struct apir_session *s, ggml_backend_buffer_t buf,
 
 /* Asks the kernel for huge pages for a buffer in this process's memory (a
  * CPU backend's; a no-op for device memory and blobs): on a VM every 4 KiB
- * page of it costs a fault when its bytes first arrive.  APIR_HOST_HUGEPAGES:
- * 0 not, 1 always, unset unless free memory goes back to a hypervisor. */
-void apir_buffer_prefer_huge_pages(ggml_backend_buffer_t buf);
+ * page of it costs a fault when its bytes first arrive.  Where cfg's
+ * huge_pages says so (APIR_HOST_HUGEPAGES, host.h). */
+void apir_buffer_prefer_huge_pages(const struct apir_host_config *cfg, ggml_backend_buffer_t buf);
 
 /* [data, data+len) of hb is about to change: the host's copies of those
  * bytes - upload mirrors (upload_mirror.c), weight copies

@@ -228,7 +228,7 @@ static struct apir_weight_copy *copy_in(struct apir_session *s, ggml_backend_buf
         return NULL;
     }
     c->bytes = ggml_backend_buffer_get_size(c->buf);
-    apir_buffer_prefer_huge_pages(c->buf);
+    apir_buffer_prefer_huge_pages(&s->host->cfg, c->buf);
     return c;
 }
 

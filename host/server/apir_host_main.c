@@ -1017,12 +1017,13 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     const bool worker = a.serve_fd >= 0 || a.serve_stream_fd >= 0;
-    /* Huge pages for the host's buffers (host/data/buffers.c), decided once
-     * here, before any thread and before a worker's sandbox: a daemon's
-     * workers inherit the answer and do not read /sys again (a worker of
-     * libapir-virgl.so, whose parent did not decide, reads it here). */
+    /* Huge pages for the host's buffers (host/data/buffers.c), decided by
+     * apir_host_config_default above, before any thread and before a
+     * worker's sandbox: a daemon's workers inherit the answer and do not
+     * read /sys again (a worker of libapir-virgl.so, whose parent did not
+     * decide, read it above). */
     if (!a.list && !getenv("APIR_HOST_HUGEPAGES"))
-        setenv("APIR_HOST_HUGEPAGES", apir_free_memory_reported() ? "0" : "1", 1);
+        setenv("APIR_HOST_HUGEPAGES", a.cfg.huge_pages ? "1" : "0", 1);
     if (worker) {
         /* The daemon reads this worker's stderr (worker_log.c) and logs
          * each line again, stamped and named by the guest it knows. */
