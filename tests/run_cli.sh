@@ -74,6 +74,7 @@ expect 2 "$B/apir" ping -n abc && has err "count: 'abc' is not a number"
 expect 2 "$B/apir" ping -n 0
 expect 2 "$B/apir" ping --count=12x
 expect 2 "$B/apir" ping -n
+expect 2 "$B/apir" ping -i 1000001 && has err "interval-us: '1000001' is not a number from 0 to 1000000"
 expect 2 "$B/apir" ping --bogus && has err "unknown .*--bogus"
 expect 2 "$B/apir" info -n 5
 expect 2 "$B/apir" ping unix:/a unix:/b && has err "one endpoint"
@@ -138,6 +139,7 @@ echo "== a host with --opt=value and short options; clients with -H and --count=
 HOST_PID=$!
 for _ in $(seq 1 500); do [ -S "$T/h.sock" ] && break; sleep 0.01; done
 expect 0 "$B/apir" ping --count=50 -H "unix:$T/h.sock" && has out "x 50:"
+expect 0 "$B/apir" ping -n 20 --interval-us 500 "unix:$T/h.sock" && has out "x 20, each after a pause:"
 expect 0 "$B/apir" info "unix:$T/h.sock" && has out "device 0: CPU"
 expect 0 env APIR_HOST="unix:$T/h.sock" "$B/apir" info && has out "device 0: CPU"
 expect 0 "$B/apir" run -H "unix:$T/h.sock" -- "$B/apir" info && has out "device 0: CPU"

@@ -1,7 +1,7 @@
 /*
  * apir: the command-line client.
  *
- *   apir ping [ENDPOINTS] [-n N]   handshake, versions, null-call round trip p50/p99
+ *   apir ping [ENDPOINTS] [-n N] [-i US]   handshake, versions, null-call round trip p50/p99
  *   apir info [ENDPOINTS]          devices, memory, buffer types, alignment
  *        ENDPOINTS: one endpoint, or a comma-separated list as APIR_HOST
  *        takes (guest/endpoint_list.h): each host in turn, info numbering
@@ -40,6 +40,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Exit statuses (the help texts and the README list them). */
@@ -184,7 +185,10 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int ping_one(const char *endpoint, int n)
+/* interval_us: a pause before each timed call, so that both sides have
+ * gone to sleep as they do between a program's graphs (what a token's first
+ * command meets), instead of back-to-back calls that find them spinning. */
+static int ping_one(const char *endpoint, int n, long long interval_us)
 {
     struct apir_remote r;
     char err[256];
@@ -203,6 +207,10 @@ static int ping_one(const char *endpoint, int n)
     for (int i = 0; i < 1000 && i < n; i++)  /* warm-up */
         apir_call_DEVICE_GET_COUNT(&r, &count);
     for (int i = 0; i < n; i++) {
+        if (interval_us) {
+            struct timespec ts = { (time_t)(interval_us / 1000000), (long)(interval_us % 1000000) * 1000 };
+            nanosleep(&ts, NULL);
+        }
         uint64_t a = apir_now_ns();
         if (apir_call_DEVICE_GET_COUNT(&r, &count) != APIR_HANDLER_OK) {
             fprintf(stderr, "apir ping: call %d failed\n", i);
@@ -213,8 +221,9 @@ static int ping_one(const char *endpoint, int n)
         lat[i] = apir_now_ns() - a;
     }
     qsort(lat, (size_t)n, sizeof(*lat), cmp_u64);
-    printf("null call (DEVICE_GET_COUNT) x %d: p50 %.2f us, p99 %.2f us, max %.2f us\n", n, (double)lat[n / 2] / 1e3,
-           (double)lat[(size_t)n * 99 / 100] / 1e3, (double)lat[n - 1] / 1e3);
+    printf("null call (DEVICE_GET_COUNT) x %d%s: p50 %.2f us, p99 %.2f us, max %.2f us\n", n,
+           interval_us ? ", each after a pause" : "", (double)lat[n / 2] / 1e3, (double)lat[(size_t)n * 99 / 100] / 1e3,
+           (double)lat[n - 1] / 1e3);
     free(lat);
     apir_remote_close(&r);
     return 0;
@@ -283,7 +292,7 @@ static int info_one(const char *endpoint, uint32_t *next)
 
 /* Every host of the list (one endpoint is a list of one), in order; 1 when
  * any cannot be reached or fails, after the others are done. */
-static int for_each_host(const char *cmd, const char *spec, int n)
+static int for_each_host(const char *cmd, const char *spec, int n, long long interval_us)
 {
     struct apir_endpoint_list list;
     apir_endpoint_list_parse(spec, &list, print_problem, (void *)cmd);
@@ -294,7 +303,7 @@ static int for_each_host(const char *cmd, const char *spec, int n)
         const char *e = list.endpoint[i][0] ? list.endpoint[i] : NULL;
         if (list.n > 1 && i > 0)
             printf("\n");
-        if ((ping ? ping_one(e, n) : info_one(e, &next)) != 0)
+        if ((ping ? ping_one(e, n, interval_us) : info_one(e, &next)) != 0)
             rc = 1;
     }
     return rc;
@@ -311,6 +320,8 @@ static void ping_usage(FILE *out)
                  "                          (as APIR_HOST takes) pings each host in turn\n"
                  "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
                  "  -n, --count N           null calls to time (default 10000; 1 to 10000000)\n"
+                 "  -i, --interval-us US    pause US microseconds before each (default 0; up to 1000000): the round\n"
+                 "                          trip of a connection gone idle, as a program's first call after a compute\n"
                  "  -h, --help              this help\n"
                  "%s",
             exit_status_text);
@@ -337,6 +348,7 @@ static int cmd_ping_info(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { "host", required_argument, NULL, 'H' },
         { "count", required_argument, NULL, 'n' },
+        { "interval-us", required_argument, NULL, 'i' },
         { NULL, 0, NULL, 0 },
     };
     static const struct option info_opts[] = {
@@ -345,10 +357,10 @@ static int cmd_ping_info(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     const char *given = NULL;
-    long long n = 10000;
+    long long n = 10000, interval_us = 0;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ping ? ":hH:n:" : ":hH:", ping ? ping_opts : info_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ping ? ":hH:n:i:" : ":hH:", ping ? ping_opts : info_opts, NULL)) != -1) {
         switch (c) {
         case 'h':
             (ping ? ping_usage : info_usage)(stdout);
@@ -360,6 +372,10 @@ static int cmd_ping_info(int argc, char **argv)
             if (!num_arg(argv[0], "--count", optarg, 1, 10000000, &n))
                 return EXIT_USAGE;
             break;
+        case 'i':
+            if (!num_arg(argv[0], "--interval-us", optarg, 0, 1000000, &interval_us))
+                return EXIT_USAGE;
+            break;
         default:
             return bad_option(argv[0], c, argv);
         }
@@ -369,7 +385,7 @@ static int cmd_ping_info(int argc, char **argv)
     const char *endpoint;
     if (!pick_endpoint(argv[0], given, &endpoint))
         return EXIT_USAGE;
-    return for_each_host(argv[0], endpoint, (int)n);
+    return for_each_host(argv[0], endpoint, (int)n, interval_us);
 }
 
 /* ---- apir run ---------------------------------------------------------------- */

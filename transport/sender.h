@@ -16,7 +16,9 @@
  * ring is full.  A send that fails, or a socket that takes nothing for
  * timeout_ms, fails every write after it (errno of the failure): the
  * caller hangs up, as it would have on its own send.  Bytes leave in the
- * order they were written.  Only send(), poll() and futexes: what a
+ * order they were written.  A small write while the ring is empty (a
+ * command's reply) is sent by the caller itself, not queued: waking the
+ * thread for it cost more than the send.  Only send(), poll() and futexes: what a
  * sandboxed host worker may call (host/server/sandbox.c).
  */
 #ifndef APIR_SENDER_H
@@ -24,6 +26,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -41,6 +44,10 @@ ssize_t apir_sender_write(struct apir_sender *s, const struct iovec *iov, int n)
 /* Waits until every byte written has been handed to the kernel, at most
  * timeout_ms; false if that did not happen (a failure, or the time). */
 bool apir_sender_flush(struct apir_sender *s, int timeout_ms);
+
+/* Bytes the writer sent itself (the small writes above), for tests and
+ * profiles. */
+uint64_t apir_sender_direct_bytes(const struct apir_sender *s);
 
 /* Sends what is queued (at most a second more: a peer that reads nothing
  * is not waited for), ends the thread, frees.  NULL: nothing. */
