@@ -891,6 +891,12 @@ void apir_tls_describe_counts(const struct apir_tls *t, char *out, size_t len)
              c->thread_bytes / 1048576.0, c->copy_ns / 1e3 / opened,
              (unsigned long long)c->sends, c->sent_bytes / 1048576.0, c->send_ns / 1e3 / sends, c->write_ns / 1e3 / sends,
              (unsigned long long)c->writes);
+    /* With a sender thread: how much the sealing thread sent itself (small
+     * writes while the ring was empty: replies, sender.h). */
+    const size_t used = strlen(out);
+    if (t->sender && used < len)
+        snprintf(out + used, len - used, " (%.3f MiB sent directly, the rest by the sender thread)",
+                 apir_sender_direct_bytes(t->sender) / 1048576.0);
 }
 
 bool apir_tls_send_from_thread(struct apir_tls *t, size_t ring_bytes, int timeout_ms)
