@@ -73,7 +73,7 @@ static bool num_arg(const char *cmd, const char *opt, const char *v, long long m
 }
 
 /* The endpoints the guest library knows (transport.c): unix:PATH, an
- * absolute path, virtgpu[:NODE], tcp:HOST:PORT, vsock:CID:PORT.  Anything
+ * absolute path, virtgpu[:NODE], tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT.  Anything
  * else is refused here, before a connection is tried, and named. */
 static bool endpoint_ok(const char *cmd, const char *e, const char *from)
 {
@@ -316,7 +316,8 @@ static void ping_usage(FILE *out)
 {
     fprintf(out, "usage: apir ping [options] [ENDPOINT[,ENDPOINT...]]\n"
                  "Connects to a host, prints the protocol versions and the round trip of a null call.\n"
-                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]; a comma-separated list\n"
+                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH, tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT or\n"
+                 "                          virtgpu[:NODE]; a comma-separated list\n"
                  "                          (as APIR_HOST takes) pings each host in turn\n"
                  "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
                  "  -n, --count N           null calls to time (default 10000; 1 to 10000000)\n"
@@ -332,7 +333,8 @@ static void info_usage(FILE *out)
     fprintf(out, "usage: apir info [options] [ENDPOINT[,ENDPOINT...]]\n"
                  "Prints the host's version and its devices: memory, buffer type, alignment, and the name\n"
                  "(APIR0...) a program with the same APIR_HOST gives each.\n"
-                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH or virtgpu[:NODE]; a comma-separated list\n"
+                 "  ENDPOINT, -H, --host ENDPOINT  unix:PATH, /PATH, tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT or\n"
+                 "                          virtgpu[:NODE]; a comma-separated list\n"
                  "                          (as APIR_HOST takes) shows each host in turn, numbering devices across them\n"
                  "                          (default: $APIR_HOST, else $XDG_RUNTIME_DIR/apir/host.sock or /run/apir/host.sock)\n"
                  "  -h, --help              this help\n"
@@ -1108,7 +1110,8 @@ static void usage(FILE *out)
         fprintf(out, "  apir %-28s%s\n", commands[i].synopsis, commands[i].summary);
     fprintf(out, "  apir help COMMAND                a command's options (or: apir COMMAND --help)\n"
                  "  apir --version                   apir's version, the APIR protocol version and the ggml it was built against\n"
-                 "ENDPOINT: unix:PATH, /PATH or virtgpu[:NODE]; default $APIR_HOST, else the default socket\n"
+                 "ENDPOINT: unix:PATH, /PATH, tcp:HOST:PORT, tls:HOST:PORT, vsock:CID:PORT or virtgpu[:NODE];\n"
+                 "          default $APIR_HOST, else the default socket\n"
                  "ENDPOINTS: an ENDPOINT or a comma-separated list of them, as APIR_HOST takes (ping, info, run)\n"
                  "%s"
                  "             apir run: CMD's own status; 125, 126, 127 as apir run --help says\n",
