@@ -156,12 +156,7 @@ static bool wait_tail(struct apir_sender *s, uint32_t word, uint64_t deadline)
     return atomic_load(&s->tail_word) != word;
 }
 
-/* Sends what it can of the n pieces from the caller's thread, without
- * waiting; how many bytes went (the rest, if any, is the ring's), or -1 with
- * errno when the socket failed.  Only while the ring is empty: every byte
- * written before is then in the kernel (the thread stores tail after its
- * send returned, and only the writer moves head), so these follow them. */
-static ssize_t send_direct(struct apir_sender *s, const struct iovec *iov, int n)
+ssize_t apir_send_now(int fd, const struct iovec *iov, int n)
 {
     while (n > 0 && iov[n - 1].iov_len == 0)
         n--;
@@ -169,24 +164,38 @@ static ssize_t send_direct(struct apir_sender *s, const struct iovec *iov, int n
     for (int i = 0; i < n; i++) {
         if (!iov[i].iov_len)
             continue;
-        ssize_t r = send(s->fd, iov[i].iov_base, iov[i].iov_len,
-                         MSG_DONTWAIT | MSG_NOSIGNAL | (i < n - 1 ? MSG_MORE : 0));
+        ssize_t r = send(fd, iov[i].iov_base, iov[i].iov_len, MSG_DONTWAIT | MSG_NOSIGNAL | (i < n - 1 ? MSG_MORE : 0));
         if (r < 0 && errno == EINTR) {
             i--;
             continue;
         }
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            break;
-        if (r <= 0) {
-            fail(s, r == 0 ? EPIPE : errno);
+        if (r < 0) {
+            if (total)
+                break;
             return -1;
         }
         total += (size_t)r;
         if ((size_t)r < iov[i].iov_len)
             break;
     }
-    atomic_fetch_add_explicit(&s->direct_bytes, total, memory_order_relaxed);
     return (ssize_t)total;
+}
+
+/* A small write sent from the caller's thread (DIRECT_MAX): how many bytes
+ * went (the rest, if any, is the ring's), or -1 once the sender has failed.
+ * Only while the ring is empty: every byte written before is then in the
+ * kernel (the thread stores tail after its send returned, and only the
+ * writer moves head), so these follow them. */
+static ssize_t send_direct(struct apir_sender *s, const struct iovec *iov, int n)
+{
+    ssize_t r = apir_send_now(s->fd, iov, n);
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        fail(s, errno);
+        return -1;
+    }
+    r = r < 0 ? 0 : r;
+    atomic_fetch_add_explicit(&s->direct_bytes, (uint64_t)r, memory_order_relaxed);
+    return r;
 }
 
 ssize_t apir_sender_write(struct apir_sender *s, const struct iovec *iov, int n)

@@ -45,6 +45,13 @@ ssize_t apir_sender_write(struct apir_sender *s, const struct iovec *iov, int n)
  * timeout_ms; false if that did not happen (a failure, or the time). */
 bool apir_sender_flush(struct apir_sender *s, int timeout_ms);
 
+/* Sends as much of the n pieces as fd takes now, without waiting: send()
+ * piece by piece, MSG_MORE on all but the last (not one sendmsg, which a
+ * sandboxed host worker may not call).  The bytes sent, or -1 with errno
+ * when nothing went (EAGAIN: the socket takes nothing now).  The writer's
+ * own sends above, and a tls: session's without a sender (tls.c). */
+ssize_t apir_send_now(int fd, const struct iovec *iov, int n);
+
 /* Bytes the writer sent itself (the small writes above), for tests and
  * profiles. */
 uint64_t apir_sender_direct_bytes(const struct apir_sender *s);

@@ -416,36 +416,17 @@ static const char *priority_of(bool certs)
     return certs ? PRIORITY_CERT CIPHERS_CHACHA_FIRST : PRIORITY CIPHERS_CHACHA_FIRST;
 }
 
-/* Piece by piece with send() (MSG_MORE but for the last), as
- * apir_net_write: a host worker may not call sendmsg.  What went, if any
- * did; else -1. */
+/* Through the sender's ring where the session has one, else piece by piece
+ * with send() (apir_send_now: a host worker may not call sendmsg).  What
+ * went, if any did; else -1.  giovec_t is struct iovec where there is one
+ * (GnuTLS's header). */
 static ssize_t push_out(struct apir_tls *t, const giovec_t *iov, int n)
 {
-    if (t->sender) {
-        /* giovec_t is struct iovec where there is one (GnuTLS's header). */
-        ssize_t r = apir_sender_write(t->sender, (const struct iovec *)iov, n);
-        if (r < 0)
-            gt.gnutls_transport_set_errno(t->session, errno);
-        return r;
-    }
-    while (n > 0 && iov[n - 1].iov_len == 0)
-        n--;
-    ssize_t total = 0;
-    for (int i = 0; i < n; i++) {
-        ssize_t r = iov[i].iov_len ? send(t->fd, iov[i].iov_base, iov[i].iov_len,
-                                          MSG_DONTWAIT | MSG_NOSIGNAL | (i < n - 1 ? MSG_MORE : 0))
-                                   : 0;
-        if (r < 0) {
-            if (total)
-                break;
-            gt.gnutls_transport_set_errno(t->session, errno);
-            return -1;
-        }
-        total += r;
-        if ((size_t)r < iov[i].iov_len)
-            break;
-    }
-    return total;
+    const struct iovec *v = (const struct iovec *)iov;
+    ssize_t r = t->sender ? apir_sender_write(t->sender, v, n) : apir_send_now(t->fd, v, n);
+    if (r < 0)
+        gt.gnutls_transport_set_errno(t->session, errno);
+    return r;
 }
 
 /* GnuTLS's push: push_out, timed when counting. */
